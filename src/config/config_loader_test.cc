@@ -1,0 +1,254 @@
+#include "moeshard/config/config_loader.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace moeshard {
+namespace {
+
+ModelConfig Preset(const std::string& name) {
+  Result<ModelConfig> r = LoadModelConfig(name);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return *std::move(r);
+}
+
+nlohmann::json PresetJson(const std::string& name) {
+  for (const PresetInfo& p : ModelPresets()) {
+    if (p.name == name) return nlohmann::json::parse(p.json);
+  }
+  ADD_FAILURE() << "no preset " << name;
+  return {};
+}
+
+// Parses a preset after editing its JSON; returns the error message ("" if it parsed).
+std::string ErrorAfterEdit(const std::string& preset,
+                           const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = PresetJson(preset);
+  edit(j);
+  Result<ModelConfig> r = ParseModelConfig(j.dump(), "edited.json", "edited");
+  return r.ok() ? "" : r.status().message();
+}
+
+TEST(ConfigTest, EveryPresetParses) {
+  ASSERT_GE(ModelPresets().size(), 8u);
+  for (const PresetInfo& p : ModelPresets()) {
+    Result<ModelConfig> r = LoadModelConfig(p.name);
+    EXPECT_TRUE(r.ok()) << p.name << ": " << r.status().ToString();
+    EXPECT_FALSE(p.description.empty()) << p.name;
+  }
+}
+
+TEST(ConfigTest, KimiK3) {
+  ModelConfig c = Preset("kimi-k3");
+  EXPECT_EQ(c.family, ModelFamily::kKimiK3);
+  EXPECT_EQ(c.hidden_size, 7168);
+  EXPECT_EQ(c.num_layers, 93);
+  EXPECT_EQ(c.num_moe_layers(), 92);  // first_k_dense_replace 1
+  EXPECT_FALSE(c.layers[0].moe);
+  EXPECT_EQ(c.intermediate_size, 33792);
+  EXPECT_EQ(c.num_experts, 896);
+  EXPECT_EQ(c.num_experts_per_tok, 16);
+  EXPECT_EQ(c.moe_intermediate_size, 3072);
+  EXPECT_EQ(c.num_shared_experts, 2);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 6144);
+  EXPECT_TRUE(c.latent_moe);
+  EXPECT_EQ(c.routed_expert_hidden_size, 3584);
+  EXPECT_TRUE(c.latent_moe_use_norm);
+  EXPECT_EQ(c.activation, Activation::kSitu);
+  EXPECT_DOUBLE_EQ(c.situ_beta, 4.0);
+  EXPECT_DOUBLE_EQ(c.situ_linear_beta, 25.0);
+  EXPECT_EQ(c.routing, RoutingMethod::kSigmoidGroupedTopK);
+  EXPECT_TRUE(c.has_correction_bias);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_EQ(c.num_attention_heads, 96);
+  EXPECT_EQ(c.num_layers_of(AttentionKind::kMla), 24);
+  EXPECT_EQ(c.num_layers_of(AttentionKind::kKda), 69);
+  // MLA at 0-based 3, 7, ..., 91 and the last layer 92.
+  for (int64_t i = 0; i < 93; ++i) {
+    const bool mla = (i % 4 == 3) || i == 92;
+    EXPECT_EQ(c.layers[i].attention == AttentionKind::kMla, mla) << i;
+  }
+  EXPECT_EQ(c.kda.low_rank_dim, 128);
+  EXPECT_EQ(c.vocab_size, 163840);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.max_position_embeddings, 1048576);
+  EXPECT_EQ(c.min_moe_intermediate_per_partition, 256);
+  EXPECT_EQ(c.quant.method, QuantMethod::kMxfp4);
+  EXPECT_EQ(c.quant.group_size, 32);
+  EXPECT_TRUE(c.quant.IsIgnored("language_model.model.layers.3.mlp.shared_experts.down_proj"));
+  EXPECT_TRUE(c.quant.IsIgnored("lm_head"));
+  EXPECT_FALSE(c.quant.IsIgnored("language_model.model.layers.3.mlp.experts.7.down_proj"));
+}
+
+TEST(ConfigTest, DeepseekAndKimiK2) {
+  ModelConfig d = Preset("deepseek-v3");
+  EXPECT_EQ(d.family, ModelFamily::kDeepseekV3);
+  EXPECT_EQ(d.num_moe_layers(), 58);
+  EXPECT_EQ(d.num_experts, 256);
+  EXPECT_EQ(d.n_group, 8);
+  EXPECT_EQ(d.topk_group, 4);
+  EXPECT_DOUBLE_EQ(d.routed_scaling_factor, 2.5);
+  EXPECT_EQ(d.quant.method, QuantMethod::kFp8Block);
+  EXPECT_EQ(d.quant.block_out, 128);
+  EXPECT_EQ(d.num_mtp_layers, 1);
+  EXPECT_EQ(d.mla.kv_lora_rank, 512);
+  EXPECT_EQ(d.vocab_size, 129280);
+
+  ModelConfig k = Preset("kimi-k2");
+  EXPECT_EQ(k.num_experts, 384);
+  EXPECT_EQ(k.num_moe_layers(), 60);
+  EXPECT_EQ(k.num_attention_heads, 64);
+  EXPECT_DOUBLE_EQ(k.routed_scaling_factor, 2.827);
+  EXPECT_EQ(k.quant.method, QuantMethod::kInt4);
+  EXPECT_EQ(k.quant.group_size, 32);
+  EXPECT_TRUE(k.quant.IsIgnored("model.layers.1.self_attn.kv_b_proj"));
+  EXPECT_TRUE(k.quant.IsIgnored("model.layers.0.mlp.down_proj"));  // dense MLP stays bf16
+  EXPECT_FALSE(k.quant.IsIgnored("model.layers.1.mlp.experts.0.down_proj"));
+}
+
+TEST(ConfigTest, QwenMixtralGptOss) {
+  ModelConfig q = Preset("qwen3-235b-a22b");
+  EXPECT_EQ(q.hidden_size, 4096);
+  EXPECT_EQ(q.num_layers, 94);
+  EXPECT_EQ(q.num_moe_layers(), 94);
+  EXPECT_EQ(q.moe_intermediate_size, 1536);
+  EXPECT_EQ(q.num_kv_heads, 4);
+  EXPECT_TRUE(q.norm_topk_prob);
+  EXPECT_FALSE(q.quant.enabled());
+
+  ModelConfig m = Preset("mixtral-8x7b");
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.num_experts_per_tok, 2);
+  EXPECT_EQ(m.moe_intermediate_size, 14336);
+  EXPECT_EQ(m.head_dim, 128);
+
+  ModelConfig g = Preset("gpt-oss-120b");
+  EXPECT_EQ(g.family, ModelFamily::kGptOss);
+  EXPECT_EQ(g.num_experts, 128);
+  EXPECT_EQ(g.num_experts_per_tok, 4);
+  EXPECT_EQ(g.activation, Activation::kSwiGluOai);
+  EXPECT_EQ(g.routing, RoutingMethod::kTopKThenSoftmax);
+  EXPECT_TRUE(g.expert_bias);
+  EXPECT_TRUE(g.gate_up_fused);
+  EXPECT_TRUE(g.layers[0].sliding);
+  EXPECT_FALSE(g.layers[1].sliding);
+  EXPECT_EQ(g.quant.method, QuantMethod::kMxfp4);
+  EXPECT_TRUE(g.quant.IsIgnored("model.layers.7.self_attn"));
+  EXPECT_TRUE(g.quant.IsIgnored("model.layers.7.self_attn.q_proj"));
+  EXPECT_TRUE(g.quant.IsIgnored("model.layers.7.mlp.router"));
+  EXPECT_FALSE(g.quant.IsIgnored("model.layers.7.mlp.experts"));
+  EXPECT_EQ(Preset("gpt-oss-20b").num_experts, 32);
+}
+
+TEST(ConfigErrorTest, NamesFieldAndFile) {
+  std::string e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j.erase("moe_intermediate_size"); });
+  EXPECT_NE(e.find("'moe_intermediate_size'"), std::string::npos) << e;
+  EXPECT_NE(e.find("edited.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"].erase("num_experts"); });
+  EXPECT_NE(e.find("'text_config.num_experts'"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j["model_type"] = "llama4"; });
+  EXPECT_NE(e.find("'model_type'"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama4"), std::string::npos) << e;
+  EXPECT_NE(e.find("qwen3_moe"), std::string::npos) << e;  // lists what is supported
+
+  e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j["hidden_size"] = "2048"; });
+  EXPECT_NE(e.find("expected an integer"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j["hidden_size"] = -5; });
+  EXPECT_NE(e.find("'hidden_size'"), std::string::npos) << e;
+}
+
+TEST(ConfigErrorTest, Contradictions) {
+  std::string e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j["num_experts_per_tok"] = 129; });
+  EXPECT_NE(e.find("'num_experts_per_tok'"), std::string::npos) << e;
+  EXPECT_NE(e.find("128"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"]["num_experts_per_tok"] = 8; });
+  EXPECT_NE(e.find("contradict"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j["num_key_value_heads"] = 5; });
+  EXPECT_NE(e.find("'num_key_value_heads'"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("deepseek-v3", [](auto& j) { j["topk_group"] = 9; });
+  EXPECT_NE(e.find("'topk_group'"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("deepseek-v3", [](auto& j) { j["n_group"] = 7; });
+  EXPECT_NE(e.find("'n_group'"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("kimi-k3", [](auto& j) {
+    j["text_config"]["linear_attn_config"]["kda_layers"].push_back(4);  // also in full_attn_layers
+  });
+  EXPECT_NE(e.find("listed twice"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"]["routed_expert_hidden_size"] = 9000; });
+  EXPECT_NE(e.find("'text_config.routed_expert_hidden_size'"), std::string::npos) << e;
+
+  e = ErrorAfterEdit("gpt-oss-20b", [](auto& j) { j["layer_types"].erase(0); });
+  EXPECT_NE(e.find("'layer_types'"), std::string::npos) << e;
+}
+
+TEST(ConfigErrorTest, Quantization) {
+  std::string e = ErrorAfterEdit("deepseek-v3", [](auto& j) {
+    j["quantization_config"].erase("weight_block_size");
+  });
+  EXPECT_NE(e.find("weight_block_size"), std::string::npos) << e;
+  e = ErrorAfterEdit("kimi-k2", [](auto& j) { j["quantization_config"]["quant_method"] = "gguf"; });
+  EXPECT_NE(e.find("'quantization_config.quant_method'"), std::string::npos) << e;
+  e = ErrorAfterEdit("kimi-k3", [](auto& j) {
+    j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 16;
+  });
+  EXPECT_NE(e.find("group_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("32"), std::string::npos) << e;
+}
+
+TEST(ConfigErrorTest, MalformedJson) {
+  Result<ModelConfig> r = ParseModelConfig("{\"model_type\": \"mixtral\",", "bad.json", "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("bad.json"), std::string::npos);
+  EXPECT_NE(r.status().message().find("not valid JSON"), std::string::npos);
+
+  r = ParseModelConfig(R"({"model_type": "mixtral", "model_type": "qwen3_moe"})", "dup.json", "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'model_type' appears twice"), std::string::npos)
+      << r.status().message();
+
+  r = ParseModelConfig("[1, 2]", "arr.json", "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("object"), std::string::npos);
+}
+
+TEST(ConfigLoaderTest, FileDirectoryAndUnknown) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("moeshard_cfg_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "config.json");
+    out << PresetJson("mixtral-8x7b").dump();
+  }
+  Result<ModelConfig> from_dir = LoadModelConfig(dir.string());
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status().ToString();
+  EXPECT_EQ(from_dir->num_experts, 8);
+  EXPECT_EQ(from_dir->source, (dir / "config.json").string());
+  Result<ModelConfig> from_file = LoadModelConfig((dir / "config.json").string());
+  ASSERT_TRUE(from_file.ok());
+  fs::remove(dir / "config.json");
+  Result<ModelConfig> empty_dir = LoadModelConfig(dir.string());
+  ASSERT_FALSE(empty_dir.ok());
+  EXPECT_NE(empty_dir.status().message().find("config.json"), std::string::npos);
+  fs::remove_all(dir);
+
+  Result<ModelConfig> unknown = LoadModelConfig("kimi-k4");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("kimi-k3"), std::string::npos);  // lists presets
+}
+
+}  // namespace
+}  // namespace moeshard

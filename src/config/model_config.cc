@@ -1,0 +1,109 @@
+#include "moeshard/config/model_config.h"
+
+#include <regex>
+
+namespace moeshard {
+
+namespace {
+
+// Glob match with '*' matching any run of characters (gpt-oss modules_to_not_convert).
+bool GlobMatch(const std::string& pattern, const std::string& text) {
+  size_t p = 0, t = 0, star = std::string::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+    } else if (p < pattern.size() && pattern[p] == text[t]) {
+      ++p;
+      ++t;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace
+
+bool QuantizationConfig::IsIgnored(const std::string& module) const {
+  for (const std::string& entry : ignore) {
+    if (entry.rfind("re:", 0) == 0) {
+      // compressed-tensors matches regexes against the module name with re.match semantics.
+      if (std::regex_search(module, std::regex("^(?:" + entry.substr(3) + ")"))) return true;
+    } else if (entry.find('*') != std::string::npos) {
+      // Globs name a module or any of its submodules.
+      if (GlobMatch(entry, module) || GlobMatch(entry + ".*", module)) return true;
+    } else if (module == entry || module.rfind(entry + ".", 0) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (const LayerSpec& l : layers) n += l.moe ? 1 : 0;
+  return n;
+}
+
+int64_t ModelConfig::num_layers_of(AttentionKind kind) const {
+  int64_t n = 0;
+  for (const LayerSpec& l : layers) n += l.attention == kind ? 1 : 0;
+  return n;
+}
+
+const char* ModelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kDeepseekV3: return "deepseek_v3";
+    case ModelFamily::kKimiK3: return "kimi_k3";
+    case ModelFamily::kQwen3Moe: return "qwen3_moe";
+    case ModelFamily::kMixtral: return "mixtral";
+    case ModelFamily::kGptOss: return "gpt_oss";
+  }
+  return "?";
+}
+
+const char* AttentionKindName(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::kMla: return "mla";
+    case AttentionKind::kGqa: return "gqa";
+    case AttentionKind::kKda: return "kda";
+  }
+  return "?";
+}
+
+const char* ActivationName(Activation act) {
+  switch (act) {
+    case Activation::kSwiGlu: return "swiglu";
+    case Activation::kSwiGluOai: return "swiglu-oai";
+    case Activation::kSitu: return "situ";
+    case Activation::kRelu2: return "relu2";
+    case Activation::kGeluTanh: return "gelu-tanh";
+  }
+  return "?";
+}
+
+const char* QuantMethodName(QuantMethod method) {
+  switch (method) {
+    case QuantMethod::kNone: return "none";
+    case QuantMethod::kFp8Block: return "fp8-block";
+    case QuantMethod::kMxfp4: return "mxfp4";
+    case QuantMethod::kInt4: return "int4";
+  }
+  return "?";
+}
+
+const char* RoutingMethodName(RoutingMethod method) {
+  switch (method) {
+    case RoutingMethod::kSoftmaxTopK: return "softmax-topk";
+    case RoutingMethod::kSigmoidGroupedTopK: return "sigmoid-grouped-topk";
+    case RoutingMethod::kTopKThenSoftmax: return "topk-softmax";
+  }
+  return "?";
+}
+
+}  // namespace moeshard

@@ -1,0 +1,24 @@
+#include "config/presets.h"
+
+#include <map>
+
+namespace moeshard {
+
+std::string PresetDescription(const std::string& name) {
+  static const std::map<std::string, std::string> kDescriptions = {
+      {"kimi-k3", "Kimi-K3: 2.8T MoE, 896 experts top-16, latent MoE 3584, MLA+KDA, MXFP4 experts"},
+      {"kimi-k2", "Kimi-K2 (Thinking/K2.5 weights): 1T MoE, 384 experts top-8, int4 experts"},
+      {"deepseek-v3", "DeepSeek-V3/R1: 671B MoE, 256 experts top-8, fp8 128x128 blocks"},
+      {"qwen3-30b-a3b", "Qwen3-30B-A3B: 128 experts top-8, bf16"},
+      {"qwen3-235b-a22b", "Qwen3-235B-A22B: 128 experts top-8, bf16"},
+      {"mixtral-8x7b", "Mixtral-8x7B: 8 experts top-2, bf16"},
+      {"gpt-oss-120b", "gpt-oss-120b: 128 experts top-4, MXFP4 experts with biases"},
+      {"gpt-oss-20b", "gpt-oss-20b: 32 experts top-4, MXFP4 experts with biases"},
+  };
+  auto it = kDescriptions.find(name);
+  if (it != kDescriptions.end()) return it->second;
+  if (name.rfind("tiny-", 0) == 0) return "scaled-down model for tests and demos";
+  return "";
+}
+
+}  // namespace moeshard
