@@ -99,6 +99,10 @@ Result<nlohmann::json> ParseStrictJson(std::string_view text, std::string_view c
   auto error = [&](std::string_view problem) {
     return DataLossError(fmt::format("{}: {}", context, problem));
   };
+  // nlohmann's lexer reads a NUL byte as the end of input; JSON text never holds a raw NUL.
+  if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return error(fmt::format("expected JSON text, got a NUL byte at byte {}", nul));
+  }
   size_t first = 0;
   while (first < text.size() && IsJsonWhitespace(text[first])) ++first;
   if (first == text.size()) return error("expected JSON, got only whitespace");

@@ -375,6 +375,13 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
                                               "byte {}",
                                               static_cast<unsigned char>(text[bad]), bad));
   }
+  // nlohmann's lexer reads a NUL byte as the end of input and would accept "{}\0\0"; JSON text
+  // never holds a raw NUL (strings must escape it), and the reference rejects NUL padding.
+  if (size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return HeaderError(file_name, fmt::format("header: expected JSON text, got a NUL byte at "
+                                              "header byte {} (padding must be spaces)",
+                                              nul));
+  }
   size_t first = 0;
   while (first < text.size() && weights_internal::IsJsonWhitespace(text[first])) ++first;
   if (first == text.size()) {
