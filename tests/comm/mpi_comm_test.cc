@@ -1,0 +1,86 @@
+// The Communicator contract on the MPI backend: the same cases as comm_local_test
+// (comm_cases.h), run by every process of an mpirun job (ctest runs it with 2 and 4
+// processes). Its own main initialises MPI. A case that fails on any rank ends the whole job
+// through MpiSession::AbortJob with that rank's message, so a failure can never leave the other
+// ranks waiting in a collective.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "moeshard/comm/mpi_comm.h"
+#include "tests/comm/comm_cases.h"
+
+namespace moeshard {
+namespace {
+
+MpiSession* g_session = nullptr;
+Communicator* g_world = nullptr;
+
+class MpiCommCaseTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiCommCaseTest, Passes) {
+  ASSERT_NE(g_world, nullptr);
+  for (const comm_test::CommCase& c : comm_test::AllCommCases()) {
+    if (c.name != GetParam()) continue;
+    Status s = c.body(*g_world);
+    if (!s.ok()) g_session->AbortJob(s.WithContext("case " + c.name));
+    return;
+  }
+  FAIL() << "no case " << GetParam();
+}
+
+std::vector<std::string> CaseNames() {
+  std::vector<std::string> names;
+  for (const comm_test::CommCase& c : comm_test::AllCommCases()) names.push_back(c.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, MpiCommCaseTest, ::testing::ValuesIn(CaseNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+TEST(MpiCommTest, DetectsTheLauncher) {
+  EXPECT_TRUE(MpiAvailable());
+  EXPECT_TRUE(LaunchedUnderMpi());
+  EXPECT_EQ(g_world->size(), g_session->world_size());
+  EXPECT_EQ(g_world->rank(), g_session->world_rank());
+}
+
+}  // namespace
+}  // namespace moeshard
+
+int main(int argc, char** argv) {
+  using namespace moeshard;
+  auto session = MpiSession::Init(&argc, &argv);
+  if (!session.ok()) {
+    std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
+    return 1;
+  }
+  g_session = session->get();
+  MpiCommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  auto world = (*session)->World(options);
+  if (!world.ok()) (*session)->AbortJob(world.status());
+  g_world = world->get();
+
+  ::testing::InitGoogleTest(&argc, argv);
+  // One report per job: rank 0 prints, the others stay quiet unless a test fails on them.
+  if ((*session)->world_rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS();
+  // Any rank's gtest failure fails the job (exit code of rank 0 included).
+  float any_failed = failed != 0 ? 1.0f : 0.0f;
+  Status s = g_world->AllReduceSum(std::span<float>(&any_failed, 1));
+  if (!s.ok()) (*session)->AbortJob(s);
+  if (any_failed != 0.0f && failed == 0) {
+    std::fprintf(stderr, "[rank %d] another rank failed a test\n", (*session)->world_rank());
+    failed = 1;
+  }
+  world->reset();
+  return failed;
+}
