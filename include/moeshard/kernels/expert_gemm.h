@@ -1,0 +1,113 @@
+// Grouped expert GEMM with fused activation: y = act(x · W13ᵀ + b13) · W2ᵀ (+ b2), per local
+// expert, over rows already grouped by expert (see permute.h).
+//
+// Weights use the nn.Linear [out, in] row-major layout, one matrix per local expert, with the
+// PHYSICAL (possibly padded) sizes H = `hidden`, I = `intermediate`. Padded rows and columns
+// must be zero; with zero padding the result on the logical part equals the unpadded shape and
+// padded output columns are 0 (every activation maps (0, 0) to 0).
+//
+//   w13 ("gate_up"): [E_local, R13, H], R13 = 2*I for gated activations, I for ReLU².
+//       gated, not interleaved: rows [0, I) are gate, rows [I, 2I) are up;
+//       gated, interleaved (gpt-oss): row 2j is gate j, row 2j+1 is up j.
+//   w2  ("down"):    [E_local, H, I].
+//
+// Weight formats (per expert matrix [rows, cols], `cols` = the input dimension):
+//   kBf16     data bf16 [rows, cols]; no scales.
+//   kFp8Block data fp8 e4m3fn (uint8) [rows, cols]; scales fp32 scale_inv
+//             [ceil(rows/128), ceil(cols/128)]; w = fp8 * scale (DeepSeek-V3 `weight_scale_inv`).
+//   kMxfp4    data uint8 [rows, cols/2], two E2M1 codes per byte, low nibble = even column;
+//             scales uint8 E8M0 [rows, cols/32]; w = e2m1 * 2^(e - 127). cols % 32 == 0.
+//   kInt4     data uint8 [rows, cols/2], low nibble = even column; scales bf16 [rows, cols/g];
+//             w = (nibble - 8) * scale. g % 32 == 0 and cols % g == 0.
+// Per-expert tensors are contiguous, experts back to back ([E_local, ...] above).
+// Biases are fp32: w13_bias [E_local, R13] in w13's row order, w2_bias [E_local, H].
+//
+// Numerics (optimised backends): the input rows and the intermediate activation are rounded to
+// bf16 (round to nearest even) and multiplied with the (exactly) dequantised weights, with
+// fp32 accumulation; weights are dequantised inside the inner loop, never copied whole.
+//
+// Thread safety: one call at a time per KernelContext; parallel over the context's pool.
+#pragma once
+
+#include <cstdint>
+
+#include "moeshard/base/dtype.h"
+#include "moeshard/base/status.h"
+
+namespace moeshard {
+
+class KernelContext;
+
+enum class WeightFormat {
+  kBf16,
+  kFp8Block,
+  kMxfp4,
+  kInt4,
+};
+const char* WeightFormatName(WeightFormat format);
+
+enum class Activation {
+  kSwiGlu,        // silu(gate) * up
+  kSwiGluOai,     // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit);
+                  //          (u + 1) * g * sigmoid(alpha * g)
+  kSiTu,          // Kimi-K3: g' = beta * tanh(gate / beta) * sigmoid(gate);
+                  //          u' = linear_beta * tanh(up / linear_beta); g' * u'
+  kReluSquared,   // non-gated: relu(up)^2
+  kGeluTanhGated  // gelu_tanh(gate) * up
+};
+const char* ActivationName(Activation act);
+bool IsGated(Activation act);
+
+struct ActivationParams {
+  Activation kind = Activation::kSwiGlu;
+  float swiglu_limit = 7.0f;    // kSwiGluOai clamp
+  float swiglu_alpha = 1.702f;  // kSwiGluOai sigmoid slope
+  float situ_beta = 4.0f;       // kSiTu `activation_situ_beta`
+  float situ_linear_beta = 25.0f;  // kSiTu `activation_situ_linear_beta`
+};
+
+// Scalar definition of the activation (shared by every backend's epilogue and the reference).
+// For non-gated kinds `gate` is ignored.
+float ApplyActivation(const ActivationParams& act, float gate, float up);
+
+// A non-owning view of one MoE layer's local expert weights (layout above).
+struct ExpertWeights {
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t num_experts_local = 0;
+  int64_t hidden = 0;        // H, physical
+  int64_t intermediate = 0;  // I, physical
+  bool gated = true;         // must equal IsGated(activation)
+  bool gate_up_interleaved = false;
+  int64_t int4_group_size = 32;  // kInt4 only
+
+  const void* w13 = nullptr;         // [E_local, R13, H] (format-dependent element, see above)
+  const void* w13_scales = nullptr;  // format-dependent (null for kBf16)
+  const void* w2 = nullptr;          // [E_local, H, I]
+  const void* w2_scales = nullptr;
+  const float* w13_bias = nullptr;   // optional [E_local, R13] fp32
+  const float* w2_bias = nullptr;    // optional [E_local, H] fp32
+
+  int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
+};
+
+// Bytes of one expert's data + scales for the matrix [rows, cols] in `format`.
+int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group);
+
+// Checks the shape rules above (InvalidArgument naming the field and numbers).
+Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act);
+
+struct GroupedGemmParams {
+  const ExpertWeights* weights = nullptr;
+  ActivationParams activation;
+  const void* x_sorted = nullptr;  // [num_rows, H] row-major, kF32 or kBF16, grouped by expert
+  DType x_dtype = DType::kBF16;
+  const int64_t* expert_offsets = nullptr;  // [E_local + 1], non-decreasing, [0] = 0;
+                                            // num_rows = expert_offsets[E_local]
+  float* y_sorted = nullptr;  // out: [num_rows, H] fp32, unweighted expert outputs
+  bool add_down_bias = true;  // false: skip w2_bias (the runtime adds it on one TP rank only)
+};
+
+// The grouped GEMM on the context's instruction set. Experts with no rows cost nothing.
+Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params);
+
+}  // namespace moeshard

@@ -1,0 +1,71 @@
+// KernelContext: the explicit context every CPU MoE kernel runs in.
+//
+// It owns or borrows the ThreadPool the kernels parallelise over, holds the instruction set
+// chosen at construction (runtime CPU dispatch: AVX-512 with native BF16 dot products when the
+// CPU has them, a portable C++ path otherwise, or either one forced, e.g. by tests), and keeps
+// scratch buffers that grow to the largest call seen so that steady-state calls with the same
+// shapes do not allocate.
+//
+// Thread safety: a KernelContext is NOT thread-safe: one kernel call at a time per context
+// (scratch buffers are shared by its calls). Use one context per rank thread. Contexts sharing
+// one borrowed ThreadPool serialise their parallel loops on it.
+#pragma once
+
+#include <memory>
+
+#include "moeshard/base/status.h"
+#include "moeshard/base/thread_pool.h"
+
+namespace moeshard {
+
+enum class CpuIsa {
+  kAuto,        // pick the best the running CPU supports
+  kAvx512Bf16,  // AVX-512 F/BW/VL + AVX512_BF16 (vdpbf16ps) + FMA
+  kPortable,    // plain C++ (auto-vectorised), runs anywhere
+};
+
+const char* CpuIsaName(CpuIsa isa);
+
+// True when the running CPU (and OS, via XSAVE state) supports every instruction the
+// kAvx512Bf16 path uses.
+bool CpuSupportsAvx512Bf16();
+
+struct KernelContextOptions {
+  // Borrowed pool; when null the context owns a pool of `num_threads` threads.
+  ThreadPool* pool = nullptr;
+  // Threads of the owned pool, counting the caller (0: hardware concurrency). Ignored with `pool`.
+  int num_threads = 0;
+  CpuIsa isa = CpuIsa::kAuto;
+};
+
+namespace internal {
+struct KernelScratch;  // defined in src/kernels/kernel_scratch.h
+}
+
+class KernelContext {
+ public:
+  // Fails when `options.isa` forces an instruction set the CPU lacks.
+  static Result<KernelContext> Create(const KernelContextOptions& options = {});
+
+  KernelContext(KernelContext&&) noexcept;
+  KernelContext& operator=(KernelContext&&) noexcept;
+  ~KernelContext();
+
+  ThreadPool& pool() { return *pool_; }
+  int num_threads() const { return pool_->num_threads(); }
+  // The resolved instruction set: never kAuto.
+  CpuIsa isa() const { return isa_; }
+
+  // Internal: scratch memory for the kernels of this context.
+  internal::KernelScratch& scratch() { return *scratch_; }
+
+ private:
+  KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool* pool, CpuIsa isa);
+
+  std::unique_ptr<ThreadPool> owned_pool_;
+  ThreadPool* pool_ = nullptr;
+  CpuIsa isa_ = CpuIsa::kPortable;
+  std::unique_ptr<internal::KernelScratch> scratch_;
+};
+
+}  // namespace moeshard

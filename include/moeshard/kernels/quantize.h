@@ -1,0 +1,65 @@
+// Encoding fp32 expert weights into the kernels' weight formats, and owning containers.
+//
+// Used by tests (encode randn/10 weights, then compare backends with the reference dequantising
+// the same encoded bytes), by benchmarks (random encoded weights generated in place, in
+// parallel, without an fp32 copy) and by anyone producing weights in memory. Encodings:
+//   kBf16      round to nearest even.
+//   kFp8Block  per 128x128 block: scale = amax / 448 (1 when the block is all zero), fp8 =
+//              RNE(w / scale), saturating.
+//   kMxfp4     per 32 values of a row: e = FloatToE8M0Ceil(amax / 6), code = nearest E2M1 of
+//              w / 2^(e-127).
+//   kInt4      per g values of a row: scale = bf16(amax / 7) (1 when zero), nibble =
+//              clamp(round(w / scale), -8, 7) + 8.
+// Layouts are those of expert_gemm.h.
+//
+// Thread safety: pure functions, except that the parallel generator uses the context.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moeshard/kernels/expert_gemm.h"
+
+namespace moeshard {
+
+class KernelContext;
+
+// Bytes of the data / scales part of one [rows, cols] matrix.
+int64_t WeightDataBytes(WeightFormat format, int64_t rows, int64_t cols);
+int64_t WeightScaleBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group);
+
+// Encodes w [rows, cols] fp32 row-major into data (WeightDataBytes) and scales
+// (WeightScaleBytes). REQUIRES: the format's divisibility rules (checked).
+void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t cols,
+                    int64_t int4_group, uint8_t* data, uint8_t* scales);
+
+// Owns the buffers an ExpertWeights view points into. Moving keeps `view` valid (vectors'
+// heap storage does not move).
+struct OwnedExpertWeights {
+  std::vector<uint8_t> w13, w13_scales, w2, w2_scales;
+  std::vector<float> w13_bias, w2_bias;
+  ExpertWeights view;
+};
+
+struct ExpertWeightsShape {
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t num_experts_local = 0;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  bool gated = true;
+  bool gate_up_interleaved = false;
+  int64_t int4_group_size = 32;
+};
+
+// Encodes fp32 weights: w13 [E, R13, H], w2 [E, H, I]; biases optional ([E, R13], [E, H]).
+OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& shape, const float* w13,
+                                       const float* w2, const float* w13_bias = nullptr,
+                                       const float* w2_bias = nullptr);
+
+// Random encoded weights for benchmarks, generated in parallel on the context's pool from a
+// counter-based hash of (seed, index): values of magnitude about 0.05 (bf16, fp8) or random
+// codes with a fixed scale (MXFP4, int4). No biases.
+OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeightsShape& shape,
+                                           uint64_t seed);
+
+}  // namespace moeshard

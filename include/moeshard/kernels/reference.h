@@ -1,0 +1,43 @@
+// Scalar reference of every CPU MoE kernel: the oracle the optimised backends are tested
+// against (STYLE.md's reference-oracle pattern).
+//
+// Deliberately obvious: per-token, per-expert loops, weights dequantised one element at a time
+// from their encoded form, dot products accumulated in fp64, activations applied in fp32 with
+// the scalar ApplyActivation; no rounding of activations to bf16. Slow; for tests and
+// cross-layer checks (e.g. a sharded runtime compared with one rank).
+//
+// Thread safety: pure functions of their inputs.
+#pragma once
+
+#include <cstdint>
+
+#include "moeshard/base/status.h"
+#include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/kernels/moe_forward.h"
+#include "moeshard/kernels/permute.h"
+#include "moeshard/kernels/routing.h"
+
+namespace moeshard::reference {
+
+Status Route(const RoutingParams& params, const RoutingArgs& args);
+
+// Same contract as moeshard::PermuteTokens, computed expert by expert with a full scan.
+Status PermuteTokens(const PermuteParams& params, TokenPermutation* out);
+
+// Which projection of an ExpertWeights view.
+enum class Projection { kW13, kW2 };
+
+// The dequantised weight W[expert][row][col] of one projection, decoded from its format.
+float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, int64_t row,
+                       int64_t col);
+
+// Same contract as moeshard::GroupedExpertGemm.
+Status GroupedExpertGemm(const GroupedGemmParams& params);
+
+// out[t] = sum over the token's local experts of weight * expert(x[t]), token by token, without
+// any permutation (so it also checks permute/unpermute).
+Status MoeExpertsForward(const MoeExpertsParams& params);
+
+Status MoeForward(const MoeForwardParams& params);
+
+}  // namespace moeshard::reference

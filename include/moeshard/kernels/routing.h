@@ -1,0 +1,68 @@
+// Router: fp32 router logits -> top-k expert ids and weights per token.
+//
+// Three variants cover the supported families:
+//   kSoftmaxTopK         softmax over all experts, top-k of the probabilities, optionally
+//                        renormalised over the k (Qwen3 `norm_topk_prob`, Mixtral).
+//   kSigmoidGroupedTopK  DeepSeek-V3 / Kimi `noaux_tc`: s = sigmoid(logit); selection uses
+//                        s + e_score_correction_bias; each of `num_groups` contiguous groups is
+//                        scored by the sum of its top-2 biased scores (top-1 when a group has a
+//                        single expert); the best `topk_group` groups are kept; top-k of the
+//                        biased scores inside kept groups. The weights are the UNBIASED s of
+//                        the chosen experts, renormalised (denominator sum + 1e-20) when
+//                        `renormalize`.
+//   kTopKThenSoftmax     gpt-oss: top-k of the raw logits, softmax over those k.
+// Every variant finally multiplies the weights by `routed_scaling_factor`.
+//
+// Ties are broken deterministically, lower expert (or group) index first, in every backend;
+// the k ids of a token are ordered by descending selection score (ties: ascending index).
+//
+// Thread safety: Route uses the context (one call at a time per context); RouteReference is a
+// pure function.
+#pragma once
+
+#include <cstdint>
+
+#include "moeshard/base/status.h"
+
+namespace moeshard {
+
+class KernelContext;
+
+enum class RoutingKind {
+  kSoftmaxTopK,
+  kSigmoidGroupedTopK,
+  kTopKThenSoftmax,
+};
+
+const char* RoutingKindName(RoutingKind kind);
+
+struct RoutingParams {
+  RoutingKind kind = RoutingKind::kSoftmaxTopK;
+  int64_t num_experts = 0;  // E (global, logical experts)
+  int64_t top_k = 0;        // k, 1 <= k <= E
+  // kSoftmaxTopK and kSigmoidGroupedTopK: renormalise the k weights to sum to 1.
+  bool renormalize = true;
+  // kSigmoidGroupedTopK: E % num_groups == 0, 1 <= topk_group <= num_groups,
+  // k <= topk_group * (E / num_groups).
+  int64_t num_groups = 1;
+  int64_t topk_group = 1;
+  // kSigmoidGroupedTopK: [num_experts] fp32, required.
+  const float* e_score_correction_bias = nullptr;
+  float routed_scaling_factor = 1.0f;
+};
+
+struct RoutingArgs {
+  const float* router_logits = nullptr;  // [num_tokens, num_experts] fp32, row-major
+  int64_t num_tokens = 0;
+  int32_t* topk_ids = nullptr;       // out: [num_tokens, top_k] int32, row-major
+  float* topk_weights = nullptr;     // out: [num_tokens, top_k] fp32, row-major
+};
+
+// Validates params (InvalidArgument naming the field) and routes every token, multi-threaded
+// over tokens on the context's pool.
+Status Route(KernelContext& ctx, const RoutingParams& params, const RoutingArgs& args);
+
+// Validation shared by all backends.
+Status ValidateRouting(const RoutingParams& params, const RoutingArgs& args);
+
+}  // namespace moeshard

@@ -1,0 +1,405 @@
+// AVX-512 backend: native bf16 dot products (vdpbf16ps, _mm512_dpbf16_ps) with register-blocked
+// micro-kernels, weights dequantised to bf16 32 values at a time inside the inner loop.
+//
+// This translation unit is compiled with -mavx512f/bw/vl/bf16 -mfma -mf16c; nothing here may run
+// before CpuSupportsAvx512Bf16() said yes (KernelContext only selects it then).
+//
+// Micro-kernel (dot-product form, because weights are [out, in] row-major like the inputs):
+// acc[i][j] (16 fp32 lanes) += dpbf16(x[i, k:k+32], w[j, k:k+32]), reduced horizontally at the
+// end. For bf16 weights MR x NR = 4 x 6: 24 accumulators + 4 input vectors + 1 weight vector =
+// 29 of the 32 zmm registers; each k-step issues 10 loads for 24 vdpbf16ps, and with a 4-6 cycle
+// latency and 2 issue ports 24 independent chains keep both ports busy. The driver sizes token
+// blocks so the input panel stays in L2 and walks tokens inside a 6-row weight strip, so each
+// weight row is streamed from memory once per token block (decode: exactly once).
+// Quantised formats need a second set of per-group partial sums before the fp32 scale FMA, so
+// they use MR x NR = 4 x 2 (16 accumulators).
+// GCC 12's AVX-512 intrinsics initialise their "undefined" pass-through operands from
+// themselves (_mm256_undefined_pd etc.), which -Wuninitialized reports once inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <array>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "moeshard/base/math.h"
+#include "moeshard/kernels/cpu_constraints.h"
+
+namespace moeshard::internal {
+namespace {
+
+constexpr int kMaxMr = 4;
+
+inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+inline __mmask32 TailMask32(int64_t n) {
+  return n >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint32_t{1} << n) - 1u);
+}
+
+// Horizontal sum. (GCC 12's _mm512_reduce_add_ps / extract intrinsics trip -Wuninitialized on
+// their internal _mm256_undefined_*; full-width shuffles avoid them.)
+inline float HSum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // + other 256-bit half
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));  // + neighbouring 128-bit lane
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));        // + other 64 bits of the lane
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));        // + neighbouring float
+  return _mm512_cvtss_f32(v);
+}
+
+inline __m512bh LoadX(const bf16_t* p) { return AsBh(_mm512_loadu_si512(p)); }
+inline __m512bh LoadXTail(const bf16_t* p, __mmask32 m) {
+  return AsBh(_mm512_maskz_loadu_epi16(m, p));
+}
+
+// --- weight decoders: 32 consecutive weights of tile row j at column k, as bf16 ------------
+
+struct Bf16Decoder {
+  static constexpr int kMaxNr = 6;
+  static constexpr bool kScaled = false;
+  const uint8_t* rows[kMaxNr];
+  Bf16Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
+    for (int j = 0; j < nr; ++j) rows[j] = m.Row(row_idx[j]);
+  }
+  __m512bh Load(int j, int64_t k) const { return AsBh(_mm512_loadu_si512(rows[j] + 2 * k)); }
+  __m512bh LoadTail(int j, int64_t k, __mmask32 m) const {
+    return AsBh(_mm512_maskz_loadu_epi16(m, rows[j] + 2 * k));
+  }
+  int64_t GroupCols() const { return 0; }
+  __m512 Scale(int, int64_t) const { return _mm512_set1_ps(1.0f); }
+};
+
+// fp8 e4m3fn bits placed in an fp16 (exponent field widened with a leading 0) equal the value
+// times 2^-8, subnormals included, and vcvtph2ps converts them exactly; fp32 -> bf16 is then
+// exact too (4 significant bits). The 2^8 goes into the block scale.
+struct Fp8Decoder {
+  static constexpr int kMaxNr = 2;
+  static constexpr bool kScaled = true;
+  const uint8_t* rows[kMaxNr];
+  const float* scales[kMaxNr];
+  Fp8Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
+    const int64_t scale_cols = CeilDiv(m.cols, kCpuFp8BlockSize);
+    for (int j = 0; j < nr; ++j) {
+      rows[j] = m.Row(row_idx[j]);
+      scales[j] = reinterpret_cast<const float*>(m.scales) +
+                  (row_idx[j] / kCpuFp8BlockSize) * scale_cols;
+    }
+  }
+  static __m512bh Convert(__m256i bytes) {
+    const __m512i w = _mm512_cvtepu8_epi16(bytes);
+    const __m512i t = _mm512_slli_epi16(w, 7);  // magnitude at bits 7..13, sign at bit 14
+    const __m512i f16 = _mm512_add_epi16(t, _mm512_and_si512(t, _mm512_set1_epi16(0x4000)));
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(f16));
+    const __m512 hi = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_shuffle_i64x2(f16, f16, 0xEE)));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  }
+  __m512bh Load(int j, int64_t k) const {
+    return Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k)));
+  }
+  __m512bh LoadTail(int j, int64_t k, __mmask32 m) const {
+    return Convert(_mm256_maskz_loadu_epi8(m, rows[j] + k));
+  }
+  int64_t GroupCols() const { return kCpuFp8BlockSize; }
+  __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(scales[j][g] * 256.0f); }
+};
+
+// Packed nibbles (low nibble = even column) -> 32 bf16 through a 16-entry word table (vpermw).
+inline __m512bh NibblesToBf16(const uint8_t* p, __m512i table) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  // Word 2i <- low nibble of byte i, word 2i+1 <- high nibble: (d | d << 12) & 0x000F000F.
+  const __m512i idx = _mm512_and_si512(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)),
+                                       _mm512_set1_epi32(0x000F000F));
+  return AsBh(_mm512_permutexvar_epi16(idx, table));
+}
+
+__m512i MakeTable(const std::array<float, 16>& values) {
+  alignas(64) uint16_t words[32] = {};
+  for (int i = 0; i < 16; ++i) words[i] = FloatToBf16(values[static_cast<size_t>(i)]).bits;
+  return _mm512_load_si512(words);
+}
+
+const std::array<float, 256>& E8M0Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int e = 0; e < 256; ++e) t[static_cast<size_t>(e)] = E8M0ToFloat(static_cast<uint8_t>(e));
+    return t;
+  }();
+  return table;
+}
+
+// E2M1 codes times an E8M0 power of two: the E2M1 value is exact in bf16, the scale is applied
+// in fp32 per 32-column group.
+struct Mxfp4Decoder {
+  static constexpr int kMaxNr = 2;
+  static constexpr bool kScaled = true;
+  const uint8_t* rows[kMaxNr];
+  const uint8_t* scales[kMaxNr];
+  __m512i table;
+  const float* e8m0;
+  Mxfp4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
+    static const __m512i kTable = MakeTable(kFp4E2M1Values);
+    table = kTable;
+    e8m0 = E8M0Table().data();
+    for (int j = 0; j < nr; ++j) {
+      rows[j] = m.Row(row_idx[j]);
+      scales[j] = m.scales + row_idx[j] * (m.cols / kCpuMxfp4GroupSize);
+    }
+  }
+  __m512bh Load(int j, int64_t k) const { return NibblesToBf16(rows[j] + k / 2, table); }
+  __m512bh LoadTail(int j, int64_t k, __mmask32) const { return Load(j, k); }  // cols % 32 == 0
+  int64_t GroupCols() const { return kCpuMxfp4GroupSize; }
+  __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(e8m0[scales[j][g]]); }
+};
+
+std::array<float, 16> Int4Values() {
+  std::array<float, 16> v{};
+  for (int i = 0; i < 16; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i - 8);
+  return v;
+}
+
+struct Int4Decoder {
+  static constexpr int kMaxNr = 2;
+  static constexpr bool kScaled = true;
+  const uint8_t* rows[kMaxNr];
+  const bf16_t* scales[kMaxNr];
+  __m512i table;
+  int64_t group;
+  Int4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group(m.group) {
+    static const __m512i kTable = MakeTable(Int4Values());
+    table = kTable;
+    for (int j = 0; j < nr; ++j) {
+      rows[j] = m.Row(row_idx[j]);
+      scales[j] = reinterpret_cast<const bf16_t*>(m.scales) + row_idx[j] * (m.cols / m.group);
+    }
+  }
+  __m512bh Load(int j, int64_t k) const { return NibblesToBf16(rows[j] + k / 2, table); }
+  __m512bh LoadTail(int j, int64_t k, __mmask32) const { return Load(j, k); }  // cols % g == 0
+  int64_t GroupCols() const { return group; }
+  __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(Bf16ToFloat(scales[j][g])); }
+};
+
+// --- micro-kernels ---------------------------------------------------------------------------
+
+// out[i * ldo + j] = sum_k x[i, k] * w[j, k] for i < MR, j < NR.
+template <class Dec, int MR, int NR>
+void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t cols, float* out, int64_t ldo) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  if constexpr (!Dec::kScaled) {
+    int64_t k = 0;
+    for (; k + 32 <= cols; k += 32) {
+      __m512bh xv[MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        const __m512bh wv = d.Load(j, k);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
+      }
+    }
+    if (k < cols) {
+      const __mmask32 m = TailMask32(cols - k);
+      __m512bh xv[MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) xv[i] = LoadXTail(x + i * ldx + k, m);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        const __m512bh wv = d.LoadTail(j, k, m);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
+      }
+    }
+  } else {
+    const int64_t group_cols = d.GroupCols();
+    for (int64_t k0 = 0, g = 0; k0 < cols; k0 += group_cols, ++g) {
+      const int64_t kend = k0 + group_cols < cols ? k0 + group_cols : cols;
+      __m512 part[MR][NR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) part[i][j] = _mm512_setzero_ps();
+      }
+      int64_t k = k0;
+      for (; k + 32 <= kend; k += 32) {
+        __m512bh xv[MR];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const __m512bh wv = d.Load(j, k);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) part[i][j] = _mm512_dpbf16_ps(part[i][j], xv[i], wv);
+        }
+      }
+      if (k < kend) {
+        const __mmask32 m = TailMask32(kend - k);
+        __m512bh xv[MR];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) xv[i] = LoadXTail(x + i * ldx + k, m);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const __m512bh wv = d.LoadTail(j, k, m);
+#pragma GCC unroll 8
+          for (int i = 0; i < MR; ++i) part[i][j] = _mm512_dpbf16_ps(part[i][j], xv[i], wv);
+        }
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        const __m512 sc = d.Scale(j, g);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(part[i][j], sc, acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) out[i * ldo + j] = HSum(acc[i][j]);
+  }
+}
+
+template <class Dec>
+using TileFn = void (*)(const Dec&, const bf16_t*, int64_t, int64_t, float*, int64_t);
+
+template <class Dec, int MR, int... NRs>
+constexpr std::array<TileFn<Dec>, sizeof...(NRs)> TileRow(std::integer_sequence<int, NRs...>) {
+  return {&Tile<Dec, MR, NRs + 1>...};
+}
+
+template <class Dec>
+struct TileTable {
+  using Seq = std::make_integer_sequence<int, Dec::kMaxNr>;
+  std::array<std::array<TileFn<Dec>, Dec::kMaxNr>, kMaxMr> fns = {
+      TileRow<Dec, 1>(Seq{}), TileRow<Dec, 2>(Seq{}), TileRow<Dec, 3>(Seq{}),
+      TileRow<Dec, 4>(Seq{})};
+};
+
+template <class Dec>
+void DotRowsImpl(const DotRowsArgs& a) {
+  static constexpr TileTable<Dec> kTable;
+  const int64_t cols = a.w->cols;
+  for (int64_t r0 = 0; r0 < a.num_rows; r0 += Dec::kMaxNr) {
+    const int nr = static_cast<int>(std::min<int64_t>(Dec::kMaxNr, a.num_rows - r0));
+    const Dec d(*a.w, a.row_idx + r0, nr);
+    for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
+      kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+          d, a.x + m0 * a.ldx, a.ldx, cols, a.out + m0 * a.ldo + r0, a.ldo);
+    }
+  }
+}
+
+void DotRows(const DotRowsArgs& a) {
+  switch (a.w->format) {
+    case WeightFormat::kBf16: return DotRowsImpl<Bf16Decoder>(a);
+    case WeightFormat::kFp8Block: return DotRowsImpl<Fp8Decoder>(a);
+    case WeightFormat::kMxfp4: return DotRowsImpl<Mxfp4Decoder>(a);
+    case WeightFormat::kInt4: return DotRowsImpl<Int4Decoder>(a);
+  }
+}
+
+// --- activations -------------------------------------------------------------------------------
+
+// exp(x): range reduction x = n ln2 + r, |r| <= ln2/2, degree-6 Taylor polynomial (relative
+// error < 2e-7 on the reduced range), 2^n applied with vscalefps (handles under/overflow).
+inline __m512 Exp(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.5f)), _mm512_set1_ps(-88.5f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512 Sigmoid(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, Exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+// tanh(x) = 2 sigmoid(2x) - 1 (absolute error ~1e-7, ample for bf16 outputs).
+inline __m512 Tanh(__m512 x) {
+  const __m512 s = Sigmoid(_mm512_add_ps(x, x));
+  return _mm512_sub_ps(_mm512_add_ps(s, s), _mm512_set1_ps(1.0f));
+}
+
+inline __m512 Act(const ActivationParams& a, __m512 g, __m512 u) {
+  switch (a.kind) {
+    case Activation::kSwiGlu: return _mm512_mul_ps(_mm512_mul_ps(g, Sigmoid(g)), u);
+    case Activation::kSwiGluOai: {
+      const __m512 lim = _mm512_set1_ps(a.swiglu_limit);
+      g = _mm512_min_ps(g, lim);
+      u = _mm512_max_ps(_mm512_min_ps(u, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+      const __m512 glu = _mm512_mul_ps(g, Sigmoid(_mm512_mul_ps(_mm512_set1_ps(a.swiglu_alpha), g)));
+      return _mm512_mul_ps(_mm512_add_ps(u, _mm512_set1_ps(1.0f)), glu);
+    }
+    case Activation::kSiTu: {
+      const __m512 b = _mm512_set1_ps(a.situ_beta);
+      const __m512 bl = _mm512_set1_ps(a.situ_linear_beta);
+      const __m512 gp =
+          _mm512_mul_ps(_mm512_mul_ps(b, Tanh(_mm512_div_ps(g, b))), Sigmoid(g));
+      const __m512 up = _mm512_mul_ps(bl, Tanh(_mm512_div_ps(u, bl)));
+      return _mm512_mul_ps(gp, up);
+    }
+    case Activation::kReluSquared: {
+      const __m512 r = _mm512_max_ps(u, _mm512_setzero_ps());
+      return _mm512_mul_ps(r, r);
+    }
+    case Activation::kGeluTanhGated: {
+      const __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+      const __m512 inner = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                         _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+      const __m512 half_g = _mm512_mul_ps(_mm512_set1_ps(0.5f), g);
+      return _mm512_mul_ps(
+          _mm512_mul_ps(half_g, _mm512_add_ps(_mm512_set1_ps(1.0f), Tanh(inner))), u);
+    }
+  }
+  return _mm512_setzero_ps();
+}
+
+inline void StoreBf16(bf16_t* dst, __m512 v, __mmask16 m) {
+  const __m256bh b = _mm512_cvtneps_pbh(v);
+  _mm256_mask_storeu_epi16(dst, m, reinterpret_cast<const __m256i&>(b));
+}
+
+void Activate(const ActivationParams& a, const float* gate, const float* up, int64_t n,
+              bf16_t* h) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m =
+        n - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 g = gate == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 u = _mm512_maskz_loadu_ps(m, up + i);
+    StoreBf16(h + i, Act(a, g, u), m);
+  }
+}
+
+void ToBf16(const float* src, int64_t n, bf16_t* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m =
+        n - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    StoreBf16(dst + i, _mm512_maskz_loadu_ps(m, src + i), m);
+  }
+}
+
+int64_t WorkFloats(int64_t, int64_t) { return 0; }
+
+}  // namespace
+
+const CpuBackend& Avx512Backend() {
+  static const CpuBackend backend{"avx512-bf16", DotRows, Activate, ToBf16, WorkFloats};
+  return backend;
+}
+
+}  // namespace moeshard::internal

@@ -1,0 +1,62 @@
+// The small interface each CPU instruction-set backend implements (private to kernels).
+//
+// The grouped GEMM driver (expert_gemm.cc) owns the task split and the epilogues' order; a
+// backend supplies the three inner pieces:
+//   dot_rows  out[m, r] = sum_k x[m, k] * W[row_idx[r], k] for a block of tokens and weight rows,
+//             dequantising W inside the loop;
+//   activate  h[i] = bf16(act(gate[i], up[i]));
+//   to_bf16   fp32 -> bf16, round to nearest even.
+// Backends: portable (plain C++, any CPU) and avx512 (AVX-512 BF16; only selected after a
+// runtime CPU check, its translation unit is compiled with -mavx512bf16).
+#pragma once
+
+#include <cstdint>
+
+#include "moeshard/base/numeric.h"
+#include "moeshard/kernels/expert_gemm.h"
+
+namespace moeshard::internal {
+
+// One expert's weight matrix [rows, cols] in its format (layouts: expert_gemm.h).
+struct MatrixRef {
+  WeightFormat format = WeightFormat::kBf16;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t group = 32;  // kInt4 group size
+
+  int64_t RowBytes() const;
+  const uint8_t* Row(int64_t r) const { return data + r * RowBytes(); }
+};
+
+// The matrix of `expert` in w13 (`w13` true) or w2.
+MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert);
+
+struct DotRowsArgs {
+  const MatrixRef* w = nullptr;
+  const bf16_t* x = nullptr;  // [num_tokens, ldx] bf16; the first w->cols columns are used
+  int64_t ldx = 0;
+  int64_t num_tokens = 0;
+  const int32_t* row_idx = nullptr;  // [num_rows] rows of w
+  int64_t num_rows = 0;
+  float* out = nullptr;  // [num_tokens, ldo] fp32; columns [0, num_rows) written
+  int64_t ldo = 0;
+  float* work = nullptr;  // backend work space of WorkFloats(...) floats
+};
+
+struct CpuBackend {
+  const char* name;
+  void (*dot_rows)(const DotRowsArgs& args);
+  void (*activate)(const ActivationParams& act, const float* gate, const float* up, int64_t n,
+                   bf16_t* h);
+  void (*to_bf16)(const float* src, int64_t n, bf16_t* dst);
+  // Floats of DotRowsArgs::work needed for a block of `num_tokens` tokens and `cols` columns.
+  int64_t (*work_floats)(int64_t num_tokens, int64_t cols);
+};
+
+const CpuBackend& PortableBackend();
+// REQUIRES: CpuSupportsAvx512Bf16().
+const CpuBackend& Avx512Backend();
+
+}  // namespace moeshard::internal

@@ -1,0 +1,98 @@
+// Portable CPU backend: plain C++ that compilers auto-vectorise, for CPUs without AVX-512 BF16
+// (and forced in tests so it stays correct). Each weight row is dequantised into a small fp32
+// buffer once per call and dotted with every token of the block, so weights are still streamed
+// once per token block and never copied whole.
+#include <algorithm>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "moeshard/base/math.h"
+#include "moeshard/kernels/cpu_constraints.h"
+
+namespace moeshard::internal {
+namespace {
+
+void DecodeRow(const MatrixRef& m, int64_t r, float* out) {
+  const uint8_t* row = m.Row(r);
+  const int64_t cols = m.cols;
+  switch (m.format) {
+    case WeightFormat::kBf16: {
+      const bf16_t* b = reinterpret_cast<const bf16_t*>(row);
+      for (int64_t c = 0; c < cols; ++c) out[c] = Bf16ToFloat(b[c]);
+      return;
+    }
+    case WeightFormat::kFp8Block: {
+      const int64_t scale_cols = CeilDiv(cols, kCpuFp8BlockSize);
+      const float* scale =
+          reinterpret_cast<const float*>(m.scales) + (r / kCpuFp8BlockSize) * scale_cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        out[c] = Fp8E4M3ToFloat(row[c]) * scale[c / kCpuFp8BlockSize];
+      }
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      const uint8_t* scale = m.scales + r * (cols / kCpuMxfp4GroupSize);
+      for (int64_t c = 0; c < cols; c += 2) {
+        const float s = E8M0ToFloat(scale[c / kCpuMxfp4GroupSize]);
+        out[c] = kFp4E2M1Values[row[c / 2] & 0xf] * s;
+        out[c + 1] = kFp4E2M1Values[row[c / 2] >> 4] * s;
+      }
+      return;
+    }
+    case WeightFormat::kInt4: {
+      const bf16_t* scale = reinterpret_cast<const bf16_t*>(m.scales) + r * (cols / m.group);
+      for (int64_t c = 0; c < cols; c += 2) {
+        const float s = Bf16ToFloat(scale[c / m.group]);
+        out[c] = static_cast<float>((row[c / 2] & 0xf) - 8) * s;
+        out[c + 1] = static_cast<float>((row[c / 2] >> 4) - 8) * s;
+      }
+      return;
+    }
+  }
+}
+
+// fp32 dot product with 8 independent partial sums (vectorisable without -ffast-math).
+float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+void DotRows(const DotRowsArgs& a) {
+  const int64_t k = a.w->cols;
+  float* xf = a.work;
+  float* wf = a.work + a.num_tokens * k;
+  for (int64_t m = 0; m < a.num_tokens; ++m) {
+    const bf16_t* xr = a.x + m * a.ldx;
+    for (int64_t c = 0; c < k; ++c) xf[m * k + c] = Bf16ToFloat(xr[c]);
+  }
+  for (int64_t r = 0; r < a.num_rows; ++r) {
+    DecodeRow(*a.w, a.row_idx[r], wf);
+    for (int64_t m = 0; m < a.num_tokens; ++m) a.out[m * a.ldo + r] = Dot(xf + m * k, wf, k);
+  }
+}
+
+void Activate(const ActivationParams& act, const float* gate, const float* up, int64_t n,
+              bf16_t* h) {
+  for (int64_t i = 0; i < n; ++i) {
+    h[i] = FloatToBf16(ApplyActivation(act, gate == nullptr ? 0.0f : gate[i], up[i]));
+  }
+}
+
+void ToBf16(const float* src, int64_t n, bf16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+}
+
+int64_t WorkFloats(int64_t num_tokens, int64_t cols) { return (num_tokens + 1) * cols; }
+
+}  // namespace
+
+const CpuBackend& PortableBackend() {
+  static const CpuBackend backend{"portable", DotRows, Activate, ToBf16, WorkFloats};
+  return backend;
+}
+
+}  // namespace moeshard::internal

@@ -1,0 +1,365 @@
+#include "moeshard/kernels/expert_gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/kernel_scratch.h"
+#include "moeshard/base/math.h"
+#include "moeshard/kernels/cpu_constraints.h"
+#include "moeshard/kernels/kernel_context.h"
+
+namespace moeshard {
+
+const char* WeightFormatName(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kBf16: return "bf16";
+    case WeightFormat::kFp8Block: return "fp8";
+    case WeightFormat::kMxfp4: return "mxfp4";
+    case WeightFormat::kInt4: return "int4";
+  }
+  return "?";
+}
+
+const char* ActivationName(Activation act) {
+  switch (act) {
+    case Activation::kSwiGlu: return "swiglu";
+    case Activation::kSwiGluOai: return "swiglu_oai";
+    case Activation::kSiTu: return "situ";
+    case Activation::kReluSquared: return "relu2";
+    case Activation::kGeluTanhGated: return "gelu_tanh";
+  }
+  return "?";
+}
+
+bool IsGated(Activation act) {
+  switch (act) {
+    case Activation::kSwiGlu:
+    case Activation::kSwiGluOai:
+    case Activation::kSiTu:
+    case Activation::kGeluTanhGated: return true;
+    case Activation::kReluSquared: return false;
+  }
+  return true;
+}
+
+float ApplyActivation(const ActivationParams& a, float gate, float up) {
+  auto sigmoid = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  switch (a.kind) {
+    case Activation::kSwiGlu: return gate * sigmoid(gate) * up;
+    case Activation::kSwiGluOai: {
+      const float g = std::min(gate, a.swiglu_limit);
+      const float u = std::clamp(up, -a.swiglu_limit, a.swiglu_limit);
+      return (u + 1.0f) * g * sigmoid(a.swiglu_alpha * g);
+    }
+    case Activation::kSiTu: {
+      const float g = a.situ_beta * std::tanh(gate / a.situ_beta) * sigmoid(gate);
+      const float u = a.situ_linear_beta * std::tanh(up / a.situ_linear_beta);
+      return g * u;
+    }
+    case Activation::kReluSquared: {
+      const float r = std::max(up, 0.0f);
+      return r * r;
+    }
+    case Activation::kGeluTanhGated: {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f;
+      const float inner = kSqrt2OverPi * (gate + 0.044715f * gate * gate * gate);
+      return 0.5f * gate * (1.0f + std::tanh(inner)) * up;
+    }
+  }
+  return 0.0f;
+}
+
+int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group) {
+  switch (format) {
+    case WeightFormat::kBf16: return rows * cols * 2;
+    case WeightFormat::kFp8Block:
+      return rows * cols + CeilDiv(rows, kCpuFp8BlockSize) * CeilDiv(cols, kCpuFp8BlockSize) * 4;
+    case WeightFormat::kMxfp4: return rows * cols / 2 + rows * (cols / kCpuMxfp4GroupSize);
+    case WeightFormat::kInt4: return rows * cols / 2 + rows * (cols / int4_group) * 2;
+  }
+  return 0;
+}
+
+namespace {
+
+Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
+  switch (w.format) {
+    case WeightFormat::kBf16:
+    case WeightFormat::kFp8Block: return Status::Ok();
+    case WeightFormat::kMxfp4:
+      if (cols % kCpuMxfp4GroupSize != 0) {
+        return InvalidArgumentError(fmt::format(
+            "expert weights: '{}': MXFP4 needs the input dimension to be a multiple of {}, got "
+            "{} (pad it with zeros)",
+            what, kCpuMxfp4GroupSize, cols));
+      }
+      return Status::Ok();
+    case WeightFormat::kInt4:
+      if (cols % w.int4_group_size != 0) {
+        return InvalidArgumentError(fmt::format(
+            "expert weights: '{}': int4 needs the input dimension to be a multiple of the group "
+            "size {}, got {} (pad it with zeros)",
+            what, w.int4_group_size, cols));
+      }
+      return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act) {
+  if (w.num_experts_local < 0 || w.hidden < 1 || w.intermediate < 1) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'num_experts_local/hidden/intermediate': expected >= 0 / >= 1 / >= 1, "
+        "got {} / {} / {}",
+        w.num_experts_local, w.hidden, w.intermediate));
+  }
+  if (w.gated != IsGated(act.kind)) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'gated': activation {} is {}, but the weights are {}",
+        ActivationName(act.kind), IsGated(act.kind) ? "gated" : "not gated",
+        w.gated ? "gated (w13 has 2*I rows)" : "not gated (w13 has I rows)"));
+  }
+  if (w.gate_up_interleaved && !w.gated) {
+    return InvalidArgumentError(
+        "expert weights: 'gate_up_interleaved': only meaningful for gated activations");
+  }
+  if (w.num_experts_local > 0 && (w.w13 == nullptr || w.w2 == nullptr)) {
+    return InvalidArgumentError("expert weights: 'w13/w2': expected non-null");
+  }
+  if (w.format != WeightFormat::kBf16 && w.num_experts_local > 0 &&
+      (w.w13_scales == nullptr || w.w2_scales == nullptr)) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'w13_scales/w2_scales': expected non-null for format {}",
+        WeightFormatName(w.format)));
+  }
+  if (w.format == WeightFormat::kInt4 &&
+      (w.int4_group_size < kCpuInt4GroupSizeMultiple ||
+       w.int4_group_size % kCpuInt4GroupSizeMultiple != 0)) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'int4_group_size': expected a positive multiple of {}, got {}",
+        kCpuInt4GroupSizeMultiple, w.int4_group_size));
+  }
+  MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
+  MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));
+  return Status::Ok();
+}
+
+namespace internal {
+
+int64_t MatrixRef::RowBytes() const {
+  switch (format) {
+    case WeightFormat::kBf16: return cols * 2;
+    case WeightFormat::kFp8Block: return cols;
+    case WeightFormat::kMxfp4:
+    case WeightFormat::kInt4: return cols / 2;
+  }
+  return 0;
+}
+
+MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
+  MatrixRef m;
+  m.format = w.format;
+  m.rows = w13 ? w.w13_rows() : w.hidden;
+  m.cols = w13 ? w.hidden : w.intermediate;
+  m.group = w.int4_group_size;
+  int64_t data_bytes = m.rows * m.RowBytes();
+  int64_t scale_bytes = 0;
+  switch (w.format) {
+    case WeightFormat::kBf16: break;
+    case WeightFormat::kFp8Block:
+      scale_bytes = CeilDiv(m.rows, kCpuFp8BlockSize) * CeilDiv(m.cols, kCpuFp8BlockSize) * 4;
+      break;
+    case WeightFormat::kMxfp4: scale_bytes = m.rows * (m.cols / kCpuMxfp4GroupSize); break;
+    case WeightFormat::kInt4: scale_bytes = m.rows * (m.cols / m.group) * 2; break;
+  }
+  m.data = static_cast<const uint8_t*>(w13 ? w.w13 : w.w2) + expert * data_bytes;
+  const void* scales = w13 ? w.w13_scales : w.w2_scales;
+  m.scales = scales == nullptr ? nullptr : static_cast<const uint8_t*>(scales) + expert * scale_bytes;
+  return m;
+}
+
+}  // namespace internal
+
+namespace {
+
+// Task granularity. Gate_up tasks cover kGateUpBlock intermediate indices (2x rows when gated),
+// down tasks kDownBlock output rows: small enough that decode (one token, 8 experts) yields
+// 100+ tasks to balance over the threads, large enough that per-task overhead (one atomic, one
+// epilogue) is noise. Both are multiples of the AVX-512 micro-kernel's 6 rows (3 gate/up pairs).
+constexpr int64_t kGateUpBlock = 48;
+constexpr int64_t kDownBlock = 96;
+
+// Tokens per task: the bf16 input panel (tokens x K) is sized to stay in a 1 MiB L2 (half of
+// it), so each weight row fetched from memory is reused for all tokens of the block.
+int64_t TokenBlock(int64_t k) {
+  const int64_t fit = (512 * 1024) / std::max<int64_t>(1, 2 * k);
+  return std::clamp<int64_t>(fit / 4 * 4, 4, 128);
+}
+
+}  // namespace
+
+Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
+  if (p.weights == nullptr) {
+    return InvalidArgumentError("grouped gemm: 'weights': expected non-null");
+  }
+  const ExpertWeights& w = *p.weights;
+  MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
+  if (p.x_dtype != DType::kF32 && p.x_dtype != DType::kBF16) {
+    return InvalidArgumentError(fmt::format(
+        "grouped gemm: 'x_dtype': expected F32 or BF16, got {}", DTypeName(p.x_dtype)));
+  }
+  if (p.expert_offsets == nullptr) {
+    return InvalidArgumentError("grouped gemm: 'expert_offsets': expected [E_local + 1], got null");
+  }
+  const int64_t num_experts = w.num_experts_local;
+  if (p.expert_offsets[0] != 0) {
+    return InvalidArgumentError(fmt::format(
+        "grouped gemm: 'expert_offsets[0]': expected 0, got {}", p.expert_offsets[0]));
+  }
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (p.expert_offsets[e + 1] < p.expert_offsets[e]) {
+      return InvalidArgumentError(fmt::format(
+          "grouped gemm: 'expert_offsets': expected non-decreasing, got [{}]={} > [{}]={}", e,
+          p.expert_offsets[e], e + 1, p.expert_offsets[e + 1]));
+    }
+  }
+  const int64_t num_rows = p.expert_offsets[num_experts];
+  if (num_rows == 0) return Status::Ok();
+  if (p.x_sorted == nullptr || p.y_sorted == nullptr) {
+    return InvalidArgumentError("grouped gemm: 'x_sorted/y_sorted': expected non-null");
+  }
+
+  const internal::CpuBackend& be = ctx.isa() == CpuIsa::kAvx512Bf16
+                                       ? internal::Avx512Backend()
+                                       : internal::PortableBackend();
+  internal::KernelScratch& s = ctx.scratch();
+  ThreadPool& pool = ctx.pool();
+  const int64_t hidden = w.hidden;
+  const int64_t inter = w.intermediate;
+
+  // Input rows in bf16, converted once (prefill reuses each row for many weight rows).
+  const bf16_t* x = static_cast<const bf16_t*>(p.x_sorted);
+  if (p.x_dtype == DType::kF32) {
+    bf16_t* xb = internal::KernelScratch::Grow(s.x_bf16, num_rows * hidden);
+    const float* xf = static_cast<const float*>(p.x_sorted);
+    pool.ParallelFor(num_rows, 0, [&](int64_t b, int64_t e, int) {
+      be.to_bf16(xf + b * hidden, (e - b) * hidden, xb + b * hidden);
+    });
+    x = xb;
+  }
+  bf16_t* h = internal::KernelScratch::Grow(s.h, num_rows * inter);
+
+  // Phase 1: gate_up + bias + activation -> h. Tasks: (expert, token block, j block).
+  const int64_t tb1 = TokenBlock(hidden);
+  const int64_t tb2 = TokenBlock(inter);
+  const int64_t rows_per_j = w.gated ? 2 : 1;
+  for (auto& pt : s.per_thread) {
+    internal::KernelScratch::Grow(pt.tile, std::max(tb1 * kGateUpBlock * rows_per_j,
+                                                    tb2 * kDownBlock));
+    internal::KernelScratch::Grow(pt.work, std::max(be.work_floats(tb1, hidden),
+                                                    be.work_floats(tb2, inter)));
+    internal::KernelScratch::Grow(pt.rows, std::max(kGateUpBlock * rows_per_j, kDownBlock));
+  }
+  auto make_tasks = [&](int64_t token_block, int64_t out_size, int64_t out_block) {
+    s.tasks.clear();
+    for (int64_t e = 0; e < num_experts; ++e) {
+      for (int64_t r = p.expert_offsets[e]; r < p.expert_offsets[e + 1]; r += token_block) {
+        for (int64_t o = 0; o < out_size; o += out_block) {
+          s.tasks.push_back({static_cast<int32_t>(e), r,
+                             std::min(r + token_block, p.expert_offsets[e + 1]), o,
+                             std::min(o + out_block, out_size)});
+        }
+      }
+    }
+  };
+
+  make_tasks(tb1, inter, kGateUpBlock);
+  pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
+    auto& pt = s.per_thread[static_cast<size_t>(tid)];
+    for (int64_t ti = b; ti < e; ++ti) {
+      const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];
+      const internal::MatrixRef m = internal::ExpertMatrix(w, /*w13=*/true, t.expert);
+      const int64_t nj = t.out_end - t.out_begin;
+      const int64_t nrows = nj * rows_per_j;
+      int32_t* rows = pt.rows.data();
+      // Row list: [gate rows of the block..., up rows of the block...] (or just the rows).
+      for (int64_t j = 0; j < nj; ++j) {
+        const int64_t jj = t.out_begin + j;
+        if (!w.gated) {
+          rows[j] = static_cast<int32_t>(jj);
+        } else if (w.gate_up_interleaved) {
+          rows[j] = static_cast<int32_t>(2 * jj);
+          rows[nj + j] = static_cast<int32_t>(2 * jj + 1);
+        } else {
+          rows[j] = static_cast<int32_t>(jj);
+          rows[nj + j] = static_cast<int32_t>(inter + jj);
+        }
+      }
+      const int64_t ntok = t.row_end - t.row_begin;
+      internal::DotRowsArgs a;
+      a.w = &m;
+      a.x = x + t.row_begin * hidden;
+      a.ldx = hidden;
+      a.num_tokens = ntok;
+      a.row_idx = rows;
+      a.num_rows = nrows;
+      a.out = pt.tile.data();
+      a.ldo = nrows;
+      a.work = pt.work.data();
+      be.dot_rows(a);
+      const float* bias = w.w13_bias == nullptr ? nullptr : w.w13_bias + t.expert * w.w13_rows();
+      for (int64_t m_i = 0; m_i < ntok; ++m_i) {
+        float* o = pt.tile.data() + m_i * nrows;
+        if (bias != nullptr) {
+          for (int64_t r = 0; r < nrows; ++r) o[r] += bias[rows[r]];
+        }
+        bf16_t* hrow = h + (t.row_begin + m_i) * inter + t.out_begin;
+        if (w.gated) {
+          be.activate(p.activation, o, o + nj, nj, hrow);
+        } else {
+          be.activate(p.activation, nullptr, o, nj, hrow);
+        }
+      }
+    }
+  });
+
+  // Phase 2: down (+ bias) -> y_sorted. Tasks: (expert, token block, output-row block).
+  make_tasks(tb2, hidden, kDownBlock);
+  pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
+    auto& pt = s.per_thread[static_cast<size_t>(tid)];
+    for (int64_t ti = b; ti < e; ++ti) {
+      const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];
+      const internal::MatrixRef m = internal::ExpertMatrix(w, /*w13=*/false, t.expert);
+      const int64_t nr = t.out_end - t.out_begin;
+      int32_t* rows = pt.rows.data();
+      for (int64_t r = 0; r < nr; ++r) rows[r] = static_cast<int32_t>(t.out_begin + r);
+      const int64_t ntok = t.row_end - t.row_begin;
+      internal::DotRowsArgs a;
+      a.w = &m;
+      a.x = h + t.row_begin * inter;
+      a.ldx = inter;
+      a.num_tokens = ntok;
+      a.row_idx = rows;
+      a.num_rows = nr;
+      a.out = p.y_sorted + t.row_begin * hidden + t.out_begin;
+      a.ldo = hidden;
+      a.work = pt.work.data();
+      be.dot_rows(a);
+      if (p.add_down_bias && w.w2_bias != nullptr) {
+        const float* bias = w.w2_bias + t.expert * hidden + t.out_begin;
+        for (int64_t m_i = 0; m_i < ntok; ++m_i) {
+          float* o = a.out + m_i * hidden;
+          for (int64_t r = 0; r < nr; ++r) o[r] += bias[r];
+        }
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace moeshard

@@ -1,0 +1,434 @@
+// Grouped expert GEMM: every backend against the reference, for every activation and weight
+// format, odd sizes, experts without tokens, misaligned pointers, zero padding and bad input.
+#include "moeshard/kernels/expert_gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "kernels/kernels_test_util.h"
+#include "moeshard/base/numeric.h"
+#include "moeshard/kernels/quantize.h"
+#include "moeshard/kernels/reference.h"
+
+namespace moeshard {
+namespace {
+
+using testing::Close;
+using testing::MakeContext;
+using testing::Randn;
+using testing::TestIsas;
+using testing::Tolerance;
+
+struct GemmCase {
+  WeightFormat format = WeightFormat::kBf16;
+  Activation act = Activation::kSwiGlu;
+  int64_t num_experts = 8;
+  int64_t hidden = 100;
+  int64_t inter = 40;
+  bool interleaved = false;
+  bool bias = false;
+  int64_t group = 32;
+
+  std::string Name() const {
+    return fmt::format("{}/{} E{} H{} I{}{}{} g{}", WeightFormatName(format), ActivationName(act),
+                       num_experts, hidden, inter, interleaved ? " interleaved" : "",
+                       bias ? " bias" : "", group);
+  }
+  int64_t Rows13() const { return IsGated(act) ? 2 * inter : inter; }
+};
+
+// Logical fp32 weights, optionally embedded into a larger zero-padded physical shape.
+struct FloatWeights {
+  std::vector<float> w13, w2, b13, b2;
+};
+
+FloatWeights RandomWeights(const GemmCase& c, uint64_t seed) {
+  FloatWeights f;
+  f.w13 = Randn(c.num_experts * c.Rows13() * c.hidden, seed, 0.1f);
+  f.w2 = Randn(c.num_experts * c.hidden * c.inter, seed + 1, 0.1f);
+  if (c.bias) {
+    f.b13 = Randn(c.num_experts * c.Rows13(), seed + 2, 0.1f);
+    f.b2 = Randn(c.num_experts * c.hidden, seed + 3, 0.1f);
+  }
+  return f;
+}
+
+// Zero-pads logical weights of case `c` to the physical sizes of case `p` (same layout rules).
+FloatWeights Pad(const GemmCase& c, const GemmCase& p, const FloatWeights& f) {
+  FloatWeights o;
+  o.w13.assign(static_cast<size_t>(p.num_experts * p.Rows13() * p.hidden), 0.0f);
+  o.w2.assign(static_cast<size_t>(p.num_experts * p.hidden * p.inter), 0.0f);
+  auto row13 = [&](const GemmCase& g, int64_t logical_row) {  // physical row of a logical row
+    if (!IsGated(g.act) || g.interleaved) return logical_row;  // interleaved pairs stay pairs
+    return logical_row < c.inter ? logical_row : logical_row - c.inter + g.inter;
+  };
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    for (int64_t r = 0; r < c.Rows13(); ++r) {
+      for (int64_t col = 0; col < c.hidden; ++col) {
+        o.w13[static_cast<size_t>((e * p.Rows13() + row13(p, r)) * p.hidden + col)] =
+            f.w13[static_cast<size_t>((e * c.Rows13() + r) * c.hidden + col)];
+      }
+    }
+    for (int64_t r = 0; r < c.hidden; ++r) {
+      for (int64_t col = 0; col < c.inter; ++col) {
+        o.w2[static_cast<size_t>((e * p.hidden + r) * p.inter + col)] =
+            f.w2[static_cast<size_t>((e * c.hidden + r) * c.inter + col)];
+      }
+    }
+  }
+  if (!f.b13.empty()) {
+    o.b13.assign(static_cast<size_t>(p.num_experts * p.Rows13()), 0.0f);
+    o.b2.assign(static_cast<size_t>(p.num_experts * p.hidden), 0.0f);
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      for (int64_t r = 0; r < c.Rows13(); ++r) {
+        o.b13[static_cast<size_t>(e * p.Rows13() + row13(p, r))] =
+            f.b13[static_cast<size_t>(e * c.Rows13() + r)];
+      }
+      for (int64_t r = 0; r < c.hidden; ++r) {
+        o.b2[static_cast<size_t>(e * p.hidden + r)] = f.b2[static_cast<size_t>(e * c.hidden + r)];
+      }
+    }
+  }
+  return o;
+}
+
+OwnedExpertWeights Encode(const GemmCase& c, const FloatWeights& f) {
+  ExpertWeightsShape s{.format = c.format, .num_experts_local = c.num_experts,
+                       .hidden = c.hidden, .intermediate = c.inter, .gated = IsGated(c.act),
+                       .gate_up_interleaved = c.interleaved, .int4_group_size = c.group};
+  return EncodeExpertWeights(s, f.w13.data(), f.w2.data(),
+                             f.b13.empty() ? nullptr : f.b13.data(),
+                             f.b2.empty() ? nullptr : f.b2.data());
+}
+
+// Rows per expert for `tokens` tokens with top-k `k`, leaving experts 1 and 5 without tokens
+// (when there are more than 6 experts).
+std::vector<int64_t> Offsets(int64_t num_experts, int64_t tokens, int64_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> counts(static_cast<size_t>(num_experts), 0);
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    int64_t e;
+    do {
+      e = static_cast<int64_t>(rng() % static_cast<uint64_t>(num_experts));
+    } while (num_experts > 6 && (e == 1 || e == 5));
+    ++counts[static_cast<size_t>(e)];
+  }
+  std::vector<int64_t> offsets = {0};
+  for (int64_t c : counts) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+struct RunOptions {
+  DType x_dtype = DType::kF32;
+  bool misalign = false;  // shift x, y and the weight data by one element off the vector width
+  bool add_down_bias = true;
+  int threads = 2;
+};
+
+// Runs the backend on x and returns y; `ref` (when non-null) receives the reference result.
+std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationParams& act,
+                       const std::vector<int64_t>& offsets, const std::vector<float>& x,
+                       const RunOptions& o, std::vector<float>* ref) {
+  const int64_t rows = offsets.back();
+  const size_t shift = o.misalign ? 1 : 0;
+  std::vector<float> xf(x.size() + shift);
+  std::copy(x.begin(), x.end(), xf.begin() + static_cast<std::ptrdiff_t>(shift));
+  std::vector<bf16_t> xb(x.size() + shift);
+  for (size_t i = 0; i < x.size(); ++i) xb[i + shift] = FloatToBf16(x[i]);
+  const void* xp = o.x_dtype == DType::kF32 ? static_cast<const void*>(xf.data() + shift)
+                                             : static_cast<const void*>(xb.data() + shift);
+  std::vector<float> y(static_cast<size_t>(rows * w.hidden) + shift, -7.0f);
+  GroupedGemmParams p;
+  p.weights = &w;
+  p.activation = act;
+  p.x_sorted = xp;
+  p.x_dtype = o.x_dtype;
+  p.expert_offsets = offsets.data();
+  p.y_sorted = y.data() + shift;
+  p.add_down_bias = o.add_down_bias;
+  KernelContext ctx = MakeContext(isa, o.threads);
+  const Status s = GroupedExpertGemm(ctx, p);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (ref != nullptr) {
+    ref->assign(static_cast<size_t>(rows * w.hidden), 0.0f);
+    p.y_sorted = ref->data();
+    EXPECT_TRUE(reference::GroupedExpertGemm(p).ok());
+  }
+  return std::vector<float>(y.begin() + static_cast<std::ptrdiff_t>(shift), y.end());
+}
+
+// Copies the weight data into buffers shifted by `bytes` (misaligned for vector loads).
+struct ShiftedWeights {
+  std::vector<uint8_t> w13, w2;
+  ExpertWeights view;
+};
+ShiftedWeights Shift(const OwnedExpertWeights& ow, size_t bytes) {
+  ShiftedWeights s;
+  s.w13.resize(ow.w13.size() + bytes);
+  s.w2.resize(ow.w2.size() + bytes);
+  std::memcpy(s.w13.data() + bytes, ow.w13.data(), ow.w13.size());
+  std::memcpy(s.w2.data() + bytes, ow.w2.data(), ow.w2.size());
+  s.view = ow.view;
+  s.view.w13 = s.w13.data() + bytes;
+  s.view.w2 = s.w2.data() + bytes;
+  return s;
+}
+
+// Inputs randn * 0.5 and weights randn / 10 give gate/up values of order 1 and outputs of order
+// 0.1-1: large enough that the absolute tolerance is meaningful, small enough that bf16
+// rounding of the intermediate activation stays inside it.
+constexpr float kInputScale = 0.5f;
+
+Tolerance TolFor(WeightFormat f) {
+  // bf16 weights: vLLM's atol 2e-2 on randn/10 data. Quantised weights are compared with the
+  // reference dequantising the same codes, so only activation rounding to bf16 differs: the
+  // mean relative error must stay small.
+  return f == WeightFormat::kBf16 ? Tolerance{2e-2, 1e-2} : Tolerance{2e-2, 5e-3};
+}
+
+void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, const RunOptions& o) {
+  const FloatWeights f = RandomWeights(c, seed);
+  const OwnedExpertWeights ow = Encode(c, f);
+  ShiftedWeights sw;
+  const ExpertWeights* w = &ow.view;
+  if (o.misalign) {
+    sw = Shift(ow, 2);
+    w = &sw.view;
+  }
+  const std::vector<int64_t> offsets = Offsets(c.num_experts, tokens, k, seed + 7);
+  const std::vector<float> x = Randn(offsets.back() * c.hidden, seed + 8, kInputScale);
+  ActivationParams act;
+  act.kind = c.act;
+  for (CpuIsa isa : TestIsas()) {
+    std::vector<float> want;
+    const std::vector<float> got = RunGemm(isa, *w, act, offsets, x, o, &want);
+    // The comparison must be meaningful: outputs well away from 0 (the mean relative error
+    // check then catches any systematic error).
+    ASSERT_GT(testing::MeanAbs(want), 0.02) << c.Name();
+    EXPECT_TRUE(Close(got, want, TolFor(c.format),
+                      fmt::format("{} {} T{} k{}{}", CpuIsaName(isa), c.Name(), tokens, k,
+                                  o.misalign ? " misaligned" : ""),
+                      seed));
+  }
+}
+
+constexpr Activation kAllActivations[] = {Activation::kSwiGlu, Activation::kSwiGluOai,
+                                          Activation::kSiTu, Activation::kReluSquared,
+                                          Activation::kGeluTanhGated};
+
+TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
+  for (Activation act : kAllActivations) {
+    for (int64_t tokens : {1, 3, 33, 511}) {
+      GemmCase c{.format = WeightFormat::kBf16, .act = act};
+      CheckCase(c, tokens, 2, 100 + tokens, {});
+    }
+  }
+}
+
+TEST(GroupedGemm, Bf16InputRowsAndTopKEqualsExperts) {
+  GemmCase c{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .num_experts = 4,
+             .hidden = 65, .inter = 31};  // vector width (32 bf16) +- 1
+  CheckCase(c, 33, 4, 5, {.x_dtype = DType::kBF16});
+}
+
+TEST(GroupedGemm, Fp8BlockScalesWithPartialBlocks) {
+  for (Activation act : {Activation::kSwiGlu, Activation::kReluSquared}) {
+    GemmCase c{.format = WeightFormat::kFp8Block, .act = act, .num_experts = 4, .hidden = 200,
+               .inter = 136};
+    for (int64_t tokens : {1, 33}) CheckCase(c, tokens, 2, 200 + tokens, {});
+  }
+}
+
+TEST(GroupedGemm, Mxfp4) {
+  for (Activation act : {Activation::kSiTu, Activation::kReluSquared}) {
+    GemmCase c{.format = WeightFormat::kMxfp4, .act = act, .num_experts = 8, .hidden = 96,
+               .inter = 64};
+    for (int64_t tokens : {1, 3, 33}) CheckCase(c, tokens, 2, 300 + tokens, {});
+  }
+}
+
+TEST(GroupedGemm, Int4GroupSizes) {
+  for (int64_t group : {32, 64}) {
+    GemmCase c{.format = WeightFormat::kInt4, .act = Activation::kSwiGlu, .num_experts = 8,
+               .hidden = 128, .inter = 64, .group = group};
+    for (int64_t tokens : {3, 33}) CheckCase(c, tokens, 2, 400 + tokens + group, {});
+  }
+  GemmCase relu{.format = WeightFormat::kInt4, .act = Activation::kReluSquared, .num_experts = 4,
+                .hidden = 64, .inter = 96};
+  CheckCase(relu, 33, 2, 450, {});
+}
+
+TEST(GroupedGemm, GptOssInterleavedWithBiasesEveryFormat) {
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
+                         WeightFormat::kInt4}) {
+    GemmCase c{.format = f, .act = Activation::kSwiGluOai, .num_experts = 8, .hidden = 64,
+               .inter = 96, .interleaved = true, .bias = true};
+    CheckCase(c, 33, 4, 500, {});
+    CheckCase(c, 3, 4, 501, {.add_down_bias = false});
+  }
+}
+
+TEST(GroupedGemm, MisalignedPointers) {
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
+    GemmCase c{.format = f, .act = Activation::kSwiGlu, .num_experts = 4, .hidden = 96,
+               .inter = 64};
+    CheckCase(c, 33, 2, 600, {.misalign = true});
+    CheckCase(c, 33, 2, 601, {.x_dtype = DType::kBF16, .misalign = true});
+  }
+}
+
+TEST(GroupedGemm, DownBiasSkippedOnRequest) {
+  GemmCase c{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .num_experts = 2,
+             .hidden = 40, .inter = 24, .bias = true};
+  const FloatWeights f = RandomWeights(c, 3);
+  const OwnedExpertWeights ow = Encode(c, f);
+  const std::vector<int64_t> offsets = {0, 3, 5};
+  const std::vector<float> x = Randn(5 * c.hidden, 4, kInputScale);
+  ActivationParams act;
+  for (CpuIsa isa : TestIsas()) {
+    const std::vector<float> with = RunGemm(isa, ow.view, act, offsets, x, {}, nullptr);
+    const std::vector<float> without =
+        RunGemm(isa, ow.view, act, offsets, x, {.add_down_bias = false}, nullptr);
+    for (int64_t r = 0; r < 5; ++r) {
+      const int64_t e = r < 3 ? 0 : 1;
+      for (int64_t o = 0; o < c.hidden; ++o) {
+        ASSERT_NEAR(with[static_cast<size_t>(r * c.hidden + o)] -
+                        without[static_cast<size_t>(r * c.hidden + o)],
+                    f.b2[static_cast<size_t>(e * c.hidden + o)], 1e-5);
+      }
+    }
+  }
+}
+
+// Zero padding of I and H (as the plan's backend padding produces) must not change the logical
+// outputs, and padded output columns must be exactly 0.
+TEST(GroupedGemm, PaddedEqualsUnpadded) {
+  struct PadCase {
+    GemmCase logical;
+    int64_t hidden_padded, inter_padded;
+  };
+  const PadCase cases[] = {
+      {{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .hidden = 100, .inter = 40},
+       128, 64},
+      {{.format = WeightFormat::kBf16, .act = Activation::kSwiGluOai, .hidden = 100, .inter = 40,
+        .interleaved = true, .bias = true},
+       112, 48},
+      {{.format = WeightFormat::kMxfp4, .act = Activation::kSiTu, .hidden = 96, .inter = 64},
+       128, 96},
+      // fp8 block scales cover 128x128 blocks of the physical matrix: gate and up rows must
+      // not share a block (I a multiple of 128, as block-fp8 backends require), or padding
+      // would change the quantisation itself.
+      {{.format = WeightFormat::kFp8Block, .act = Activation::kSwiGlu, .num_experts = 4,
+        .hidden = 200, .inter = 128},
+       256, 256},
+      {{.format = WeightFormat::kInt4, .act = Activation::kReluSquared, .hidden = 64,
+        .inter = 96},
+       96, 128},
+  };
+  for (const PadCase& pc : cases) {
+    const GemmCase& c = pc.logical;
+    GemmCase p = c;
+    p.hidden = pc.hidden_padded;
+    p.inter = pc.inter_padded;
+    const FloatWeights f = RandomWeights(c, 42);
+    const OwnedExpertWeights w_logical = Encode(c, f);
+    const OwnedExpertWeights w_padded = Encode(p, Pad(c, p, f));
+    const std::vector<int64_t> offsets = Offsets(c.num_experts, 33, 2, 43);
+    const int64_t rows = offsets.back();
+    const std::vector<float> x = Randn(rows * c.hidden, 44, kInputScale);
+    std::vector<float> x_padded(static_cast<size_t>(rows * p.hidden), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(x.begin() + r * c.hidden, c.hidden, x_padded.begin() + r * p.hidden);
+    }
+    ActivationParams act;
+    act.kind = c.act;
+    for (CpuIsa isa : TestIsas()) {
+      const std::vector<float> y = RunGemm(isa, w_logical.view, act, offsets, x, {}, nullptr);
+      const std::vector<float> yp = RunGemm(isa, w_padded.view, act, offsets, x_padded, {}, nullptr);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t o = 0; o < p.hidden; ++o) {
+          const float got = yp[static_cast<size_t>(r * p.hidden + o)];
+          if (o < c.hidden) {
+            ASSERT_NEAR(got, y[static_cast<size_t>(r * c.hidden + o)], 1e-4)
+                << CpuIsaName(isa) << " " << c.Name() << " row " << r << " col " << o;
+          } else {
+            ASSERT_EQ(got, 0.0f) << CpuIsaName(isa) << " " << c.Name() << " padded col " << o;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The result must not depend on the thread count (each output has a fixed summation order).
+TEST(GroupedGemm, DeterministicAcrossThreadCounts) {
+  GemmCase c{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .num_experts = 8,
+             .hidden = 256, .inter = 160};
+  const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 8));
+  ActivationParams act;
+  for (int64_t tokens : {1, 33}) {
+    const std::vector<int64_t> offsets = Offsets(c.num_experts, tokens, 8 - 2, 9);
+    const std::vector<float> x = Randn(offsets.back() * c.hidden, 10, kInputScale);
+    for (CpuIsa isa : TestIsas()) {
+      const std::vector<float> a = RunGemm(isa, ow.view, act, offsets, x, {.threads = 1}, nullptr);
+      const std::vector<float> b = RunGemm(isa, ow.view, act, offsets, x, {.threads = 2}, nullptr);
+      ASSERT_EQ(a, b) << CpuIsaName(isa) << " tokens " << tokens;
+    }
+  }
+}
+
+TEST(GroupedGemm, PortableAndAvx512Agree) {
+  if (!CpuSupportsAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
+                         WeightFormat::kInt4}) {
+    GemmCase c{.format = f, .act = Activation::kGeluTanhGated, .num_experts = 4, .hidden = 128,
+               .inter = 96};
+    const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 20));
+    const std::vector<int64_t> offsets = Offsets(c.num_experts, 33, 2, 21);
+    const std::vector<float> x = Randn(offsets.back() * c.hidden, 22, kInputScale);
+    ActivationParams act;
+    act.kind = c.act;
+    const std::vector<float> a = RunGemm(CpuIsa::kPortable, ow.view, act, offsets, x, {}, nullptr);
+    const std::vector<float> b = RunGemm(CpuIsa::kAvx512Bf16, ow.view, act, offsets, x, {}, nullptr);
+    // Same bf16-rounded inputs and exact weights: only summation order and the vector
+    // exp/tanh differ, which can flip a bf16 rounding of the intermediate activation.
+    EXPECT_TRUE(Close(b, a, {5e-3, 2e-3}, c.Name(), 20));
+  }
+}
+
+TEST(GroupedGemm, RejectsBadShapes) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  GemmCase c{.format = WeightFormat::kMxfp4, .act = Activation::kSwiGlu, .num_experts = 2,
+             .hidden = 64, .inter = 32};
+  OwnedExpertWeights ow = Encode(c, RandomWeights(c, 1));
+  std::vector<float> x(64 * 2), y(64 * 2);
+  std::vector<int64_t> offsets = {0, 1, 2};
+  GroupedGemmParams p;
+  p.weights = &ow.view;
+  p.x_sorted = x.data();
+  p.x_dtype = DType::kF32;
+  p.expert_offsets = offsets.data();
+  p.y_sorted = y.data();
+  EXPECT_TRUE(GroupedExpertGemm(ctx, p).ok());
+  ExpertWeights bad = ow.view;
+  bad.hidden = 48;  // not a multiple of the MXFP4 group
+  p.weights = &bad;
+  Status s = GroupedExpertGemm(ctx, p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("multiple of 32"), std::string::npos) << s.message();
+  bad = ow.view;
+  bad.gated = false;  // ReLU²-style weights with a gated activation
+  EXPECT_EQ(GroupedExpertGemm(ctx, p).code(), StatusCode::kInvalidArgument);
+  p.weights = &ow.view;
+  offsets = {0, 2, 1};
+  EXPECT_EQ(GroupedExpertGemm(ctx, p).code(), StatusCode::kInvalidArgument);
+  offsets = {0, 1, 2};
+  p.x_dtype = DType::kF16;
+  EXPECT_EQ(GroupedExpertGemm(ctx, p).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moeshard

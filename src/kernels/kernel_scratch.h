@@ -1,0 +1,54 @@
+// Scratch memory owned by a KernelContext (private to the kernels layer).
+//
+// Buffers only grow (std::vector keeps its capacity), so repeated calls with the same shapes do
+// not allocate. Per-thread buffers are indexed by the ThreadPool's thread_idx.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moeshard/base/numeric.h"
+#include "moeshard/kernels/permute.h"
+
+namespace moeshard::internal {
+
+// One unit of work of the grouped GEMM's parallel loops.
+struct GemmTask {
+  int32_t expert = 0;
+  int64_t row_begin = 0;  // first sorted row (token) of the block
+  int64_t row_end = 0;
+  int64_t out_begin = 0;  // first output index (intermediate j for gate_up, hidden for down)
+  int64_t out_end = 0;
+};
+
+struct KernelScratch {
+  explicit KernelScratch(int num_threads) : per_thread(num_threads) {}
+
+  // Grows v to at least n elements (never shrinks) and returns its data.
+  template <typename T>
+  static T* Grow(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return v.data();
+  }
+
+  std::vector<bf16_t> x_bf16;  // [num_rows, H] the grouped GEMM's input rounded to bf16
+  std::vector<bf16_t> h;       // [num_rows, I] activation output
+  std::vector<GemmTask> tasks;
+  std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
+  struct PerThread {
+    std::vector<float> tile;    // DotRows output tile
+    std::vector<float> work;    // backend work space (portable: decoded rows)
+    std::vector<int32_t> rows;  // row index list of the current task
+    std::vector<int32_t> aux;   // routing: group candidates
+  };
+  std::vector<PerThread> per_thread;
+
+  // MoeForward / MoeExpertsForward.
+  std::vector<int32_t> topk_ids;
+  std::vector<float> topk_weights;
+  TokenPermutation perm;
+  std::vector<bf16_t> x_sorted;
+  std::vector<float> y_sorted;
+};
+
+}  // namespace moeshard::internal

@@ -1,0 +1,70 @@
+#include "kernels/kernels_test_util.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+namespace moeshard::testing {
+
+std::vector<float> Randn(int64_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng) * scale;
+  return v;
+}
+
+std::vector<CpuIsa> TestIsas() {
+  std::vector<CpuIsa> isas = {CpuIsa::kPortable};
+  if (CpuSupportsAvx512Bf16()) isas.push_back(CpuIsa::kAvx512Bf16);
+  return isas;
+}
+
+KernelContext MakeContext(CpuIsa isa, int num_threads) {
+  KernelContextOptions o;
+  o.isa = isa;
+  o.num_threads = num_threads;
+  auto r = KernelContext::Create(o);
+  MOESHARD_CHECK(r.ok(), "{}", r.status().ToString());
+  return std::move(r).value();
+}
+
+double MeanAbs(const std::vector<float>& v) {
+  double s = 0.0;
+  for (float x : v) s += std::abs(x);
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+::testing::AssertionResult Close(const std::vector<float>& got, const std::vector<float>& want,
+                                 const Tolerance& tol, const std::string& what, uint64_t seed) {
+  if (got.size() != want.size()) {
+    return ::testing::AssertionFailure()
+           << what << " (seed " << seed << "): size " << got.size() << " vs " << want.size();
+  }
+  double sum_err = 0.0, max_err = 0.0;
+  std::string first;
+  int shown = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    sum_err += err;
+    max_err = std::max(max_err, err);
+    if ((err > tol.atol || std::isnan(got[i])) && shown < 8) {
+      first += fmt::format("\n  [{}] got {:.6g} want {:.6g}", i, got[i], want[i]);
+      ++shown;
+    }
+  }
+  const double mean_want = MeanAbs(want);
+  const double mean_rel = mean_want > 0 ? sum_err / static_cast<double>(got.size()) / mean_want
+                                        : sum_err;
+  if (shown > 0 || max_err > tol.atol || !(mean_rel <= tol.max_mean_rel)) {
+    return ::testing::AssertionFailure()
+           << fmt::format("{} (seed {}): max abs err {:.3g} (atol {}), mean rel err {:.3g} "
+                          "(max {}), mean |want| {:.3g}; first mismatches:{}",
+                          what, seed, max_err, tol.atol, mean_rel, tol.max_mean_rel, mean_want,
+                          first);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace moeshard::testing

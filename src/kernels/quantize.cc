@@ -1,0 +1,223 @@
+#include "moeshard/kernels/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "moeshard/base/math.h"
+#include "moeshard/base/numeric.h"
+#include "moeshard/kernels/cpu_constraints.h"
+#include "moeshard/kernels/kernel_context.h"
+
+namespace moeshard {
+
+int64_t WeightDataBytes(WeightFormat format, int64_t rows, int64_t cols) {
+  switch (format) {
+    case WeightFormat::kBf16: return rows * cols * 2;
+    case WeightFormat::kFp8Block: return rows * cols;
+    case WeightFormat::kMxfp4:
+    case WeightFormat::kInt4: return rows * cols / 2;
+  }
+  return 0;
+}
+
+int64_t WeightScaleBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group) {
+  switch (format) {
+    case WeightFormat::kBf16: return 0;
+    case WeightFormat::kFp8Block:
+      return CeilDiv(rows, kCpuFp8BlockSize) * CeilDiv(cols, kCpuFp8BlockSize) * 4;
+    case WeightFormat::kMxfp4: return rows * (cols / kCpuMxfp4GroupSize);
+    case WeightFormat::kInt4: return rows * (cols / int4_group) * 2;
+  }
+  return 0;
+}
+
+void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t cols,
+                    int64_t int4_group, uint8_t* data, uint8_t* scales) {
+  switch (format) {
+    case WeightFormat::kBf16: {
+      bf16_t* out = reinterpret_cast<bf16_t*>(data);
+      for (int64_t i = 0; i < rows * cols; ++i) out[i] = FloatToBf16(w[i]);
+      return;
+    }
+    case WeightFormat::kFp8Block: {
+      const int64_t b = kCpuFp8BlockSize;
+      const int64_t sc = CeilDiv(cols, b);
+      float* s = reinterpret_cast<float*>(scales);
+      for (int64_t br = 0; br < CeilDiv(rows, b); ++br) {
+        for (int64_t bc = 0; bc < sc; ++bc) {
+          float amax = 0.0f;
+          for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
+            for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c) {
+              amax = std::max(amax, std::abs(w[r * cols + c]));
+            }
+          }
+          const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+          s[br * sc + bc] = scale;
+          for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
+            for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c) {
+              data[r * cols + c] = FloatToFp8E4M3(w[r * cols + c] / scale);
+            }
+          }
+        }
+      }
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      MOESHARD_CHECK(cols % kCpuMxfp4GroupSize == 0, "MXFP4 cols {} % 32 != 0", cols);
+      const int64_t groups = cols / kCpuMxfp4GroupSize;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const float* v = w + r * cols + g * kCpuMxfp4GroupSize;
+          float amax = 0.0f;
+          for (int64_t i = 0; i < kCpuMxfp4GroupSize; ++i) amax = std::max(amax, std::abs(v[i]));
+          const uint8_t e = FloatToE8M0Ceil(amax / 6.0f);
+          scales[r * groups + g] = e;
+          const float inv = 1.0f / E8M0ToFloat(e);
+          for (int64_t i = 0; i < kCpuMxfp4GroupSize; i += 2) {
+            const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
+            const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
+            data[(r * cols + g * kCpuMxfp4GroupSize + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+          }
+        }
+      }
+      return;
+    }
+    case WeightFormat::kInt4: {
+      MOESHARD_CHECK(int4_group > 0 && int4_group % 2 == 0 && cols % int4_group == 0,
+                     "int4 cols {} / group {}", cols, int4_group);
+      const int64_t groups = cols / int4_group;
+      bf16_t* s = reinterpret_cast<bf16_t*>(scales);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const float* v = w + r * cols + g * int4_group;
+          float amax = 0.0f;
+          for (int64_t i = 0; i < int4_group; ++i) amax = std::max(amax, std::abs(v[i]));
+          const bf16_t sb = FloatToBf16(amax > 0.0f ? amax / 7.0f : 1.0f);
+          s[r * groups + g] = sb;
+          const float scale = Bf16ToFloat(sb);
+          auto code = [&](float x) {
+            const float q = std::nearbyint(x / scale);
+            return static_cast<uint8_t>(std::clamp(q, -8.0f, 7.0f) + 8.0f);
+          };
+          for (int64_t i = 0; i < int4_group; i += 2) {
+            data[(r * cols + g * int4_group + i) / 2] =
+                static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
+          }
+        }
+      }
+      return;
+    }
+  }
+}
+
+namespace {
+
+void SetView(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
+  ExpertWeights& v = o.view;
+  v.format = s.format;
+  v.num_experts_local = s.num_experts_local;
+  v.hidden = s.hidden;
+  v.intermediate = s.intermediate;
+  v.gated = s.gated;
+  v.gate_up_interleaved = s.gate_up_interleaved;
+  v.int4_group_size = s.int4_group_size;
+  v.w13 = o.w13.data();
+  v.w2 = o.w2.data();
+  v.w13_scales = o.w13_scales.empty() ? nullptr : o.w13_scales.data();
+  v.w2_scales = o.w2_scales.empty() ? nullptr : o.w2_scales.data();
+  v.w13_bias = o.w13_bias.empty() ? nullptr : o.w13_bias.data();
+  v.w2_bias = o.w2_bias.empty() ? nullptr : o.w2_bias.data();
+}
+
+void Allocate(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
+  const int64_t r13 = s.gated ? 2 * s.intermediate : s.intermediate;
+  const int64_t e = s.num_experts_local;
+  o.w13.resize(static_cast<size_t>(e * WeightDataBytes(s.format, r13, s.hidden)));
+  o.w2.resize(static_cast<size_t>(e * WeightDataBytes(s.format, s.hidden, s.intermediate)));
+  o.w13_scales.resize(
+      static_cast<size_t>(e * WeightScaleBytes(s.format, r13, s.hidden, s.int4_group_size)));
+  o.w2_scales.resize(static_cast<size_t>(
+      e * WeightScaleBytes(s.format, s.hidden, s.intermediate, s.int4_group_size)));
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& s, const float* w13,
+                                       const float* w2, const float* w13_bias,
+                                       const float* w2_bias) {
+  OwnedExpertWeights o;
+  Allocate(o, s);
+  const int64_t r13 = s.gated ? 2 * s.intermediate : s.intermediate;
+  const int64_t d13 = WeightDataBytes(s.format, r13, s.hidden);
+  const int64_t d2 = WeightDataBytes(s.format, s.hidden, s.intermediate);
+  const int64_t s13 = WeightScaleBytes(s.format, r13, s.hidden, s.int4_group_size);
+  const int64_t s2 = WeightScaleBytes(s.format, s.hidden, s.intermediate, s.int4_group_size);
+  for (int64_t e = 0; e < s.num_experts_local; ++e) {
+    QuantizeMatrix(s.format, w13 + e * r13 * s.hidden, r13, s.hidden, s.int4_group_size,
+                   o.w13.data() + e * d13, o.w13_scales.data() + e * s13);
+    QuantizeMatrix(s.format, w2 + e * s.hidden * s.intermediate, s.hidden, s.intermediate,
+                   s.int4_group_size, o.w2.data() + e * d2, o.w2_scales.data() + e * s2);
+  }
+  if (w13_bias != nullptr) o.w13_bias.assign(w13_bias, w13_bias + s.num_experts_local * r13);
+  if (w2_bias != nullptr) o.w2_bias.assign(w2_bias, w2_bias + s.num_experts_local * s.hidden);
+  SetView(o, s);
+  return o;
+}
+
+OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeightsShape& s,
+                                           uint64_t seed) {
+  OwnedExpertWeights o;
+  Allocate(o, s);
+  // Data: 8 bytes per hash. bf16 lanes get a small value (|w| < 2^-4, random mantissa, never
+  // NaN); fp8 bytes avoid the NaN code; MXFP4/int4 nibbles are any code.
+  auto fill = [&](std::vector<uint8_t>& buf, uint64_t stream, bool data) {
+    const int64_t words = static_cast<int64_t>(buf.size()) / 8;
+    ctx.pool().ParallelFor(words, 1 << 16, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        uint64_t h = SplitMix64(seed ^ (stream << 56) ^ static_cast<uint64_t>(i));
+        if (data && s.format == WeightFormat::kBf16) {
+          // Each 16-bit lane: sign + exponent 118..122 + random mantissa.
+          uint64_t v = 0;
+          for (int l = 0; l < 4; ++l) {
+            const uint64_t r = (h >> (16 * l)) & 0xffff;
+            const uint64_t lane = (r & 0x807f) | ((118 + (r >> 7) % 5) << 7);
+            v |= lane << (16 * l);
+          }
+          h = v;
+        } else if (data && s.format == WeightFormat::kFp8Block) {
+          h &= 0xbfbfbfbfbfbfbfbfull;  // exponent top bit clear: |code| <= 0x3f, never NaN
+        } else if (!data) {
+          switch (s.format) {
+            case WeightFormat::kBf16: break;
+            case WeightFormat::kFp8Block: {
+              const float f = 1.0f / 64;
+              uint32_t u;
+              std::memcpy(&u, &f, 4);
+              h = (static_cast<uint64_t>(u) << 32) | u;
+              break;
+            }
+            case WeightFormat::kMxfp4: h = 0x7878787878787878ull; break;  // 2^-7
+            case WeightFormat::kInt4: h = 0x3c233c233c233c23ull; break;   // bf16 ~0.01
+          }
+        }
+        std::memcpy(buf.data() + i * 8, &h, 8);
+      }
+    });
+  };
+  fill(o.w13, 1, true);
+  fill(o.w2, 2, true);
+  fill(o.w13_scales, 3, false);
+  fill(o.w2_scales, 4, false);
+  SetView(o, s);
+  return o;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,329 @@
+// The scalar reference (see include/moeshard/kernels/reference.h): obvious loops, fp64 sums.
+#include "moeshard/kernels/reference.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "moeshard/base/math.h"
+#include "moeshard/base/numeric.h"
+#include "moeshard/kernels/cpu_constraints.h"
+
+namespace moeshard::reference {
+namespace {
+
+// Indices [0, n) sorted by descending value, ties by ascending index (std::stable_sort keeps
+// the ascending index order of equal values).
+std::vector<int32_t> SortedDescending(const std::vector<double>& v) {
+  std::vector<int32_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+  return idx;
+}
+
+int64_t LocalExpert(const int32_t* map, int32_t global) {
+  return map == nullptr ? global : map[global];
+}
+
+}  // namespace
+
+Status Route(const RoutingParams& p, const RoutingArgs& a) {
+  MOESHARD_RETURN_IF_ERROR(ValidateRouting(p, a));
+  const int64_t num_experts = p.num_experts;
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const float* logits = a.router_logits + t * num_experts;
+    int32_t* ids = a.topk_ids + t * p.top_k;
+    float* weights = a.topk_weights + t * p.top_k;
+    std::vector<double> chosen_weight(static_cast<size_t>(p.top_k));
+    switch (p.kind) {
+      case RoutingKind::kSoftmaxTopK: {
+        double max_logit = logits[0];
+        for (int64_t e = 0; e < num_experts; ++e) max_logit = std::max<double>(max_logit, logits[e]);
+        std::vector<double> prob(static_cast<size_t>(num_experts));
+        double sum = 0.0;
+        for (int64_t e = 0; e < num_experts; ++e) {
+          prob[e] = std::exp(static_cast<double>(logits[e]) - max_logit);
+          sum += prob[e];
+        }
+        for (double& v : prob) v /= sum;
+        const std::vector<int32_t> order = SortedDescending(prob);
+        double wsum = 0.0;
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          ids[i] = order[i];
+          chosen_weight[i] = prob[order[i]];
+          wsum += chosen_weight[i];
+        }
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
+          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+        }
+        break;
+      }
+      case RoutingKind::kSigmoidGroupedTopK: {
+        std::vector<double> score(static_cast<size_t>(num_experts));
+        std::vector<double> biased(static_cast<size_t>(num_experts));
+        for (int64_t e = 0; e < num_experts; ++e) {
+          score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])));
+          // The bias is added in fp32 precision by the model code; keep the sum in fp32 too.
+          biased[e] = static_cast<double>(static_cast<float>(score[e]) +
+                                          p.e_score_correction_bias[e]);
+        }
+        const int64_t group_size = num_experts / p.num_groups;
+        std::vector<double> group_score(static_cast<size_t>(p.num_groups));
+        for (int64_t g = 0; g < p.num_groups; ++g) {
+          std::vector<double> members(biased.begin() + g * group_size,
+                                      biased.begin() + (g + 1) * group_size);
+          std::sort(members.begin(), members.end(), std::greater<double>());
+          group_score[g] = group_size >= 2 ? members[0] + members[1] : members[0];
+        }
+        const std::vector<int32_t> group_order = SortedDescending(group_score);
+        std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
+        for (int64_t gi = 0; gi < p.topk_group; ++gi) {
+          const int64_t g = group_order[gi];
+          for (int64_t i = 0; i < group_size; ++i) {
+            masked[g * group_size + i] = biased[g * group_size + i];
+          }
+        }
+        const std::vector<int32_t> order = SortedDescending(masked);
+        double wsum = 0.0;
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          ids[i] = order[i];
+          chosen_weight[i] = score[order[i]];
+          wsum += chosen_weight[i];
+        }
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          double v = p.renormalize ? chosen_weight[i] / (wsum + 1e-20) : chosen_weight[i];
+          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+        }
+        break;
+      }
+      case RoutingKind::kTopKThenSoftmax: {
+        std::vector<double> lv(logits, logits + num_experts);
+        const std::vector<int32_t> order = SortedDescending(lv);
+        double sum = 0.0;
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          ids[i] = order[i];
+          chosen_weight[i] = std::exp(lv[order[i]] - lv[order[0]]);
+          sum += chosen_weight[i];
+        }
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          weights[i] = static_cast<float>(chosen_weight[i] / sum * p.routed_scaling_factor);
+        }
+        break;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
+  const int64_t num_local =
+      p.expert_global_to_local == nullptr ? p.num_experts_global : p.num_experts_local;
+  const int64_t num_pairs = p.num_tokens * p.top_k;
+  for (int64_t i = 0; i < num_pairs; ++i) {
+    if (p.topk_ids[i] < 0 || p.topk_ids[i] >= p.num_experts_global) {
+      return InvalidArgumentError(fmt::format("permute: 'topk_ids[{}]': out of range: {}", i,
+                                              p.topk_ids[i]));
+    }
+  }
+  out->num_tokens = p.num_tokens;
+  out->top_k = p.top_k;
+  out->num_experts_local = num_local;
+  out->expert_offsets.assign(1, 0);
+  out->sorted_token_idx.clear();
+  out->sorted_weights.clear();
+  out->slot_row.assign(static_cast<size_t>(num_pairs), -1);
+  for (int64_t l = 0; l < num_local; ++l) {
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      for (int64_t s = 0; s < p.top_k; ++s) {
+        const int64_t i = t * p.top_k + s;
+        if (LocalExpert(p.expert_global_to_local, p.topk_ids[i]) != l) continue;
+        out->slot_row[i] = static_cast<int32_t>(out->sorted_token_idx.size());
+        out->sorted_token_idx.push_back(static_cast<int32_t>(t));
+        out->sorted_weights.push_back(p.topk_weights[i]);
+      }
+    }
+    out->expert_offsets.push_back(static_cast<int64_t>(out->sorted_token_idx.size()));
+  }
+  return Status::Ok();
+}
+
+float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, int64_t row,
+                       int64_t col) {
+  const bool is_w13 = proj == Projection::kW13;
+  const int64_t rows = is_w13 ? w.w13_rows() : w.hidden;
+  const int64_t cols = is_w13 ? w.hidden : w.intermediate;
+  const void* data = is_w13 ? w.w13 : w.w2;
+  const void* scales = is_w13 ? w.w13_scales : w.w2_scales;
+  const int64_t elem = (expert * rows + row) * cols + col;  // element index in [E, rows, cols]
+  switch (w.format) {
+    case WeightFormat::kBf16: return Bf16ToFloat(static_cast<const bf16_t*>(data)[elem]);
+    case WeightFormat::kFp8Block: {
+      const int64_t sr = CeilDiv(rows, kCpuFp8BlockSize);
+      const int64_t sc = CeilDiv(cols, kCpuFp8BlockSize);
+      const float scale = static_cast<const float*>(
+          scales)[(expert * sr + row / kCpuFp8BlockSize) * sc + col / kCpuFp8BlockSize];
+      return Fp8E4M3ToFloat(static_cast<const uint8_t*>(data)[elem]) * scale;
+    }
+    case WeightFormat::kMxfp4: {
+      const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
+      const uint8_t code = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      const int64_t groups = cols / kCpuMxfp4GroupSize;
+      const uint8_t e = static_cast<const uint8_t*>(
+          scales)[(expert * rows + row) * groups + col / kCpuMxfp4GroupSize];
+      return Fp4E2M1ToFloat(code) * E8M0ToFloat(e);
+    }
+    case WeightFormat::kInt4: {
+      const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
+      const int nibble = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      const int64_t groups = cols / w.int4_group_size;
+      const bf16_t s = static_cast<const bf16_t*>(
+          scales)[(expert * rows + row) * groups + col / w.int4_group_size];
+      return static_cast<float>(nibble - 8) * Bf16ToFloat(s);
+    }
+  }
+  return 0.0f;
+}
+
+namespace {
+
+// One expert, dequantised once into fp32 (the reference may; optimised kernels may not).
+struct DenseExpert {
+  std::vector<float> w13;  // [R13, H]
+  std::vector<float> w2;   // [H, I]
+};
+
+DenseExpert Dequantize(const ExpertWeights& w, int64_t e) {
+  DenseExpert d;
+  const int64_t r13 = w.w13_rows();
+  d.w13.resize(static_cast<size_t>(r13 * w.hidden));
+  d.w2.resize(static_cast<size_t>(w.hidden * w.intermediate));
+  for (int64_t r = 0; r < r13; ++r) {
+    for (int64_t c = 0; c < w.hidden; ++c) {
+      d.w13[r * w.hidden + c] = DequantizeWeight(w, Projection::kW13, e, r, c);
+    }
+  }
+  for (int64_t r = 0; r < w.hidden; ++r) {
+    for (int64_t c = 0; c < w.intermediate; ++c) {
+      d.w2[r * w.intermediate + c] = DequantizeWeight(w, Projection::kW2, e, r, c);
+    }
+  }
+  return d;
+}
+
+// y[o] = expert e applied to x (H values), fp64 sums.
+void ExpertOutput(const ExpertWeights& w, const DenseExpert& d, const ActivationParams& act,
+                  int64_t e, const float* x, bool add_down_bias, double* y) {
+  const int64_t hidden = w.hidden;
+  const int64_t inter = w.intermediate;
+  std::vector<float> a(static_cast<size_t>(inter));
+  auto row_dot = [&](int64_t row) {
+    double acc = 0.0;
+    for (int64_t c = 0; c < hidden; ++c) acc += static_cast<double>(x[c]) * d.w13[row * hidden + c];
+    if (w.w13_bias != nullptr) acc += w.w13_bias[e * w.w13_rows() + row];
+    return static_cast<float>(acc);
+  };
+  for (int64_t j = 0; j < inter; ++j) {
+    if (!w.gated) {
+      a[j] = ApplyActivation(act, 0.0f, row_dot(j));
+    } else if (w.gate_up_interleaved) {
+      a[j] = ApplyActivation(act, row_dot(2 * j), row_dot(2 * j + 1));
+    } else {
+      a[j] = ApplyActivation(act, row_dot(j), row_dot(inter + j));
+    }
+  }
+  for (int64_t o = 0; o < hidden; ++o) {
+    double acc = 0.0;
+    for (int64_t j = 0; j < inter; ++j) acc += static_cast<double>(a[j]) * d.w2[o * inter + j];
+    if (add_down_bias && w.w2_bias != nullptr) acc += w.w2_bias[e * hidden + o];
+    y[o] = acc;
+  }
+}
+
+std::vector<float> RowAsFloat(const void* x, DType dtype, int64_t row, int64_t hidden) {
+  std::vector<float> v(static_cast<size_t>(hidden));
+  for (int64_t c = 0; c < hidden; ++c) {
+    v[c] = dtype == DType::kF32 ? static_cast<const float*>(x)[row * hidden + c]
+                                : Bf16ToFloat(static_cast<const bf16_t*>(x)[row * hidden + c]);
+  }
+  return v;
+}
+
+}  // namespace
+
+Status GroupedExpertGemm(const GroupedGemmParams& p) {
+  if (p.weights == nullptr || p.expert_offsets == nullptr) {
+    return InvalidArgumentError("reference grouped gemm: 'weights/expert_offsets': null");
+  }
+  const ExpertWeights& w = *p.weights;
+  MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
+  std::vector<double> y(static_cast<size_t>(w.hidden));
+  for (int64_t e = 0; e < w.num_experts_local; ++e) {
+    if (p.expert_offsets[e + 1] == p.expert_offsets[e]) continue;
+    const DenseExpert d = Dequantize(w, e);
+    for (int64_t r = p.expert_offsets[e]; r < p.expert_offsets[e + 1]; ++r) {
+      const std::vector<float> x = RowAsFloat(p.x_sorted, p.x_dtype, r, w.hidden);
+      ExpertOutput(w, d, p.activation, e, x.data(), p.add_down_bias, y.data());
+      for (int64_t o = 0; o < w.hidden; ++o) p.y_sorted[r * w.hidden + o] = static_cast<float>(y[o]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status MoeExpertsForward(const MoeExpertsParams& p) {
+  if (p.weights == nullptr) return InvalidArgumentError("reference moe: 'weights': null");
+  const ExpertWeights& w = *p.weights;
+  MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
+  std::vector<DenseExpert> dense(static_cast<size_t>(w.num_experts_local));
+  std::vector<bool> have(static_cast<size_t>(w.num_experts_local), false);
+  std::vector<double> y(static_cast<size_t>(w.hidden));
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const std::vector<float> x = RowAsFloat(p.x, p.x_dtype, t, w.hidden);
+    std::vector<double> sum(static_cast<size_t>(w.hidden), 0.0);
+    for (int64_t s = 0; s < p.top_k; ++s) {
+      const int32_t g = p.topk_ids[t * p.top_k + s];
+      if (g < 0 || g >= p.num_experts_global) {
+        return InvalidArgumentError(fmt::format("reference moe: expert id {} out of range", g));
+      }
+      const int64_t l = LocalExpert(p.expert_global_to_local, g);
+      if (l < 0) continue;
+      if (!have[l]) {
+        dense[l] = Dequantize(w, l);
+        have[l] = true;
+      }
+      ExpertOutput(w, dense[l], p.activation, l, x.data(), p.add_down_bias, y.data());
+      for (int64_t o = 0; o < w.hidden; ++o) sum[o] += p.topk_weights[t * p.top_k + s] * y[o];
+    }
+    for (int64_t o = 0; o < w.hidden; ++o) p.out[t * w.hidden + o] = static_cast<float>(sum[o]);
+  }
+  return Status::Ok();
+}
+
+Status MoeForward(const MoeForwardParams& p) {
+  const int64_t k = p.routing.top_k;
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(0, p.num_tokens * k)));
+  std::vector<float> weights(ids.size());
+  MOESHARD_RETURN_IF_ERROR(Route(p.routing, RoutingArgs{.router_logits = p.router_logits,
+                                                        .num_tokens = p.num_tokens,
+                                                        .topk_ids = ids.data(),
+                                                        .topk_weights = weights.data()}));
+  MoeExpertsParams e;
+  e.topk_ids = ids.data();
+  e.topk_weights = weights.data();
+  e.num_tokens = p.num_tokens;
+  e.top_k = k;
+  e.num_experts_global = p.routing.num_experts;
+  e.expert_global_to_local = p.expert_global_to_local;
+  e.x = p.x;
+  e.x_dtype = p.x_dtype;
+  e.weights = p.weights;
+  e.activation = p.activation;
+  e.add_down_bias = p.add_down_bias;
+  e.out = p.out;
+  return MoeExpertsForward(e);
+}
+
+}  // namespace moeshard::reference

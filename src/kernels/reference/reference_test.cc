@@ -1,0 +1,182 @@
+// The oracle checked on hand-computed cases, so that it is not only validated by itself.
+// Expected values below were worked out by hand from the formulas in the headers (with a
+// calculator for exp/tanh), not produced by this code.
+#include "moeshard/kernels/reference.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "moeshard/base/numeric.h"
+#include "moeshard/kernels/quantize.h"
+
+namespace moeshard {
+namespace {
+
+struct Routed {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Routed RouteOne(const RoutingParams& p, const std::vector<float>& logits) {
+  Routed r;
+  r.ids.resize(static_cast<size_t>(p.top_k));
+  r.weights.resize(static_cast<size_t>(p.top_k));
+  const Status s = reference::Route(p, RoutingArgs{.router_logits = logits.data(),
+                                                   .num_tokens = 1,
+                                                   .topk_ids = r.ids.data(),
+                                                   .topk_weights = r.weights.data()});
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return r;
+}
+
+TEST(ReferenceRouting, SoftmaxTopKRenormalised) {
+  RoutingParams p{.kind = RoutingKind::kSoftmaxTopK, .num_experts = 4, .top_k = 2};
+  const Routed r = RouteOne(p, {0.0f, 1.0f, 3.0f, 2.0f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_NEAR(r.weights[0], 0.7310586f, 1e-6);  // e^3 / (e^3 + e^2)
+  EXPECT_NEAR(r.weights[1], 0.2689414f, 1e-6);
+}
+
+TEST(ReferenceRouting, SoftmaxTopKNotRenormalisedAndScaled) {
+  RoutingParams p{.kind = RoutingKind::kSoftmaxTopK, .num_experts = 4, .top_k = 2,
+                  .renormalize = false, .routed_scaling_factor = 2.0f};
+  const Routed r = RouteOne(p, {0.0f, 1.0f, 3.0f, 2.0f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_NEAR(r.weights[0], 2 * 0.6439143f, 1e-6);  // e^3 / (1 + e + e^2 + e^3)
+  EXPECT_NEAR(r.weights[1], 2 * 0.2368828f, 1e-6);
+}
+
+TEST(ReferenceRouting, TiesPickLowerIndex) {
+  RoutingParams p{.kind = RoutingKind::kSoftmaxTopK, .num_experts = 5, .top_k = 3};
+  const Routed r = RouteOne(p, {1.0f, 2.0f, 1.0f, 2.0f, 1.0f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 3, 0}));
+}
+
+TEST(ReferenceRouting, SigmoidGroupedUsesBiasForSelectionOnly) {
+  // sigmoid: e0 .5, e1 .5, e2 .9526, e3 .0067, e4 .7311, e5 .7311, e6 .0180, e7 .8808; bias +0.3
+  // on e0. Groups of 2 scored by the sum of both: g0 1.3, g1 .9593, g2 1.4621, g3 .8988 -> keep
+  // g2, g0. Best biased in {0,1,4,5}: e0 (.8), then e4 (.7311, tie with e5 -> lower index).
+  // Weights from unbiased scores .5 and .7311, renormalised, times 2.5.
+  std::vector<float> bias = {0.3f, 0, 0, 0, 0, 0, 0, 0};
+  RoutingParams p{.kind = RoutingKind::kSigmoidGroupedTopK, .num_experts = 8, .top_k = 2,
+                  .num_groups = 4, .topk_group = 2, .e_score_correction_bias = bias.data(),
+                  .routed_scaling_factor = 2.5f};
+  const Routed r = RouteOne(p, {0.0f, 0.0f, 3.0f, -5.0f, 1.0f, 1.0f, -4.0f, 2.0f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 4}));
+  EXPECT_NEAR(r.weights[0], 1.0153863f, 1e-5);
+  EXPECT_NEAR(r.weights[1], 1.4846137f, 1e-5);
+}
+
+TEST(ReferenceRouting, TopKThenSoftmax) {
+  RoutingParams p{.kind = RoutingKind::kTopKThenSoftmax, .num_experts = 3, .top_k = 2};
+  const Routed r = RouteOne(p, {1.0f, 3.0f, 2.0f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_NEAR(r.weights[0], 0.7310586f, 1e-6);
+  EXPECT_NEAR(r.weights[1], 0.2689414f, 1e-6);
+}
+
+TEST(ReferenceActivation, KnownValues) {
+  ActivationParams a;
+  a.kind = Activation::kSwiGlu;
+  EXPECT_NEAR(ApplyActivation(a, 1.0f, 2.0f), 1.4621172f, 1e-5);
+  a.kind = Activation::kSwiGluOai;
+  EXPECT_NEAR(ApplyActivation(a, 10.0f, -9.0f), -41.999719f, 1e-4);  // clamped to 7 / -7
+  EXPECT_NEAR(ApplyActivation(a, -1.0f, 0.5f), -0.23130635f, 1e-6);
+  a.kind = Activation::kSiTu;
+  EXPECT_NEAR(ApplyActivation(a, 2.0f, 30.0f), 33.932364f, 1e-4);
+  EXPECT_NEAR(ApplyActivation(a, -3.0f, -1.0f), 0.12042575f, 1e-6);
+  a.kind = Activation::kReluSquared;
+  EXPECT_EQ(ApplyActivation(a, 0.0f, -1.0f), 0.0f);
+  EXPECT_EQ(ApplyActivation(a, 0.0f, 3.0f), 9.0f);
+  a.kind = Activation::kGeluTanhGated;
+  EXPECT_NEAR(ApplyActivation(a, 1.0f, 2.0f), 1.6823840f, 1e-5);
+  EXPECT_NEAR(ApplyActivation(a, -0.5f, 3.0f), -0.46285797f, 1e-6);
+}
+
+TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
+  ExpertWeights w;
+  w.num_experts_local = 1;
+  w.hidden = 32;
+  w.intermediate = 32;
+  // fp8: code 0x38 = 1.0, 0xC4 = -3.0 (1.5 * 2^1); scale 0.5.
+  std::vector<uint8_t> fp8(64 * 32, 0);
+  fp8[0] = 0x38;
+  fp8[1] = 0xC4;
+  std::vector<float> fp8_scale = {0.5f};
+  w.format = WeightFormat::kFp8Block;
+  w.w13 = fp8.data();
+  w.w13_scales = fp8_scale.data();
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 0.5f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 1), -1.5f);
+  // MXFP4: byte 0x72 = low code 2 (1.0), high code 7 (6.0); E8M0 126 = 0.5.
+  std::vector<uint8_t> fp4(64 * 16, 0);
+  fp4[0] = 0x72;
+  std::vector<uint8_t> e8m0(64, 126);
+  w.format = WeightFormat::kMxfp4;
+  w.w13 = fp4.data();
+  w.w13_scales = e8m0.data();
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 0.5f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 1), 3.0f);
+  // int4: byte 0x0F = low 15 - 8 = 7, high 0 - 8 = -8; bf16 scale 0.25.
+  std::vector<uint8_t> i4(64 * 16, 0x88);
+  i4[0] = 0x0F;
+  std::vector<bf16_t> i4_scale(64, FloatToBf16(0.25f));
+  w.format = WeightFormat::kInt4;
+  w.w13 = i4.data();
+  w.w13_scales = i4_scale.data();
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 1.75f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 1), -2.0f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 2), 0.0f);
+}
+
+TEST(ReferenceGemm, TinySwiGluWithBiases) {
+  // H = 2, I = 1. gate row [1, 2], up row [0.5, -1], down [[2], [-1]]; x = [1, 1].
+  // gate = 3 + bias 0 = 3, up = -0.5 + bias 0 = -0.5 -> a = 3 sigmoid(3) (-0.5) = -1.4288612;
+  // y = [2a, -a] + down bias [1, 0] (bias only on request).
+  const std::vector<float> w13 = {1.0f, 2.0f, 0.5f, -1.0f};
+  const std::vector<float> w2 = {2.0f, -1.0f};
+  const std::vector<float> b13 = {0.0f, 0.0f};
+  const std::vector<float> b2 = {1.0f, 0.0f};
+  ExpertWeightsShape shape{.format = WeightFormat::kBf16, .num_experts_local = 1, .hidden = 2,
+                           .intermediate = 1};
+  OwnedExpertWeights ow = EncodeExpertWeights(shape, w13.data(), w2.data(), b13.data(), b2.data());
+  const std::vector<float> x = {1.0f, 1.0f};
+  const std::vector<int64_t> offsets = {0, 1};
+  std::vector<float> y(2);
+  GroupedGemmParams p;
+  p.weights = &ow.view;
+  p.x_sorted = x.data();
+  p.x_dtype = DType::kF32;
+  p.expert_offsets = offsets.data();
+  p.y_sorted = y.data();
+  p.add_down_bias = false;
+  ASSERT_TRUE(reference::GroupedExpertGemm(p).ok());
+  EXPECT_NEAR(y[0], -2.8577224f, 1e-5);
+  EXPECT_NEAR(y[1], 1.4288612f, 1e-5);
+  p.add_down_bias = true;
+  ASSERT_TRUE(reference::GroupedExpertGemm(p).ok());
+  EXPECT_NEAR(y[0], -1.8577224f, 1e-5);
+}
+
+TEST(ReferencePermute, HandExample) {
+  // Tokens: t0 -> experts (1, 0), t1 -> (1, 2). Sorted: e0: (t0,s1); e1: (t0,s0), (t1,s0);
+  // e2: (t1,s1).
+  const std::vector<int32_t> ids = {1, 0, 1, 2};
+  const std::vector<float> w = {0.6f, 0.4f, 0.7f, 0.3f};
+  TokenPermutation perm;
+  ASSERT_TRUE(reference::PermuteTokens(PermuteParams{.topk_ids = ids.data(),
+                                                     .topk_weights = w.data(),
+                                                     .num_tokens = 2,
+                                                     .top_k = 2,
+                                                     .num_experts_global = 3},
+                                       &perm)
+                  .ok());
+  EXPECT_EQ(perm.expert_offsets, (std::vector<int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(perm.sorted_token_idx, (std::vector<int32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(perm.sorted_weights, (std::vector<float>{0.4f, 0.6f, 0.7f, 0.3f}));
+  EXPECT_EQ(perm.slot_row, (std::vector<int32_t>{1, 0, 2, 3}));
+}
+
+}  // namespace
+}  // namespace moeshard

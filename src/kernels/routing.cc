@@ -1,0 +1,196 @@
+#include "moeshard/kernels/routing.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/kernel_scratch.h"
+#include "moeshard/kernels/kernel_context.h"
+
+namespace moeshard {
+namespace {
+
+// Orders candidates by descending score, ascending index on ties (the tie rule of routing.h).
+struct ScoreOrder {
+  const float* score;
+  bool operator()(int32_t a, int32_t b) const {
+    return score[a] > score[b] || (score[a] == score[b] && a < b);
+  }
+};
+
+// Writes the `k` best of `candidates` (reordered in place) into its first k entries, sorted.
+void SelectTopK(const float* score, std::vector<int32_t>& candidates, int64_t k) {
+  std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(),
+                    ScoreOrder{score});
+}
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float* weights,
+                std::vector<float>& score, std::vector<int32_t>& cand,
+                std::vector<int32_t>& groups) {
+  const int64_t num_experts = p.num_experts;
+  const int64_t k = p.top_k;
+  score.resize(static_cast<size_t>(2 * num_experts));
+  float* s = score.data();
+  float* biased = s + num_experts;
+  switch (p.kind) {
+    case RoutingKind::kSoftmaxTopK: {
+      const float max_logit = *std::max_element(logits, logits + num_experts);
+      float sum = 0.0f;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        s[e] = std::exp(logits[e] - max_logit);
+        sum += s[e];
+      }
+      for (int64_t e = 0; e < num_experts; ++e) s[e] /= sum;
+      cand.resize(static_cast<size_t>(num_experts));
+      std::iota(cand.begin(), cand.end(), 0);
+      SelectTopK(s, cand, k);
+      float wsum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        ids[i] = cand[i];
+        weights[i] = s[cand[i]];
+        wsum += weights[i];
+      }
+      const float norm = p.renormalize ? p.routed_scaling_factor / wsum : p.routed_scaling_factor;
+      for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+      return;
+    }
+    case RoutingKind::kSigmoidGroupedTopK: {
+      score.resize(static_cast<size_t>(2 * num_experts + p.num_groups));
+      s = score.data();
+      biased = s + num_experts;
+      float* group_score = biased + num_experts;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        s[e] = Sigmoid(logits[e]);
+        biased[e] = s[e] + p.e_score_correction_bias[e];
+      }
+      const int64_t group_size = num_experts / p.num_groups;
+      cand.clear();
+      if (p.topk_group < p.num_groups) {
+        // Group score: sum of the group's top-2 biased scores (top-1 for single-expert groups).
+        for (int64_t g = 0; g < p.num_groups; ++g) {
+          const float* b = biased + g * group_size;
+          float top1 = -INFINITY, top2 = -INFINITY;
+          for (int64_t i = 0; i < group_size; ++i) {
+            if (b[i] > top1) {
+              top2 = top1;
+              top1 = b[i];
+            } else if (b[i] > top2) {
+              top2 = b[i];
+            }
+          }
+          group_score[g] = group_size >= 2 ? top1 + top2 : top1;
+        }
+        groups.resize(static_cast<size_t>(p.num_groups));
+        std::iota(groups.begin(), groups.end(), 0);
+        SelectTopK(group_score, groups, p.topk_group);
+        std::sort(groups.begin(), groups.begin() + p.topk_group);
+        for (int64_t gi = 0; gi < p.topk_group; ++gi) {
+          for (int64_t i = 0; i < group_size; ++i) {
+            cand.push_back(static_cast<int32_t>(groups[gi] * group_size + i));
+          }
+        }
+      } else {
+        cand.resize(static_cast<size_t>(num_experts));
+        std::iota(cand.begin(), cand.end(), 0);
+      }
+      SelectTopK(biased, cand, k);
+      float wsum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        ids[i] = cand[i];
+        weights[i] = s[cand[i]];
+        wsum += weights[i];
+      }
+      const float norm = p.renormalize ? p.routed_scaling_factor / (wsum + 1e-20f)
+                                       : p.routed_scaling_factor;
+      for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+      return;
+    }
+    case RoutingKind::kTopKThenSoftmax: {
+      cand.resize(static_cast<size_t>(num_experts));
+      std::iota(cand.begin(), cand.end(), 0);
+      SelectTopK(logits, cand, k);
+      const float max_logit = logits[cand[0]];
+      float sum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        ids[i] = cand[i];
+        weights[i] = std::exp(logits[cand[i]] - max_logit);
+        sum += weights[i];
+      }
+      for (int64_t i = 0; i < k; ++i) weights[i] = weights[i] / sum * p.routed_scaling_factor;
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+const char* RoutingKindName(RoutingKind kind) {
+  switch (kind) {
+    case RoutingKind::kSoftmaxTopK: return "softmax_topk";
+    case RoutingKind::kSigmoidGroupedTopK: return "sigmoid_grouped_topk";
+    case RoutingKind::kTopKThenSoftmax: return "topk_softmax";
+  }
+  return "?";
+}
+
+Status ValidateRouting(const RoutingParams& p, const RoutingArgs& a) {
+  if (p.num_experts < 1) {
+    return InvalidArgumentError(
+        fmt::format("route: 'num_experts': expected >= 1, got {}", p.num_experts));
+  }
+  if (p.top_k < 1 || p.top_k > p.num_experts) {
+    return InvalidArgumentError(fmt::format(
+        "route: 'top_k': expected 1..num_experts ({}), got {}", p.num_experts, p.top_k));
+  }
+  if (a.num_tokens < 0) {
+    return InvalidArgumentError(
+        fmt::format("route: 'num_tokens': expected >= 0, got {}", a.num_tokens));
+  }
+  if (a.num_tokens > 0 && (a.router_logits == nullptr || a.topk_ids == nullptr ||
+                           a.topk_weights == nullptr)) {
+    return InvalidArgumentError("route: 'router_logits/topk_ids/topk_weights': expected non-null");
+  }
+  if (p.kind == RoutingKind::kSigmoidGroupedTopK) {
+    if (p.e_score_correction_bias == nullptr) {
+      return InvalidArgumentError(
+          "route: 'e_score_correction_bias': expected [num_experts] fp32 for noaux_tc routing, "
+          "got null");
+    }
+    if (p.num_groups < 1 || p.num_experts % p.num_groups != 0) {
+      return InvalidArgumentError(fmt::format(
+          "route: 'num_groups': expected a divisor of num_experts ({}), got {}", p.num_experts,
+          p.num_groups));
+    }
+    if (p.topk_group < 1 || p.topk_group > p.num_groups) {
+      return InvalidArgumentError(fmt::format(
+          "route: 'topk_group': expected 1..num_groups ({}), got {}", p.num_groups,
+          p.topk_group));
+    }
+    const int64_t selectable = p.topk_group * (p.num_experts / p.num_groups);
+    if (p.top_k > selectable) {
+      return InvalidArgumentError(fmt::format(
+          "route: 'top_k': expected <= topk_group * experts per group ({}), got {}", selectable,
+          p.top_k));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Route(KernelContext& ctx, const RoutingParams& p, const RoutingArgs& a) {
+  MOESHARD_RETURN_IF_ERROR(ValidateRouting(p, a));
+  auto& scratch = ctx.scratch();
+  ctx.pool().ParallelFor(a.num_tokens, 0, [&](int64_t begin, int64_t end, int tid) {
+    auto& pt = scratch.per_thread[static_cast<size_t>(tid)];
+    for (int64_t t = begin; t < end; ++t) {
+      RouteToken(p, a.router_logits + t * p.num_experts, a.topk_ids + t * p.top_k,
+                 a.topk_weights + t * p.top_k, pt.work, pt.rows, pt.aux);
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace moeshard

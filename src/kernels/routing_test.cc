@@ -1,0 +1,123 @@
+// Routing: the optimised Route against the reference for every variant, with random and tied
+// logits, k equal to the expert count, and invalid parameters.
+#include "moeshard/kernels/routing.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/kernels_test_util.h"
+#include "moeshard/kernels/reference.h"
+
+namespace moeshard {
+namespace {
+
+using testing::MakeContext;
+using testing::Randn;
+
+struct RoutingCase {
+  const char* name;
+  RoutingKind kind;
+  int64_t num_experts, top_k, num_groups, topk_group;
+  bool renormalize;
+  float scale;
+};
+
+const RoutingCase kCases[] = {
+    {"qwen3", RoutingKind::kSoftmaxTopK, 128, 8, 1, 1, true, 1.0f},
+    {"mixtral", RoutingKind::kSoftmaxTopK, 8, 2, 1, 1, true, 1.0f},
+    {"softmax_k_eq_e", RoutingKind::kSoftmaxTopK, 8, 8, 1, 1, false, 1.0f},
+    {"deepseek_v3", RoutingKind::kSigmoidGroupedTopK, 256, 8, 8, 4, true, 2.5f},
+    {"kimi", RoutingKind::kSigmoidGroupedTopK, 64, 8, 1, 1, true, 2.827f},
+    {"grouped_k_eq_e", RoutingKind::kSigmoidGroupedTopK, 8, 8, 2, 2, true, 1.0f},
+    {"gpt_oss", RoutingKind::kTopKThenSoftmax, 32, 4, 1, 1, true, 1.0f},
+    {"topk_softmax_k_eq_e", RoutingKind::kTopKThenSoftmax, 6, 6, 1, 1, true, 1.0f},
+};
+
+void CheckAgainstReference(const RoutingCase& c, int64_t num_tokens, bool ties, uint64_t seed) {
+  std::vector<float> logits = Randn(num_tokens * c.num_experts, seed);
+  if (ties) {
+    for (float& v : logits) v = std::floor(v);  // few distinct values: many exact ties
+  }
+  std::vector<float> bias = Randn(c.num_experts, seed + 1, 0.1f);
+  if (ties) std::fill(bias.begin(), bias.end(), 0.0f);
+  RoutingParams p{.kind = c.kind, .num_experts = c.num_experts, .top_k = c.top_k,
+                  .renormalize = c.renormalize, .num_groups = c.num_groups,
+                  .topk_group = c.topk_group, .e_score_correction_bias = bias.data(),
+                  .routed_scaling_factor = c.scale};
+  const size_t n = static_cast<size_t>(num_tokens * c.top_k);
+  std::vector<int32_t> ids(n), ref_ids(n);
+  std::vector<float> w(n), ref_w(n);
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+  ASSERT_TRUE(Route(ctx, p, {logits.data(), num_tokens, ids.data(), w.data()}).ok());
+  ASSERT_TRUE(reference::Route(p, {logits.data(), num_tokens, ref_ids.data(), ref_w.data()}).ok());
+  int shown = 0;
+  for (size_t i = 0; i < n && shown < 5; ++i) {
+    if (ids[i] != ref_ids[i] || std::abs(w[i] - ref_w[i]) > 1e-5f * std::max(1.0f, c.scale)) {
+      ADD_FAILURE() << c.name << " seed " << seed << " tokens " << num_tokens << " ties " << ties
+                    << ": [token " << i / c.top_k << ", slot " << i % c.top_k << "] id "
+                    << ids[i] << " w " << w[i] << ", reference id " << ref_ids[i] << " w "
+                    << ref_w[i];
+      ++shown;
+    }
+  }
+  // Each token's ids are distinct experts.
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::vector<bool> seen(static_cast<size_t>(c.num_experts), false);
+    for (int64_t s = 0; s < c.top_k; ++s) {
+      const int32_t id = ids[static_cast<size_t>(t * c.top_k + s)];
+      ASSERT_TRUE(id >= 0 && id < c.num_experts);
+      ASSERT_FALSE(seen[static_cast<size_t>(id)]) << c.name << " token " << t;
+      seen[static_cast<size_t>(id)] = true;
+    }
+  }
+}
+
+TEST(Routing, MatchesReferenceRandom) {
+  for (const RoutingCase& c : kCases) {
+    for (int64_t tokens : {1, 3, 33, 511}) CheckAgainstReference(c, tokens, false, 1000 + tokens);
+  }
+}
+
+TEST(Routing, MatchesReferenceWithTies) {
+  for (const RoutingCase& c : kCases) CheckAgainstReference(c, 33, true, 77);
+}
+
+TEST(Routing, AllEqualLogitsPickLowestIndices) {
+  for (const RoutingCase& c : kCases) {
+    std::vector<float> logits(static_cast<size_t>(c.num_experts), 0.5f);
+    std::vector<float> bias(static_cast<size_t>(c.num_experts), 0.0f);
+    RoutingParams p{.kind = c.kind, .num_experts = c.num_experts, .top_k = c.top_k,
+                    .renormalize = c.renormalize, .num_groups = c.num_groups,
+                    .topk_group = c.topk_group, .e_score_correction_bias = bias.data()};
+    std::vector<int32_t> ids(static_cast<size_t>(c.top_k));
+    std::vector<float> w(ids.size());
+    KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+    ASSERT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).ok());
+    for (int64_t s = 0; s < c.top_k; ++s) EXPECT_EQ(ids[static_cast<size_t>(s)], s) << c.name;
+  }
+}
+
+TEST(Routing, RejectsInvalidParams) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  std::vector<float> logits(8);
+  std::vector<int32_t> ids(16);
+  std::vector<float> w(16);
+  RoutingArgs a{logits.data(), 1, ids.data(), w.data()};
+  RoutingParams p{.kind = RoutingKind::kSoftmaxTopK, .num_experts = 8, .top_k = 9};
+  EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);
+  p = {.kind = RoutingKind::kSigmoidGroupedTopK, .num_experts = 8, .top_k = 2};
+  EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);  // no bias
+  std::vector<float> bias(8);
+  p = {.kind = RoutingKind::kSigmoidGroupedTopK, .num_experts = 8, .top_k = 2, .num_groups = 3,
+       .topk_group = 1, .e_score_correction_bias = bias.data()};
+  EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);  // 8 % 3 != 0
+  p.num_groups = 4;
+  p.topk_group = 1;
+  p.top_k = 3;  // one group of 2 experts cannot supply 3
+  EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moeshard
