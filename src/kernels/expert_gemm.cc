@@ -119,10 +119,10 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
         w.num_experts_local, w.hidden, w.intermediate));
   }
   if (w.gated != IsGated(act.kind)) {
-    return InvalidArgumentError(fmt::format(
-        "expert weights: 'gated': activation {} is {}, but the weights are {}",
-        ActivationName(act.kind), IsGated(act.kind) ? "gated" : "not gated",
-        w.gated ? "gated (w13 has 2*I rows)" : "not gated (w13 has I rows)"));
+    return InvalidArgumentError(
+        fmt::format("expert weights: 'gated': activation {} is {}, but the weights are {}",
+                    ActivationName(act.kind), IsGated(act.kind) ? "gated" : "not gated",
+                    w.gated ? "gated (w13 has 2*I rows)" : "not gated (w13 has I rows)"));
   }
   if (w.gate_up_interleaved && !w.gated) {
     return InvalidArgumentError(
@@ -133,16 +133,15 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
   }
   if (w.format != WeightFormat::kBf16 && w.num_experts_local > 0 &&
       (w.w13_scales == nullptr || w.w2_scales == nullptr)) {
-    return InvalidArgumentError(fmt::format(
-        "expert weights: 'w13_scales/w2_scales': expected non-null for format {}",
-        WeightFormatName(w.format)));
+    return InvalidArgumentError(
+        fmt::format("expert weights: 'w13_scales/w2_scales': expected non-null for format {}",
+                    WeightFormatName(w.format)));
   }
-  if (w.format == WeightFormat::kInt4 &&
-      (w.int4_group_size < kCpuInt4GroupSizeMultiple ||
-       w.int4_group_size % kCpuInt4GroupSizeMultiple != 0)) {
-    return InvalidArgumentError(fmt::format(
-        "expert weights: 'int4_group_size': expected a positive multiple of {}, got {}",
-        kCpuInt4GroupSizeMultiple, w.int4_group_size));
+  if (w.format == WeightFormat::kInt4 && (w.int4_group_size < kCpuInt4GroupSizeMultiple ||
+                                          w.int4_group_size % kCpuInt4GroupSizeMultiple != 0)) {
+    return InvalidArgumentError(
+        fmt::format("expert weights: 'int4_group_size': expected a positive multiple of {}, got {}",
+                    kCpuInt4GroupSizeMultiple, w.int4_group_size));
   }
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));
@@ -179,7 +178,8 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   }
   m.data = static_cast<const uint8_t*>(w13 ? w.w13 : w.w2) + expert * data_bytes;
   const void* scales = w13 ? w.w13_scales : w.w2_scales;
-  m.scales = scales == nullptr ? nullptr : static_cast<const uint8_t*>(scales) + expert * scale_bytes;
+  m.scales =
+      scales == nullptr ? nullptr : static_cast<const uint8_t*>(scales) + expert * scale_bytes;
   return m;
 }
 
@@ -197,7 +197,7 @@ constexpr int64_t kDownBlock = 96;
 // Tokens per task: the bf16 input panel (tokens x K) is sized to stay in a 1 MiB L2 (half of
 // it), so each weight row fetched from memory is reused for all tokens of the block.
 int64_t TokenBlock(int64_t k) {
-  const int64_t fit = (512 * 1024) / std::max<int64_t>(1, 2 * k);
+  const int64_t fit = (512 * 1024) / std::max<int64_t>(1, 2 * std::min(k, internal::kCpuKBlock));
   return std::clamp<int64_t>(fit / 4 * 4, 4, 128);
 }
 
@@ -210,16 +210,16 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   const ExpertWeights& w = *p.weights;
   MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
   if (p.x_dtype != DType::kF32 && p.x_dtype != DType::kBF16) {
-    return InvalidArgumentError(fmt::format(
-        "grouped gemm: 'x_dtype': expected F32 or BF16, got {}", DTypeName(p.x_dtype)));
+    return InvalidArgumentError(
+        fmt::format("grouped gemm: 'x_dtype': expected F32 or BF16, got {}", DTypeName(p.x_dtype)));
   }
   if (p.expert_offsets == nullptr) {
     return InvalidArgumentError("grouped gemm: 'expert_offsets': expected [E_local + 1], got null");
   }
   const int64_t num_experts = w.num_experts_local;
   if (p.expert_offsets[0] != 0) {
-    return InvalidArgumentError(fmt::format(
-        "grouped gemm: 'expert_offsets[0]': expected 0, got {}", p.expert_offsets[0]));
+    return InvalidArgumentError(
+        fmt::format("grouped gemm: 'expert_offsets[0]': expected 0, got {}", p.expert_offsets[0]));
   }
   for (int64_t e = 0; e < num_experts; ++e) {
     if (p.expert_offsets[e + 1] < p.expert_offsets[e]) {
@@ -234,9 +234,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     return InvalidArgumentError("grouped gemm: 'x_sorted/y_sorted': expected non-null");
   }
 
-  const internal::CpuBackend& be = ctx.isa() == CpuIsa::kAvx512Bf16
-                                       ? internal::Avx512Backend()
-                                       : internal::PortableBackend();
+  const internal::CpuBackend& be =
+      ctx.isa() == CpuIsa::kAvx512Bf16 ? internal::Avx512Backend() : internal::PortableBackend();
   internal::KernelScratch& s = ctx.scratch();
   ThreadPool& pool = ctx.pool();
   const int64_t hidden = w.hidden;
@@ -259,10 +258,10 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   const int64_t tb2 = TokenBlock(inter);
   const int64_t rows_per_j = w.gated ? 2 : 1;
   for (auto& pt : s.per_thread) {
-    internal::KernelScratch::Grow(pt.tile, std::max(tb1 * kGateUpBlock * rows_per_j,
-                                                    tb2 * kDownBlock));
-    internal::KernelScratch::Grow(pt.work, std::max(be.work_floats(tb1, hidden),
-                                                    be.work_floats(tb2, inter)));
+    internal::KernelScratch::Grow(pt.tile,
+                                  std::max(tb1 * kGateUpBlock * rows_per_j, tb2 * kDownBlock));
+    internal::KernelScratch::Grow(
+        pt.work, std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
     internal::KernelScratch::Grow(pt.rows, std::max(kGateUpBlock * rows_per_j, kDownBlock));
   }
   auto make_tasks = [&](int64_t token_block, int64_t out_size, int64_t out_block) {

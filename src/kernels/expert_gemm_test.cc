@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -61,7 +62,7 @@ FloatWeights Pad(const GemmCase& c, const GemmCase& p, const FloatWeights& f) {
   FloatWeights o;
   o.w13.assign(static_cast<size_t>(p.num_experts * p.Rows13() * p.hidden), 0.0f);
   o.w2.assign(static_cast<size_t>(p.num_experts * p.hidden * p.inter), 0.0f);
-  auto row13 = [&](const GemmCase& g, int64_t logical_row) {  // physical row of a logical row
+  auto row13 = [&](const GemmCase& g, int64_t logical_row) {   // physical row of a logical row
     if (!IsGated(g.act) || g.interleaved) return logical_row;  // interleaved pairs stay pairs
     return logical_row < c.inter ? logical_row : logical_row - c.inter + g.inter;
   };
@@ -96,11 +97,14 @@ FloatWeights Pad(const GemmCase& c, const GemmCase& p, const FloatWeights& f) {
 }
 
 OwnedExpertWeights Encode(const GemmCase& c, const FloatWeights& f) {
-  ExpertWeightsShape s{.format = c.format, .num_experts_local = c.num_experts,
-                       .hidden = c.hidden, .intermediate = c.inter, .gated = IsGated(c.act),
-                       .gate_up_interleaved = c.interleaved, .int4_group_size = c.group};
-  return EncodeExpertWeights(s, f.w13.data(), f.w2.data(),
-                             f.b13.empty() ? nullptr : f.b13.data(),
+  ExpertWeightsShape s{.format = c.format,
+                       .num_experts_local = c.num_experts,
+                       .hidden = c.hidden,
+                       .intermediate = c.inter,
+                       .gated = IsGated(c.act),
+                       .gate_up_interleaved = c.interleaved,
+                       .int4_group_size = c.group};
+  return EncodeExpertWeights(s, f.w13.data(), f.w2.data(), f.b13.empty() ? nullptr : f.b13.data(),
                              f.b2.empty() ? nullptr : f.b2.data());
 }
 
@@ -130,8 +134,8 @@ struct RunOptions {
 
 // Runs the backend on x and returns y; `ref` (when non-null) receives the reference result.
 std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationParams& act,
-                       const std::vector<int64_t>& offsets, const std::vector<float>& x,
-                       const RunOptions& o, std::vector<float>* ref) {
+                           const std::vector<int64_t>& offsets, const std::vector<float>& x,
+                           const RunOptions& o, std::vector<float>* ref) {
   const int64_t rows = offsets.back();
   const size_t shift = o.misalign ? 1 : 0;
   std::vector<float> xf(x.size() + shift);
@@ -139,7 +143,7 @@ std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationP
   std::vector<bf16_t> xb(x.size() + shift);
   for (size_t i = 0; i < x.size(); ++i) xb[i + shift] = FloatToBf16(x[i]);
   const void* xp = o.x_dtype == DType::kF32 ? static_cast<const void*>(xf.data() + shift)
-                                             : static_cast<const void*>(xb.data() + shift);
+                                            : static_cast<const void*>(xb.data() + shift);
   std::vector<float> y(static_cast<size_t>(rows * w.hidden) + shift, -7.0f);
   GroupedGemmParams p;
   p.weights = &w;
@@ -199,7 +203,10 @@ void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, cons
     w = &sw.view;
   }
   const std::vector<int64_t> offsets = Offsets(c.num_experts, tokens, k, seed + 7);
-  const std::vector<float> x = Randn(offsets.back() * c.hidden, seed + 8, kInputScale);
+  // Long reductions get smaller inputs so gate/up stay of order 1.
+  const float scale = kInputScale * static_cast<float>(std::min(
+                                        1.0, std::sqrt(256.0 / static_cast<double>(c.hidden))));
+  const std::vector<float> x = Randn(offsets.back() * c.hidden, seed + 8, scale);
   ActivationParams act;
   act.kind = c.act;
   for (CpuIsa isa : TestIsas()) {
@@ -229,14 +236,20 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
 }
 
 TEST(GroupedGemm, Bf16InputRowsAndTopKEqualsExperts) {
-  GemmCase c{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .num_experts = 4,
-             .hidden = 65, .inter = 31};  // vector width (32 bf16) +- 1
+  GemmCase c{.format = WeightFormat::kBf16,
+             .act = Activation::kSwiGlu,
+             .num_experts = 4,
+             .hidden = 65,
+             .inter = 31};  // vector width (32 bf16) +- 1
   CheckCase(c, 33, 4, 5, {.x_dtype = DType::kBF16});
 }
 
 TEST(GroupedGemm, Fp8BlockScalesWithPartialBlocks) {
   for (Activation act : {Activation::kSwiGlu, Activation::kReluSquared}) {
-    GemmCase c{.format = WeightFormat::kFp8Block, .act = act, .num_experts = 4, .hidden = 200,
+    GemmCase c{.format = WeightFormat::kFp8Block,
+               .act = act,
+               .num_experts = 4,
+               .hidden = 200,
                .inter = 136};
     for (int64_t tokens : {1, 33}) CheckCase(c, tokens, 2, 200 + tokens, {});
   }
@@ -244,45 +257,80 @@ TEST(GroupedGemm, Fp8BlockScalesWithPartialBlocks) {
 
 TEST(GroupedGemm, Mxfp4) {
   for (Activation act : {Activation::kSiTu, Activation::kReluSquared}) {
-    GemmCase c{.format = WeightFormat::kMxfp4, .act = act, .num_experts = 8, .hidden = 96,
-               .inter = 64};
+    GemmCase c{
+        .format = WeightFormat::kMxfp4, .act = act, .num_experts = 8, .hidden = 96, .inter = 64};
     for (int64_t tokens : {1, 3, 33}) CheckCase(c, tokens, 2, 300 + tokens, {});
   }
 }
 
 TEST(GroupedGemm, Int4GroupSizes) {
   for (int64_t group : {32, 64}) {
-    GemmCase c{.format = WeightFormat::kInt4, .act = Activation::kSwiGlu, .num_experts = 8,
-               .hidden = 128, .inter = 64, .group = group};
+    GemmCase c{.format = WeightFormat::kInt4,
+               .act = Activation::kSwiGlu,
+               .num_experts = 8,
+               .hidden = 128,
+               .inter = 64,
+               .group = group};
     for (int64_t tokens : {3, 33}) CheckCase(c, tokens, 2, 400 + tokens + group, {});
   }
-  GemmCase relu{.format = WeightFormat::kInt4, .act = Activation::kReluSquared, .num_experts = 4,
-                .hidden = 64, .inter = 96};
+  GemmCase relu{.format = WeightFormat::kInt4,
+                .act = Activation::kReluSquared,
+                .num_experts = 4,
+                .hidden = 64,
+                .inter = 96};
   CheckCase(relu, 33, 2, 450, {});
 }
 
 TEST(GroupedGemm, GptOssInterleavedWithBiasesEveryFormat) {
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
-                         WeightFormat::kInt4}) {
-    GemmCase c{.format = f, .act = Activation::kSwiGluOai, .num_experts = 8, .hidden = 64,
-               .inter = 96, .interleaved = true, .bias = true};
+  for (WeightFormat f :
+       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+    GemmCase c{.format = f,
+               .act = Activation::kSwiGluOai,
+               .num_experts = 8,
+               .hidden = 64,
+               .inter = 96,
+               .interleaved = true,
+               .bias = true};
     CheckCase(c, 33, 4, 500, {});
     CheckCase(c, 3, 4, 501, {.add_down_bias = false});
   }
 }
 
+// Reductions longer than the AVX-512 K block (2048) are split and accumulated.
+TEST(GroupedGemm, LongReductionsAcrossKBlocks) {
+  for (WeightFormat f :
+       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+    GemmCase c{.format = f,
+               .act = Activation::kSwiGlu,
+               .num_experts = 2,
+               .hidden = f == WeightFormat::kBf16 || f == WeightFormat::kFp8Block ? 4200 : 4160,
+               .inter = 64};
+    CheckCase(c, 5, 2, 700, {});
+  }
+  GemmCase down{.format = WeightFormat::kBf16,
+                .act = Activation::kReluSquared,
+                .num_experts = 2,
+                .hidden = 40,
+                .inter = 2080};
+  CheckCase(down, 5, 2, 701, {});
+}
+
 TEST(GroupedGemm, MisalignedPointers) {
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kMxfp4, WeightFormat::kFp8Block}) {
-    GemmCase c{.format = f, .act = Activation::kSwiGlu, .num_experts = 4, .hidden = 96,
-               .inter = 64};
+    GemmCase c{
+        .format = f, .act = Activation::kSwiGlu, .num_experts = 4, .hidden = 96, .inter = 64};
     CheckCase(c, 33, 2, 600, {.misalign = true});
     CheckCase(c, 33, 2, 601, {.x_dtype = DType::kBF16, .misalign = true});
   }
 }
 
 TEST(GroupedGemm, DownBiasSkippedOnRequest) {
-  GemmCase c{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .num_experts = 2,
-             .hidden = 40, .inter = 24, .bias = true};
+  GemmCase c{.format = WeightFormat::kBf16,
+             .act = Activation::kSwiGlu,
+             .num_experts = 2,
+             .hidden = 40,
+             .inter = 24,
+             .bias = true};
   const FloatWeights f = RandomWeights(c, 3);
   const OwnedExpertWeights ow = Encode(c, f);
   const std::vector<int64_t> offsets = {0, 3, 5};
@@ -312,21 +360,32 @@ TEST(GroupedGemm, PaddedEqualsUnpadded) {
   };
   const PadCase cases[] = {
       {{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .hidden = 100, .inter = 40},
-       128, 64},
-      {{.format = WeightFormat::kBf16, .act = Activation::kSwiGluOai, .hidden = 100, .inter = 40,
-        .interleaved = true, .bias = true},
-       112, 48},
+       128,
+       64},
+      {{.format = WeightFormat::kBf16,
+        .act = Activation::kSwiGluOai,
+        .hidden = 100,
+        .inter = 40,
+        .interleaved = true,
+        .bias = true},
+       112,
+       48},
       {{.format = WeightFormat::kMxfp4, .act = Activation::kSiTu, .hidden = 96, .inter = 64},
-       128, 96},
+       128,
+       96},
       // fp8 block scales cover 128x128 blocks of the physical matrix: gate and up rows must
       // not share a block (I a multiple of 128, as block-fp8 backends require), or padding
       // would change the quantisation itself.
-      {{.format = WeightFormat::kFp8Block, .act = Activation::kSwiGlu, .num_experts = 4,
-        .hidden = 200, .inter = 128},
-       256, 256},
-      {{.format = WeightFormat::kInt4, .act = Activation::kReluSquared, .hidden = 64,
-        .inter = 96},
-       96, 128},
+      {{.format = WeightFormat::kFp8Block,
+        .act = Activation::kSwiGlu,
+        .num_experts = 4,
+        .hidden = 200,
+        .inter = 128},
+       256,
+       256},
+      {{.format = WeightFormat::kInt4, .act = Activation::kReluSquared, .hidden = 64, .inter = 96},
+       96,
+       128},
   };
   for (const PadCase& pc : cases) {
     const GemmCase& c = pc.logical;
@@ -347,7 +406,8 @@ TEST(GroupedGemm, PaddedEqualsUnpadded) {
     act.kind = c.act;
     for (CpuIsa isa : TestIsas()) {
       const std::vector<float> y = RunGemm(isa, w_logical.view, act, offsets, x, {}, nullptr);
-      const std::vector<float> yp = RunGemm(isa, w_padded.view, act, offsets, x_padded, {}, nullptr);
+      const std::vector<float> yp =
+          RunGemm(isa, w_padded.view, act, offsets, x_padded, {}, nullptr);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t o = 0; o < p.hidden; ++o) {
           const float got = yp[static_cast<size_t>(r * p.hidden + o)];
@@ -365,8 +425,11 @@ TEST(GroupedGemm, PaddedEqualsUnpadded) {
 
 // The result must not depend on the thread count (each output has a fixed summation order).
 TEST(GroupedGemm, DeterministicAcrossThreadCounts) {
-  GemmCase c{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .num_experts = 8,
-             .hidden = 256, .inter = 160};
+  GemmCase c{.format = WeightFormat::kBf16,
+             .act = Activation::kSwiGlu,
+             .num_experts = 8,
+             .hidden = 256,
+             .inter = 160};
   const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 8));
   ActivationParams act;
   for (int64_t tokens : {1, 33}) {
@@ -382,9 +445,12 @@ TEST(GroupedGemm, DeterministicAcrossThreadCounts) {
 
 TEST(GroupedGemm, PortableAndAvx512Agree) {
   if (!CpuSupportsAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
-                         WeightFormat::kInt4}) {
-    GemmCase c{.format = f, .act = Activation::kGeluTanhGated, .num_experts = 4, .hidden = 128,
+  for (WeightFormat f :
+       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+    GemmCase c{.format = f,
+               .act = Activation::kGeluTanhGated,
+               .num_experts = 4,
+               .hidden = 128,
                .inter = 96};
     const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 20));
     const std::vector<int64_t> offsets = Offsets(c.num_experts, 33, 2, 21);
@@ -392,7 +458,8 @@ TEST(GroupedGemm, PortableAndAvx512Agree) {
     ActivationParams act;
     act.kind = c.act;
     const std::vector<float> a = RunGemm(CpuIsa::kPortable, ow.view, act, offsets, x, {}, nullptr);
-    const std::vector<float> b = RunGemm(CpuIsa::kAvx512Bf16, ow.view, act, offsets, x, {}, nullptr);
+    const std::vector<float> b =
+        RunGemm(CpuIsa::kAvx512Bf16, ow.view, act, offsets, x, {}, nullptr);
     // Same bf16-rounded inputs and exact weights: only summation order and the vector
     // exp/tanh differ, which can flip a bf16 rounding of the intermediate activation.
     EXPECT_TRUE(Close(b, a, {5e-3, 2e-3}, c.Name(), 20));
@@ -401,8 +468,11 @@ TEST(GroupedGemm, PortableAndAvx512Agree) {
 
 TEST(GroupedGemm, RejectsBadShapes) {
   KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
-  GemmCase c{.format = WeightFormat::kMxfp4, .act = Activation::kSwiGlu, .num_experts = 2,
-             .hidden = 64, .inter = 32};
+  GemmCase c{.format = WeightFormat::kMxfp4,
+             .act = Activation::kSwiGlu,
+             .num_experts = 2,
+             .hidden = 64,
+             .inter = 32};
   OwnedExpertWeights ow = Encode(c, RandomWeights(c, 1));
   std::vector<float> x(64 * 2), y(64 * 2);
   std::vector<int64_t> offsets = {0, 1, 2};

@@ -55,14 +55,13 @@ double MeanAbs(const std::vector<float>& v) {
     }
   }
   const double mean_want = MeanAbs(want);
-  const double mean_rel = mean_want > 0 ? sum_err / static_cast<double>(got.size()) / mean_want
-                                        : sum_err;
+  const double mean_rel =
+      mean_want > 0 ? sum_err / static_cast<double>(got.size()) / mean_want : sum_err;
   if (shown > 0 || max_err > tol.atol || !(mean_rel <= tol.max_mean_rel)) {
-    return ::testing::AssertionFailure()
-           << fmt::format("{} (seed {}): max abs err {:.3g} (atol {}), mean rel err {:.3g} "
-                          "(max {}), mean |want| {:.3g}; first mismatches:{}",
-                          what, seed, max_err, tol.atol, mean_rel, tol.max_mean_rel, mean_want,
-                          first);
+    return ::testing::AssertionFailure() << fmt::format(
+               "{} (seed {}): max abs err {:.3g} (atol {}), mean rel err {:.3g} "
+               "(max {}), mean |want| {:.3g}; first mismatches:{}",
+               what, seed, max_err, tol.atol, mean_rel, tol.max_mean_rel, mean_want, first);
   }
   return ::testing::AssertionSuccess();
 }

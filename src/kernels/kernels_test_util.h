@@ -21,8 +21,8 @@ std::vector<CpuIsa> TestIsas();
 KernelContext MakeContext(CpuIsa isa, int num_threads = 2);
 
 struct Tolerance {
-  double atol = 2e-2;            // max |got - want|
-  double max_mean_rel = 1e-2;    // mean |got - want| / mean |want|
+  double atol = 2e-2;          // max |got - want|
+  double max_mean_rel = 1e-2;  // mean |got - want| / mean |want|
 };
 
 // Compares got with want; on failure the message names `what`, the seed and the first 8

@@ -31,8 +31,8 @@ struct LayerCase {
 const LayerCase kLayers[] = {
     {"qwen3-like", RoutingKind::kSoftmaxTopK, 16, 4, 1, 1, 1.0f, WeightFormat::kBf16,
      Activation::kSwiGlu, 100, 40, false, false},
-    {"deepseek-like", RoutingKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 2.5f,
-     WeightFormat::kFp8Block, Activation::kSwiGlu, 136, 72, false, false},
+    {"deepseek-like", RoutingKind::kSigmoidGroupedTopK, 16, 4, 4, 2, 2.5f, WeightFormat::kFp8Block,
+     Activation::kSwiGlu, 136, 72, false, false},
     {"gpt-oss-like", RoutingKind::kTopKThenSoftmax, 8, 4, 1, 1, 1.0f, WeightFormat::kMxfp4,
      Activation::kSwiGluOai, 96, 64, true, true},
     {"kimi-k3-like", RoutingKind::kSigmoidGroupedTopK, 16, 4, 1, 1, 1.0f, WeightFormat::kMxfp4,
@@ -55,14 +55,20 @@ Layer MakeLayer(const LayerCase& c, uint64_t seed) {
   const std::vector<float> w2 = Randn(c.num_experts * c.hidden * c.inter, seed + 1, 0.1f);
   const std::vector<float> b13 = Randn(c.num_experts * r13, seed + 2, 0.1f);
   const std::vector<float> b2 = Randn(c.num_experts * c.hidden, seed + 3, 0.1f);
-  ExpertWeightsShape s{.format = c.format, .num_experts_local = c.num_experts,
-                       .hidden = c.hidden, .intermediate = c.inter, .gated = IsGated(c.act),
+  ExpertWeightsShape s{.format = c.format,
+                       .num_experts_local = c.num_experts,
+                       .hidden = c.hidden,
+                       .intermediate = c.inter,
+                       .gated = IsGated(c.act),
                        .gate_up_interleaved = c.interleaved};
   l.weights = EncodeExpertWeights(s, w13.data(), w2.data(), c.bias ? b13.data() : nullptr,
                                   c.bias ? b2.data() : nullptr);
   l.bias = Randn(c.num_experts, seed + 4, 0.05f);
-  l.routing = RoutingParams{.kind = c.routing, .num_experts = c.num_experts, .top_k = c.top_k,
-                            .num_groups = c.num_groups, .topk_group = c.topk_group,
+  l.routing = RoutingParams{.kind = c.routing,
+                            .num_experts = c.num_experts,
+                            .top_k = c.top_k,
+                            .num_groups = c.num_groups,
+                            .topk_group = c.topk_group,
                             .e_score_correction_bias = l.bias.data(),
                             .routed_scaling_factor = c.scaling};
   l.act.kind = c.act;
@@ -98,11 +104,11 @@ TEST(MoeForward, MatchesReferenceForModelLikeLayers) {
         p.out = again.data();
         ASSERT_TRUE(MoeForward(ctx, p).ok());
         EXPECT_EQ(got, again);
-        const testing::Tolerance tol =
-            c.format == WeightFormat::kBf16 ? testing::Tolerance{2e-2, 1e-2}
-                                            : testing::Tolerance{3e-2, 1e-2};
-        EXPECT_TRUE(Close(got, want, tol,
-                          fmt::format("{} {} T{}", CpuIsaName(isa), c.name, tokens), 31));
+        const testing::Tolerance tol = c.format == WeightFormat::kBf16
+                                           ? testing::Tolerance{2e-2, 1e-2}
+                                           : testing::Tolerance{3e-2, 1e-2};
+        EXPECT_TRUE(
+            Close(got, want, tol, fmt::format("{} {} T{}", CpuIsaName(isa), c.name, tokens), 31));
       }
     }
   }

@@ -34,8 +34,7 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
       const int32_t l = p.expert_global_to_local[e];
       if (l < -1 || l >= num_local) {
         return InvalidArgumentError(fmt::format(
-            "permute: 'expert_global_to_local[{}]': expected -1..{}, got {}", e, num_local - 1,
-            l));
+            "permute: 'expert_global_to_local[{}]': expected -1..{}, got {}", e, num_local - 1, l));
       }
     }
   }
@@ -53,9 +52,9 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
   for (int64_t i = 0; i < num_pairs; ++i) {
     const int32_t g = p.topk_ids[i];
     if (g < 0 || g >= p.num_experts_global) {
-      return InvalidArgumentError(fmt::format(
-          "permute: 'topk_ids[{}]': expected an expert id in 0..{}, got {}", i,
-          p.num_experts_global - 1, g));
+      return InvalidArgumentError(
+          fmt::format("permute: 'topk_ids[{}]': expected an expert id in 0..{}, got {}", i,
+                      p.num_experts_global - 1, g));
     }
     const int32_t l = p.expert_global_to_local == nullptr ? g : p.expert_global_to_local[g];
     if (l >= 0 && l + 2 <= num_local) ++offsets[static_cast<size_t>(l + 2)];
@@ -91,9 +90,9 @@ Status GatherTokens(KernelContext& ctx, const TokenPermutation& perm, const Gath
   const bool in_ok = p.x_dtype == DType::kF32 || p.x_dtype == DType::kBF16;
   const bool out_ok = p.out_dtype == DType::kF32 || p.out_dtype == DType::kBF16;
   if (!in_ok || !out_ok) {
-    return InvalidArgumentError(fmt::format(
-        "gather: 'x_dtype/out_dtype': expected F32 or BF16, got {} / {}", DTypeName(p.x_dtype),
-        DTypeName(p.out_dtype)));
+    return InvalidArgumentError(
+        fmt::format("gather: 'x_dtype/out_dtype': expected F32 or BF16, got {} / {}",
+                    DTypeName(p.x_dtype), DTypeName(p.out_dtype)));
   }
   if (p.hidden < 0 || (perm.num_rows() > 0 && (p.x == nullptr || p.x_sorted == nullptr))) {
     return InvalidArgumentError("gather: 'x/x_sorted/hidden': expected non-null, hidden >= 0");
@@ -120,8 +119,7 @@ Status GatherTokens(KernelContext& ctx, const TokenPermutation& perm, const Gath
   return Status::Ok();
 }
 
-Status UnpermuteTokens(KernelContext& ctx, const TokenPermutation& perm,
-                       const UnpermuteParams& p) {
+Status UnpermuteTokens(KernelContext& ctx, const TokenPermutation& perm, const UnpermuteParams& p) {
   if (p.hidden < 0 || (perm.num_tokens > 0 && p.out == nullptr) ||
       (perm.num_rows() > 0 && p.y_sorted == nullptr)) {
     return InvalidArgumentError("unpermute: 'y_sorted/out/hidden': expected non-null, hidden >= 0");

@@ -41,10 +41,15 @@ TEST(Permute, MatchesReferenceWithAndWithoutExpertMap) {
   for (int64_t tokens : {0, 1, 3, 33, 511}) {
     const std::vector<int32_t> ids = RandomIds(tokens, k, allowed, 5 + tokens);
     const std::vector<float> w = Randn(tokens * k, 9);
-    for (const int32_t* m : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(map.data())}) {
-      PermuteParams p{.topk_ids = ids.data(), .topk_weights = w.data(), .num_tokens = tokens,
-                      .top_k = k, .num_experts_global = num_experts,
-                      .expert_global_to_local = m, .num_experts_local = 8};
+    for (const int32_t* m :
+         {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(map.data())}) {
+      PermuteParams p{.topk_ids = ids.data(),
+                      .topk_weights = w.data(),
+                      .num_tokens = tokens,
+                      .top_k = k,
+                      .num_experts_global = num_experts,
+                      .expert_global_to_local = m,
+                      .num_experts_local = 8};
       TokenPermutation got, want;
       ASSERT_TRUE(PermuteTokens(p, &got).ok());
       ASSERT_TRUE(reference::PermuteTokens(p, &want).ok());
@@ -64,7 +69,10 @@ TEST(Permute, RejectsOutOfRangeIds) {
   const std::vector<int32_t> ids = {0, 4};
   const std::vector<float> w = {0.5f, 0.5f};
   TokenPermutation perm;
-  PermuteParams p{.topk_ids = ids.data(), .topk_weights = w.data(), .num_tokens = 1, .top_k = 2,
+  PermuteParams p{.topk_ids = ids.data(),
+                  .topk_weights = w.data(),
+                  .num_tokens = 1,
+                  .top_k = 2,
                   .num_experts_global = 4};
   EXPECT_EQ(PermuteTokens(p, &perm).code(), StatusCode::kInvalidArgument);
   const std::vector<int32_t> bad_map = {0, 1, 2, 5};
@@ -85,15 +93,15 @@ TEST(Permute, GatherAndUnpermuteRoundTrip) {
   map[2] = 0;
   map[5] = 1;  // this rank holds experts 2 and 5
   TokenPermutation perm;
-  ASSERT_TRUE(PermuteTokens({ids.data(), w.data(), tokens, k, num_experts, map.data(), 2}, &perm)
-                  .ok());
+  ASSERT_TRUE(
+      PermuteTokens({ids.data(), w.data(), tokens, k, num_experts, map.data(), 2}, &perm).ok());
   const std::vector<float> x = Randn(tokens * hidden, 13);
   for (CpuIsa isa : testing::TestIsas()) {
     KernelContext ctx = MakeContext(isa, 2);
     // Gather fp32 -> fp32 is an exact copy of the token rows.
     std::vector<float> xs(static_cast<size_t>(perm.num_rows() * hidden));
-    ASSERT_TRUE(GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xs.data(), DType::kF32})
-                    .ok());
+    ASSERT_TRUE(
+        GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xs.data(), DType::kF32}).ok());
     for (int64_t r = 0; r < perm.num_rows(); ++r) {
       const int64_t t = perm.sorted_token_idx[static_cast<size_t>(r)];
       for (int64_t c = 0; c < hidden; ++c) {
@@ -102,8 +110,8 @@ TEST(Permute, GatherAndUnpermuteRoundTrip) {
     }
     // fp32 -> bf16 rounds to nearest even.
     std::vector<bf16_t> xb(xs.size());
-    ASSERT_TRUE(GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xb.data(), DType::kBF16})
-                    .ok());
+    ASSERT_TRUE(
+        GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xb.data(), DType::kBF16}).ok());
     for (size_t i = 0; i < xb.size(); ++i) ASSERT_EQ(xb[i].bits, FloatToBf16(xs[i]).bits);
     // Unpermute of the gathered rows: out[t] = (sum of local weights of t) * x[t].
     std::vector<float> out(static_cast<size_t>(tokens * hidden), 123.0f);

@@ -33,6 +33,24 @@ uint64_t ReadStreamPortable(const uint8_t* p, int64_t bytes) {
   return r;
 }
 
+// Makes every chunk of a ParallelFor(num_threads, 1, ...) wait until all threads hold one, so
+// that the measurement really runs on every thread (otherwise a fast caller may run several
+// chunks itself before a sleeping worker wakes up).
+class StartBarrier {
+ public:
+  explicit StartBarrier(int n) : n_(n) {}
+  void ArriveAndWait() {
+    arrived_.fetch_add(1);
+    while (arrived_.load() < n_) {
+    }
+  }
+  void Reset() { arrived_.store(0); }
+
+ private:
+  const int n_;
+  std::atomic<int> arrived_{0};
+};
+
 struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
 };
@@ -56,9 +74,12 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
   const bool avx512 = ctx.isa() == CpuIsa::kAvx512Bf16;
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
+  StartBarrier barrier(threads);
   for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
+    barrier.Reset();
     const auto t0 = std::chrono::steady_clock::now();
     ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
+      barrier.ArriveAndWait();
       const uint8_t* p = buf.get() + b * chunk;
       sink ^= avx512 ? internal::ReadStreamAvx512(p, chunk) : ReadStreamPortable(p, chunk);
     });
@@ -77,17 +98,20 @@ Result<double> MeasureBf16DotPeak(KernelContext& ctx, int repetitions) {
   constexpr int64_t kIterations = 2'000'000;
   std::atomic<uint32_t> sink{0};
   double best = 0.0;
+  StartBarrier barrier(threads);
   for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
+    barrier.Reset();
     const auto t0 = std::chrono::steady_clock::now();
     ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
+      barrier.ArriveAndWait();
       const float r = internal::DotPeakLoopAvx512(kIterations, 1.0f + static_cast<float>(b));
       uint32_t u;
       std::memcpy(&u, &r, 4);
       sink ^= u;
     });
     const double s = Seconds(t0, std::chrono::steady_clock::now());
-    const double flops = static_cast<double>(threads) * kIterations *
-                         internal::kDotPeakOpsPerIteration * 64.0;
+    const double flops =
+        static_cast<double>(threads) * kIterations * internal::kDotPeakOpsPerIteration * 64.0;
     best = std::max(best, flops / s);
   }
   if (sink.load() == 0x12345678u) std::fputc(' ', stderr);

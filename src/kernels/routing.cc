@@ -104,8 +104,8 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
         weights[i] = s[cand[i]];
         wsum += weights[i];
       }
-      const float norm = p.renormalize ? p.routed_scaling_factor / (wsum + 1e-20f)
-                                       : p.routed_scaling_factor;
+      const float norm =
+          p.renormalize ? p.routed_scaling_factor / (wsum + 1e-20f) : p.routed_scaling_factor;
       for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
       return;
     }
@@ -143,15 +143,15 @@ Status ValidateRouting(const RoutingParams& p, const RoutingArgs& a) {
         fmt::format("route: 'num_experts': expected >= 1, got {}", p.num_experts));
   }
   if (p.top_k < 1 || p.top_k > p.num_experts) {
-    return InvalidArgumentError(fmt::format(
-        "route: 'top_k': expected 1..num_experts ({}), got {}", p.num_experts, p.top_k));
+    return InvalidArgumentError(fmt::format("route: 'top_k': expected 1..num_experts ({}), got {}",
+                                            p.num_experts, p.top_k));
   }
   if (a.num_tokens < 0) {
     return InvalidArgumentError(
         fmt::format("route: 'num_tokens': expected >= 0, got {}", a.num_tokens));
   }
-  if (a.num_tokens > 0 && (a.router_logits == nullptr || a.topk_ids == nullptr ||
-                           a.topk_weights == nullptr)) {
+  if (a.num_tokens > 0 &&
+      (a.router_logits == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr)) {
     return InvalidArgumentError("route: 'router_logits/topk_ids/topk_weights': expected non-null");
   }
   if (p.kind == RoutingKind::kSigmoidGroupedTopK) {
@@ -161,20 +161,19 @@ Status ValidateRouting(const RoutingParams& p, const RoutingArgs& a) {
           "got null");
     }
     if (p.num_groups < 1 || p.num_experts % p.num_groups != 0) {
-      return InvalidArgumentError(fmt::format(
-          "route: 'num_groups': expected a divisor of num_experts ({}), got {}", p.num_experts,
-          p.num_groups));
+      return InvalidArgumentError(
+          fmt::format("route: 'num_groups': expected a divisor of num_experts ({}), got {}",
+                      p.num_experts, p.num_groups));
     }
     if (p.topk_group < 1 || p.topk_group > p.num_groups) {
       return InvalidArgumentError(fmt::format(
-          "route: 'topk_group': expected 1..num_groups ({}), got {}", p.num_groups,
-          p.topk_group));
+          "route: 'topk_group': expected 1..num_groups ({}), got {}", p.num_groups, p.topk_group));
     }
     const int64_t selectable = p.topk_group * (p.num_experts / p.num_groups);
     if (p.top_k > selectable) {
-      return InvalidArgumentError(fmt::format(
-          "route: 'top_k': expected <= topk_group * experts per group ({}), got {}", selectable,
-          p.top_k));
+      return InvalidArgumentError(
+          fmt::format("route: 'top_k': expected <= topk_group * experts per group ({}), got {}",
+                      selectable, p.top_k));
     }
   }
   return Status::Ok();

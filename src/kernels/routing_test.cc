@@ -42,9 +42,13 @@ void CheckAgainstReference(const RoutingCase& c, int64_t num_tokens, bool ties, 
   }
   std::vector<float> bias = Randn(c.num_experts, seed + 1, 0.1f);
   if (ties) std::fill(bias.begin(), bias.end(), 0.0f);
-  RoutingParams p{.kind = c.kind, .num_experts = c.num_experts, .top_k = c.top_k,
-                  .renormalize = c.renormalize, .num_groups = c.num_groups,
-                  .topk_group = c.topk_group, .e_score_correction_bias = bias.data(),
+  RoutingParams p{.kind = c.kind,
+                  .num_experts = c.num_experts,
+                  .top_k = c.top_k,
+                  .renormalize = c.renormalize,
+                  .num_groups = c.num_groups,
+                  .topk_group = c.topk_group,
+                  .e_score_correction_bias = bias.data(),
                   .routed_scaling_factor = c.scale};
   const size_t n = static_cast<size_t>(num_tokens * c.top_k);
   std::vector<int32_t> ids(n), ref_ids(n);
@@ -56,9 +60,8 @@ void CheckAgainstReference(const RoutingCase& c, int64_t num_tokens, bool ties, 
   for (size_t i = 0; i < n && shown < 5; ++i) {
     if (ids[i] != ref_ids[i] || std::abs(w[i] - ref_w[i]) > 1e-5f * std::max(1.0f, c.scale)) {
       ADD_FAILURE() << c.name << " seed " << seed << " tokens " << num_tokens << " ties " << ties
-                    << ": [token " << i / c.top_k << ", slot " << i % c.top_k << "] id "
-                    << ids[i] << " w " << w[i] << ", reference id " << ref_ids[i] << " w "
-                    << ref_w[i];
+                    << ": [token " << i / c.top_k << ", slot " << i % c.top_k << "] id " << ids[i]
+                    << " w " << w[i] << ", reference id " << ref_ids[i] << " w " << ref_w[i];
       ++shown;
     }
   }
@@ -88,9 +91,13 @@ TEST(Routing, AllEqualLogitsPickLowestIndices) {
   for (const RoutingCase& c : kCases) {
     std::vector<float> logits(static_cast<size_t>(c.num_experts), 0.5f);
     std::vector<float> bias(static_cast<size_t>(c.num_experts), 0.0f);
-    RoutingParams p{.kind = c.kind, .num_experts = c.num_experts, .top_k = c.top_k,
-                    .renormalize = c.renormalize, .num_groups = c.num_groups,
-                    .topk_group = c.topk_group, .e_score_correction_bias = bias.data()};
+    RoutingParams p{.kind = c.kind,
+                    .num_experts = c.num_experts,
+                    .top_k = c.top_k,
+                    .renormalize = c.renormalize,
+                    .num_groups = c.num_groups,
+                    .topk_group = c.topk_group,
+                    .e_score_correction_bias = bias.data()};
     std::vector<int32_t> ids(static_cast<size_t>(c.top_k));
     std::vector<float> w(ids.size());
     KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
@@ -110,8 +117,12 @@ TEST(Routing, RejectsInvalidParams) {
   p = {.kind = RoutingKind::kSigmoidGroupedTopK, .num_experts = 8, .top_k = 2};
   EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);  // no bias
   std::vector<float> bias(8);
-  p = {.kind = RoutingKind::kSigmoidGroupedTopK, .num_experts = 8, .top_k = 2, .num_groups = 3,
-       .topk_group = 1, .e_score_correction_bias = bias.data()};
+  p = {.kind = RoutingKind::kSigmoidGroupedTopK,
+       .num_experts = 8,
+       .top_k = 2,
+       .num_groups = 3,
+       .topk_group = 1,
+       .e_score_correction_bias = bias.data()};
   EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);  // 8 % 3 != 0
   p.num_groups = 4;
   p.topk_group = 1;

@@ -60,9 +60,9 @@ bool IsGated(Activation act);
 
 struct ActivationParams {
   Activation kind = Activation::kSwiGlu;
-  float swiglu_limit = 7.0f;    // kSwiGluOai clamp
-  float swiglu_alpha = 1.702f;  // kSwiGluOai sigmoid slope
-  float situ_beta = 4.0f;       // kSiTu `activation_situ_beta`
+  float swiglu_limit = 7.0f;       // kSwiGluOai clamp
+  float swiglu_alpha = 1.702f;     // kSwiGluOai sigmoid slope
+  float situ_beta = 4.0f;          // kSiTu `activation_situ_beta`
   float situ_linear_beta = 25.0f;  // kSiTu `activation_situ_linear_beta`
 };
 
@@ -84,8 +84,8 @@ struct ExpertWeights {
   const void* w13_scales = nullptr;  // format-dependent (null for kBf16)
   const void* w2 = nullptr;          // [E_local, H, I]
   const void* w2_scales = nullptr;
-  const float* w13_bias = nullptr;   // optional [E_local, R13] fp32
-  const float* w2_bias = nullptr;    // optional [E_local, H] fp32
+  const float* w13_bias = nullptr;  // optional [E_local, R13] fp32
+  const float* w2_bias = nullptr;   // optional [E_local, H] fp32
 
   int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
 };
@@ -103,7 +103,7 @@ struct GroupedGemmParams {
   DType x_dtype = DType::kBF16;
   const int64_t* expert_offsets = nullptr;  // [E_local + 1], non-decreasing, [0] = 0;
                                             // num_rows = expert_offsets[E_local]
-  float* y_sorted = nullptr;  // out: [num_rows, H] fp32, unweighted expert outputs
+  float* y_sorted = nullptr;                // out: [num_rows, H] fp32, unweighted expert outputs
   bool add_down_bias = true;  // false: skip w2_bias (the runtime adds it on one TP rank only)
 };
 

@@ -25,7 +25,7 @@ struct MoeExpertsParams {
   int64_t top_k = 0;
   int64_t num_experts_global = 0;
   const int32_t* expert_global_to_local = nullptr;  // [num_experts_global] or null (identity)
-  const void* x = nullptr;  // [num_tokens, H] row-major, kF32 or kBF16
+  const void* x = nullptr;                          // [num_tokens, H] row-major, kF32 or kBF16
   DType x_dtype = DType::kF32;
   const ExpertWeights* weights = nullptr;
   ActivationParams activation;
@@ -41,7 +41,7 @@ struct MoeForwardParams {
   const float* router_logits = nullptr;  // [num_tokens, routing.num_experts] fp32
   int64_t num_tokens = 0;
   const int32_t* expert_global_to_local = nullptr;  // [routing.num_experts] or null
-  const void* x = nullptr;  // [num_tokens, H] row-major, kF32 or kBF16
+  const void* x = nullptr;                          // [num_tokens, H] row-major, kF32 or kBF16
   DType x_dtype = DType::kF32;
   const ExpertWeights* weights = nullptr;
   ActivationParams activation;

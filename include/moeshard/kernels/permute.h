@@ -27,7 +27,7 @@ struct TokenPermutation {
   int64_t num_tokens = 0;
   int64_t top_k = 0;
   int64_t num_experts_local = 0;
-  std::vector<int64_t> expert_offsets;   // [num_experts_local + 1], expert_offsets[0] = 0
+  std::vector<int64_t> expert_offsets;    // [num_experts_local + 1], expert_offsets[0] = 0
   std::vector<int32_t> sorted_token_idx;  // [num_rows] token of each sorted row
   std::vector<float> sorted_weights;      // [num_rows] routing weight of each sorted row
   std::vector<int32_t> slot_row;          // [num_tokens, top_k] sorted row of each (token,
@@ -37,8 +37,8 @@ struct TokenPermutation {
 };
 
 struct PermuteParams {
-  const int32_t* topk_ids = nullptr;      // [num_tokens, top_k] int32, global expert ids
-  const float* topk_weights = nullptr;    // [num_tokens, top_k] fp32
+  const int32_t* topk_ids = nullptr;    // [num_tokens, top_k] int32, global expert ids
+  const float* topk_weights = nullptr;  // [num_tokens, top_k] fp32
   int64_t num_tokens = 0;
   int64_t top_k = 0;
   int64_t num_experts_global = 0;
@@ -56,7 +56,7 @@ struct GatherParams {
   const void* x = nullptr;  // [num_tokens, hidden] row-major, dtype x_dtype (kF32 or kBF16)
   DType x_dtype = DType::kF32;
   int64_t hidden = 0;
-  void* x_sorted = nullptr;  // out: [perm.num_rows(), hidden] row-major, dtype out_dtype
+  void* x_sorted = nullptr;        // out: [perm.num_rows(), hidden] row-major, dtype out_dtype
   DType out_dtype = DType::kBF16;  // kF32 or kBF16 (fp32 -> bf16 rounds to nearest even)
 };
 

@@ -54,8 +54,8 @@ struct RoutingParams {
 struct RoutingArgs {
   const float* router_logits = nullptr;  // [num_tokens, num_experts] fp32, row-major
   int64_t num_tokens = 0;
-  int32_t* topk_ids = nullptr;       // out: [num_tokens, top_k] int32, row-major
-  float* topk_weights = nullptr;     // out: [num_tokens, top_k] fp32, row-major
+  int32_t* topk_ids = nullptr;    // out: [num_tokens, top_k] int32, row-major
+  float* topk_weights = nullptr;  // out: [num_tokens, top_k] fp32, row-major
 };
 
 // Validates params (InvalidArgument naming the field) and routes every token, multi-threaded

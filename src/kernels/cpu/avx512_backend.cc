@@ -32,6 +32,12 @@ namespace {
 
 constexpr int kMaxMr = 4;
 
+// Software prefetch distance along each weight row. Hardware prefetchers stop at 4 KiB page
+// boundaries and track few streams; a decode tile streams 6 rows at once, so each row is
+// prefetched this far ahead (about 20 k-steps of 6 rows in flight: enough to cover DRAM latency
+// at the per-core bandwidth).
+constexpr int64_t kPrefetchBytes = 1024;
+
 inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
 inline __mmask32 TailMask32(int64_t n) {
@@ -66,6 +72,9 @@ struct Bf16Decoder {
   __m512bh LoadTail(int j, int64_t k, __mmask32 m) const {
     return AsBh(_mm512_maskz_loadu_epi16(m, rows[j] + 2 * k));
   }
+  void Prefetch(int j, int64_t k) const {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[j] + 2 * k + kPrefetchBytes), _MM_HINT_T0);
+  }
   int64_t GroupCols() const { return 0; }
   __m512 Scale(int, int64_t) const { return _mm512_set1_ps(1.0f); }
 };
@@ -82,8 +91,8 @@ struct Fp8Decoder {
     const int64_t scale_cols = CeilDiv(m.cols, kCpuFp8BlockSize);
     for (int j = 0; j < nr; ++j) {
       rows[j] = m.Row(row_idx[j]);
-      scales[j] = reinterpret_cast<const float*>(m.scales) +
-                  (row_idx[j] / kCpuFp8BlockSize) * scale_cols;
+      scales[j] =
+          reinterpret_cast<const float*>(m.scales) + (row_idx[j] / kCpuFp8BlockSize) * scale_cols;
     }
   }
   static __m512bh Convert(__m256i bytes) {
@@ -108,8 +117,8 @@ struct Fp8Decoder {
 inline __m512bh NibblesToBf16(const uint8_t* p, __m512i table) {
   const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   // Word 2i <- low nibble of byte i, word 2i+1 <- high nibble: (d | d << 12) & 0x000F000F.
-  const __m512i idx = _mm512_and_si512(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)),
-                                       _mm512_set1_epi32(0x000F000F));
+  const __m512i idx =
+      _mm512_and_si512(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), _mm512_set1_epi32(0x000F000F));
   return AsBh(_mm512_permutexvar_epi16(idx, table));
 }
 
@@ -182,8 +191,12 @@ struct Int4Decoder {
 // --- micro-kernels ---------------------------------------------------------------------------
 
 // out[i * ldo + j] = sum_k x[i, k] * w[j, k] for i < MR, j < NR.
+// Columns [kbegin, kend) only; `accumulate` adds to out instead of overwriting it (K blocks
+// after the first). REQUIRES: kbegin is a multiple of the decoder's group.
 template <class Dec, int MR, int NR>
-void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t cols, float* out, int64_t ldo) {
+void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t kend, float* out,
+          int64_t ldo, bool accumulate) {
+  const int64_t cols = kend;
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -191,13 +204,14 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t cols, float* out, 
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   if constexpr (!Dec::kScaled) {
-    int64_t k = 0;
+    int64_t k = kbegin;
     for (; k + 32 <= cols; k += 32) {
       __m512bh xv[MR];
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
+        if constexpr (MR <= 2) d.Prefetch(j, k);
         const __m512bh wv = d.Load(j, k);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
@@ -217,7 +231,7 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t cols, float* out, 
     }
   } else {
     const int64_t group_cols = d.GroupCols();
-    for (int64_t k0 = 0, g = 0; k0 < cols; k0 += group_cols, ++g) {
+    for (int64_t k0 = kbegin, g = kbegin / group_cols; k0 < cols; k0 += group_cols, ++g) {
       const int64_t kend = k0 + group_cols < cols ? k0 + group_cols : cols;
       __m512 part[MR][NR];
 #pragma GCC unroll 8
@@ -260,12 +274,16 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t cols, float* out, 
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) out[i * ldo + j] = HSum(acc[i][j]);
+    for (int j = 0; j < NR; ++j) {
+      const float v = HSum(acc[i][j]);
+      out[i * ldo + j] = accumulate ? out[i * ldo + j] + v : v;
+    }
   }
 }
 
 template <class Dec>
-using TileFn = void (*)(const Dec&, const bf16_t*, int64_t, int64_t, float*, int64_t);
+using TileFn = void (*)(const Dec&, const bf16_t*, int64_t, int64_t, int64_t, float*, int64_t,
+                        bool);
 
 template <class Dec, int MR, int... NRs>
 constexpr std::array<TileFn<Dec>, sizeof...(NRs)> TileRow(std::integer_sequence<int, NRs...>) {
@@ -284,13 +302,23 @@ template <class Dec>
 void DotRowsImpl(const DotRowsArgs& a) {
   static constexpr TileTable<Dec> kTable;
   const int64_t cols = a.w->cols;
-  for (int64_t r0 = 0; r0 < a.num_rows; r0 += Dec::kMaxNr) {
-    const int nr = static_cast<int>(std::min<int64_t>(Dec::kMaxNr, a.num_rows - r0));
-    const Dec d(*a.w, a.row_idx + r0, nr);
-    for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
-      kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
-          d, a.x + m0 * a.ldx, a.ldx, cols, a.out + m0 * a.ldo + r0, a.ldo);
+  // K blocks: a whole multiple of the decoder's scale group.
+  int64_t kc = kCpuKBlock;
+  if (a.num_rows > 0) {
+    const Dec probe(*a.w, a.row_idx, 1);
+    const int64_t group = probe.GroupCols();
+    if (group > 0) kc = RoundUp(kc, group);
+  }
+  for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+    const int64_t k1 = std::min(cols, k0 + kc);
+    for (int64_t r0 = 0; r0 < a.num_rows; r0 += Dec::kMaxNr) {
+      const int nr = static_cast<int>(std::min<int64_t>(Dec::kMaxNr, a.num_rows - r0));
+      const Dec d(*a.w, a.row_idx + r0, nr);
+      for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
+        kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+            d, a.x + m0 * a.ldx, a.ldx, k0, k1, a.out + m0 * a.ldo + r0, a.ldo, k0 > 0);
+      }
     }
   }
 }
@@ -342,14 +370,14 @@ inline __m512 Act(const ActivationParams& a, __m512 g, __m512 u) {
       const __m512 lim = _mm512_set1_ps(a.swiglu_limit);
       g = _mm512_min_ps(g, lim);
       u = _mm512_max_ps(_mm512_min_ps(u, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
-      const __m512 glu = _mm512_mul_ps(g, Sigmoid(_mm512_mul_ps(_mm512_set1_ps(a.swiglu_alpha), g)));
+      const __m512 glu =
+          _mm512_mul_ps(g, Sigmoid(_mm512_mul_ps(_mm512_set1_ps(a.swiglu_alpha), g)));
       return _mm512_mul_ps(_mm512_add_ps(u, _mm512_set1_ps(1.0f)), glu);
     }
     case Activation::kSiTu: {
       const __m512 b = _mm512_set1_ps(a.situ_beta);
       const __m512 bl = _mm512_set1_ps(a.situ_linear_beta);
-      const __m512 gp =
-          _mm512_mul_ps(_mm512_mul_ps(b, Tanh(_mm512_div_ps(g, b))), Sigmoid(g));
+      const __m512 gp = _mm512_mul_ps(_mm512_mul_ps(b, Tanh(_mm512_div_ps(g, b))), Sigmoid(g));
       const __m512 up = _mm512_mul_ps(bl, Tanh(_mm512_div_ps(u, bl)));
       return _mm512_mul_ps(gp, up);
     }
@@ -362,8 +390,8 @@ inline __m512 Act(const ActivationParams& a, __m512 g, __m512 u) {
       const __m512 inner = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
                                          _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
       const __m512 half_g = _mm512_mul_ps(_mm512_set1_ps(0.5f), g);
-      return _mm512_mul_ps(
-          _mm512_mul_ps(half_g, _mm512_add_ps(_mm512_set1_ps(1.0f), Tanh(inner))), u);
+      return _mm512_mul_ps(_mm512_mul_ps(half_g, _mm512_add_ps(_mm512_set1_ps(1.0f), Tanh(inner))),
+                           u);
     }
   }
   return _mm512_setzero_ps();
@@ -374,8 +402,7 @@ inline void StoreBf16(bf16_t* dst, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(dst, m, reinterpret_cast<const __m256i&>(b));
 }
 
-void Activate(const ActivationParams& a, const float* gate, const float* up, int64_t n,
-              bf16_t* h) {
+void Activate(const ActivationParams& a, const float* gate, const float* up, int64_t n, bf16_t* h) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m =
         n - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - i)) - 1u);

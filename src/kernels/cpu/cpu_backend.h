@@ -17,6 +17,11 @@
 
 namespace moeshard::internal {
 
+// Columns per K block of the AVX-512 micro-kernels: a 6-row bf16 weight strip of 2048 columns
+// (24 KiB) plus a 4-token input tile (16 KiB) fit the 48 KiB L1d, so the strip is reused from L1
+// by every token tile. The driver sizes token blocks for min(K, kCpuKBlock) columns.
+inline constexpr int64_t kCpuKBlock = 2048;
+
 // One expert's weight matrix [rows, cols] in its format (layouts: expert_gemm.h).
 struct MatrixRef {
   WeightFormat format = WeightFormat::kBf16;

@@ -30,7 +30,8 @@ uint64_t ReadStreamAvx512(const uint8_t* p, int64_t bytes) {
 // least 12 independent chains are needed to saturate it; 24 leaves margin.
 float DotPeakLoopAvx512(int64_t iterations, float seed) {
   __m512 acc[kDotPeakOpsPerIteration];
-  for (int i = 0; i < kDotPeakOpsPerIteration; ++i) acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
+  for (int i = 0; i < kDotPeakOpsPerIteration; ++i)
+    acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
   const __m512 a = _mm512_set1_ps(seed), b = _mm512_set1_ps(1e-3f);
   __m512bh x = _mm512_cvtne2ps_pbh(a, b);
   __m512bh y = _mm512_cvtne2ps_pbh(b, a);

@@ -41,7 +41,8 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
     switch (p.kind) {
       case RoutingKind::kSoftmaxTopK: {
         double max_logit = logits[0];
-        for (int64_t e = 0; e < num_experts; ++e) max_logit = std::max<double>(max_logit, logits[e]);
+        for (int64_t e = 0; e < num_experts; ++e)
+          max_logit = std::max<double>(max_logit, logits[e]);
         std::vector<double> prob(static_cast<size_t>(num_experts));
         double sum = 0.0;
         for (int64_t e = 0; e < num_experts; ++e) {
@@ -68,8 +69,8 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
         for (int64_t e = 0; e < num_experts; ++e) {
           score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])));
           // The bias is added in fp32 precision by the model code; keep the sum in fp32 too.
-          biased[e] = static_cast<double>(static_cast<float>(score[e]) +
-                                          p.e_score_correction_bias[e]);
+          biased[e] =
+              static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
         }
         const int64_t group_size = num_experts / p.num_groups;
         std::vector<double> group_score(static_cast<size_t>(p.num_groups));
@@ -125,8 +126,8 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
   const int64_t num_pairs = p.num_tokens * p.top_k;
   for (int64_t i = 0; i < num_pairs; ++i) {
     if (p.topk_ids[i] < 0 || p.topk_ids[i] >= p.num_experts_global) {
-      return InvalidArgumentError(fmt::format("permute: 'topk_ids[{}]': out of range: {}", i,
-                                              p.topk_ids[i]));
+      return InvalidArgumentError(
+          fmt::format("permute: 'topk_ids[{}]': out of range: {}", i, p.topk_ids[i]));
     }
   }
   out->num_tokens = p.num_tokens;
@@ -267,7 +268,8 @@ Status GroupedExpertGemm(const GroupedGemmParams& p) {
     for (int64_t r = p.expert_offsets[e]; r < p.expert_offsets[e + 1]; ++r) {
       const std::vector<float> x = RowAsFloat(p.x_sorted, p.x_dtype, r, w.hidden);
       ExpertOutput(w, d, p.activation, e, x.data(), p.add_down_bias, y.data());
-      for (int64_t o = 0; o < w.hidden; ++o) p.y_sorted[r * w.hidden + o] = static_cast<float>(y[o]);
+      for (int64_t o = 0; o < w.hidden; ++o)
+        p.y_sorted[r * w.hidden + o] = static_cast<float>(y[o]);
     }
   }
   return Status::Ok();

@@ -39,8 +39,11 @@ TEST(ReferenceRouting, SoftmaxTopKRenormalised) {
 }
 
 TEST(ReferenceRouting, SoftmaxTopKNotRenormalisedAndScaled) {
-  RoutingParams p{.kind = RoutingKind::kSoftmaxTopK, .num_experts = 4, .top_k = 2,
-                  .renormalize = false, .routed_scaling_factor = 2.0f};
+  RoutingParams p{.kind = RoutingKind::kSoftmaxTopK,
+                  .num_experts = 4,
+                  .top_k = 2,
+                  .renormalize = false,
+                  .routed_scaling_factor = 2.0f};
   const Routed r = RouteOne(p, {0.0f, 1.0f, 3.0f, 2.0f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3}));
   EXPECT_NEAR(r.weights[0], 2 * 0.6439143f, 1e-6);  // e^3 / (1 + e + e^2 + e^3)
@@ -59,8 +62,12 @@ TEST(ReferenceRouting, SigmoidGroupedUsesBiasForSelectionOnly) {
   // g2, g0. Best biased in {0,1,4,5}: e0 (.8), then e4 (.7311, tie with e5 -> lower index).
   // Weights from unbiased scores .5 and .7311, renormalised, times 2.5.
   std::vector<float> bias = {0.3f, 0, 0, 0, 0, 0, 0, 0};
-  RoutingParams p{.kind = RoutingKind::kSigmoidGroupedTopK, .num_experts = 8, .top_k = 2,
-                  .num_groups = 4, .topk_group = 2, .e_score_correction_bias = bias.data(),
+  RoutingParams p{.kind = RoutingKind::kSigmoidGroupedTopK,
+                  .num_experts = 8,
+                  .top_k = 2,
+                  .num_groups = 4,
+                  .topk_group = 2,
+                  .e_score_correction_bias = bias.data(),
                   .routed_scaling_factor = 2.5f};
   const Routed r = RouteOne(p, {0.0f, 0.0f, 3.0f, -5.0f, 1.0f, 1.0f, -4.0f, 2.0f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 4}));
@@ -138,8 +145,8 @@ TEST(ReferenceGemm, TinySwiGluWithBiases) {
   const std::vector<float> w2 = {2.0f, -1.0f};
   const std::vector<float> b13 = {0.0f, 0.0f};
   const std::vector<float> b2 = {1.0f, 0.0f};
-  ExpertWeightsShape shape{.format = WeightFormat::kBf16, .num_experts_local = 1, .hidden = 2,
-                           .intermediate = 1};
+  ExpertWeightsShape shape{
+      .format = WeightFormat::kBf16, .num_experts_local = 1, .hidden = 2, .intermediate = 1};
   OwnedExpertWeights ow = EncodeExpertWeights(shape, w13.data(), w2.data(), b13.data(), b2.data());
   const std::vector<float> x = {1.0f, 1.0f};
   const std::vector<int64_t> offsets = {0, 1};

@@ -1,0 +1,78 @@
+// The CPU MoE kernel benchmark suite behind `moeshard bench kernels` and bench/kernels_bench.cc.
+//
+// Measures, in one run, the machine's read bandwidth and bf16 dot-product peak (roofline.h),
+// then the expert computation of MoE layer shapes (gate_up, activation, down, unpermute: the
+// MoeExpertsForward call; routing timed separately) and reports each case as a fraction of its
+// roofline:
+//   memory time  = bytes of the distinct experts' weights touched / read bandwidth
+//   compute time = FLOPs (2 * rows * 3 * H * I for gated experts) / bf16 dot peak
+//   fraction     = max(memory time, compute time) / measured time
+// Routing is random with a fixed seed and changes between repetitions, so repeated runs do not
+// find the same experts' weights in the last-level cache.
+//
+// Thread safety: one run at a time per KernelContext.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moeshard/base/status.h"
+#include "moeshard/kernels/expert_gemm.h"
+
+namespace moeshard {
+
+class KernelContext;
+
+struct KernelBenchShape {
+  std::string name;
+  int64_t hidden = 0;        // H (or the latent width of latent MoE)
+  int64_t intermediate = 0;  // I
+  int64_t num_experts = 0;   // experts resident on the rank
+  int64_t top_k = 0;
+};
+
+// qwen3-30b-a3b (H 2048, I 768, 128 experts, top-8), kimi-k2-32e (H 7168, I 2048, 32 experts
+// resident, top-8), kimi-k3-latent-64e (latent 3584, I 3072, 64 experts resident, top-16).
+std::vector<KernelBenchShape> DefaultKernelBenchShapes();
+
+struct Roofline {
+  double read_bytes_per_s = 0.0;
+  double bf16_flops_per_s = 0.0;
+};
+
+// Measures both limits (a 1 GiB read buffer, best of `repetitions`).
+Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions);
+
+struct KernelBenchOptions {
+  std::vector<int64_t> tokens = {1, 8, 32, 128, 512, 2048};
+  std::vector<KernelBenchShape> shapes = DefaultKernelBenchShapes();
+  std::vector<WeightFormat> formats = {WeightFormat::kBf16, WeightFormat::kMxfp4};
+  double min_seconds = 0.5;  // per case: repeat until this much time and >= min_repetitions
+  int min_repetitions = 3;
+  uint64_t seed = 1;
+};
+
+struct KernelBenchResult {
+  std::string shape;
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t num_tokens = 0;
+  int repetitions = 0;
+  double experts_touched = 0.0;  // mean distinct experts per repetition
+  double weight_bytes = 0.0;     // mean distinct expert weight bytes (data + scales)
+  double flops = 0.0;
+  double seconds = 0.0;          // median time of the expert computation
+  double routing_seconds = 0.0;  // median time of Route (softmax top-k) for the same tokens
+  double memory_seconds = 0.0;   // weight_bytes / bandwidth
+  double compute_seconds = 0.0;  // flops / bf16 peak
+  double fraction = 0.0;         // max(memory, compute) / seconds
+  const char* bound = "";        // "memory" or "compute"
+};
+
+// Runs every (shape, format, tokens) case; `on_result` is called after each (for progress).
+Result<std::vector<KernelBenchResult>> RunKernelBench(
+    KernelContext& ctx, const KernelBenchOptions& options, const Roofline& roofline,
+    const std::function<void(const KernelBenchResult&)>& on_result = {});
+
+}  // namespace moeshard

@@ -1,0 +1,136 @@
+#include "moeshard/kernels/kernel_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <set>
+
+#include "moeshard/base/units.h"
+#include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/moe_forward.h"
+#include "moeshard/kernels/quantize.h"
+#include "moeshard/kernels/roofline.h"
+#include "moeshard/kernels/routing.h"
+
+namespace moeshard {
+
+std::vector<KernelBenchShape> DefaultKernelBenchShapes() {
+  return {
+      {"qwen3-30b-a3b", 2048, 768, 128, 8},
+      {"kimi-k2-32e", 7168, 2048, 32, 8},
+      {"kimi-k3-latent-64e", 3584, 3072, 64, 16},
+  };
+}
+
+Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions) {
+  Roofline r;
+  MOESHARD_ASSIGN_OR_RETURN(r.read_bytes_per_s, MeasureReadBandwidth(ctx, kGiB, repetitions));
+  MOESHARD_ASSIGN_OR_RETURN(r.bf16_flops_per_s, MeasureBf16DotPeak(ctx, repetitions));
+  return r;
+}
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+Result<std::vector<KernelBenchResult>> RunKernelBench(
+    KernelContext& ctx, const KernelBenchOptions& o, const Roofline& roofline,
+    const std::function<void(const KernelBenchResult&)>& on_result) {
+  if (roofline.read_bytes_per_s <= 0 || roofline.bf16_flops_per_s <= 0) {
+    return InvalidArgumentError("bench kernels: 'roofline': expected positive measurements");
+  }
+  std::vector<KernelBenchResult> results;
+  for (const KernelBenchShape& shape : o.shapes) {
+    for (WeightFormat format : o.formats) {
+      ExpertWeightsShape ws{.format = format,
+                            .num_experts_local = shape.num_experts,
+                            .hidden = shape.hidden,
+                            .intermediate = shape.intermediate};
+      ActivationParams act;
+      ExpertWeights probe{.format = format,
+                          .num_experts_local = shape.num_experts,
+                          .hidden = shape.hidden,
+                          .intermediate = shape.intermediate};
+      probe.w13 = probe.w2 = probe.w13_scales = probe.w2_scales = &probe;  // shape check only
+      MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(probe, act));
+      // One set of weights per (shape, format), freed before the next.
+      const OwnedExpertWeights weights = MakeRandomExpertWeights(ctx, ws, o.seed);
+      const double expert_bytes =
+          static_cast<double>(ExpertMatrixBytes(format, 2 * shape.intermediate, shape.hidden, 32) +
+                              ExpertMatrixBytes(format, shape.hidden, shape.intermediate, 32));
+      for (int64_t tokens : o.tokens) {
+        const int64_t h = shape.hidden;
+        std::vector<float> x(static_cast<size_t>(tokens * h));
+        std::mt19937_64 rng(o.seed + static_cast<uint64_t>(tokens));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : x) v = nd(rng);
+        std::vector<float> out(x.size());
+        std::vector<float> logits(static_cast<size_t>(tokens * shape.num_experts));
+        std::vector<int32_t> ids(static_cast<size_t>(tokens * shape.top_k));
+        std::vector<float> rw(ids.size());
+        RoutingParams rp{.kind = RoutingKind::kSoftmaxTopK,
+                         .num_experts = shape.num_experts,
+                         .top_k = shape.top_k};
+        KernelBenchResult r;
+        r.shape = shape.name;
+        r.format = format;
+        r.num_tokens = tokens;
+        std::vector<double> times, routing_times;
+        double touched_sum = 0.0;
+        const double start = Now();
+        // Warm-up (first-touch of scratch buffers), then timed repetitions.
+        for (int rep = -1; rep < o.min_repetitions || Now() - start < o.min_seconds; ++rep) {
+          for (float& v : logits) v = nd(rng);
+          const double t0 = Now();
+          MOESHARD_RETURN_IF_ERROR(Route(ctx, rp, {logits.data(), tokens, ids.data(), rw.data()}));
+          const double t1 = Now();
+          MoeExpertsParams p;
+          p.topk_ids = ids.data();
+          p.topk_weights = rw.data();
+          p.num_tokens = tokens;
+          p.top_k = shape.top_k;
+          p.num_experts_global = shape.num_experts;
+          p.x = x.data();
+          p.x_dtype = DType::kF32;
+          p.weights = &weights.view;
+          p.activation = act;
+          p.out = out.data();
+          MOESHARD_RETURN_IF_ERROR(MoeExpertsForward(ctx, p));
+          const double t2 = Now();
+          if (rep < 0) continue;
+          routing_times.push_back(t1 - t0);
+          times.push_back(t2 - t1);
+          touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+          if (rep > 1000) break;
+        }
+        r.repetitions = static_cast<int>(times.size());
+        r.experts_touched = touched_sum / r.repetitions;
+        r.weight_bytes = r.experts_touched * expert_bytes;
+        r.flops = 2.0 * static_cast<double>(tokens * shape.top_k) * 3.0 *
+                  static_cast<double>(shape.hidden * shape.intermediate);
+        r.seconds = Median(times);
+        r.routing_seconds = Median(routing_times);
+        r.memory_seconds = r.weight_bytes / roofline.read_bytes_per_s;
+        r.compute_seconds = r.flops / roofline.bf16_flops_per_s;
+        r.bound = r.memory_seconds >= r.compute_seconds ? "memory" : "compute";
+        r.fraction = std::max(r.memory_seconds, r.compute_seconds) / r.seconds;
+        if (on_result) on_result(r);
+        results.push_back(r);
+      }
+    }
+  }
+  return results;
+}
+
+}  // namespace moeshard
