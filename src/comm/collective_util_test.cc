@@ -4,6 +4,8 @@
 
 #include <bit>
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "moeshard/base/numeric.h"
@@ -79,6 +81,29 @@ TEST(ReduceSumInRankOrderTest, Bf16AccumulatesInFp32AndRoundsOnce) {
   // The inputs are chosen so that rounding at every step would give other bits: the check
   // above distinguishes the two.
   EXPECT_GT(differs_from_per_step_rounding, len / 10);
+}
+
+TEST(ReduceSumInRankOrderTest, Bf16SpecialValuesMatchFloatToBf16) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float max_bf16 = Bf16ToFloat(bf16_t{0x7f7f});
+  // Pairs (a, b) whose fp32 sum hits NaN, infinities, overflow to infinity, exact ties
+  // (1 + 2^-8 is halfway between two bf16 values) and signed zeros.
+  const std::vector<std::pair<float, float>> pairs = {
+      {inf, -inf},          {inf, 1.0f},     {-inf, -1.0f},       {max_bf16, max_bf16},
+      {1.0f, 0.00390625f},  {1.0f, 0.01171875f}, {-0.0f, -0.0f},  {0.0f, -0.0f},
+      {std::nanf(""), 1.0f}, {1e-40f, 1e-40f}};
+  std::vector<bf16_t> a, b;
+  for (const auto& [x, y] : pairs) {
+    a.push_back(FloatToBf16(x));
+    b.push_back(FloatToBf16(y));
+  }
+  const void* srcs[] = {a.data(), b.data()};
+  std::vector<bf16_t> out(a.size());
+  ReduceSumInRankOrder(ReduceDtype::kBfloat16, srcs, 2, a.size(), out.data());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bf16_t ref = FloatToBf16(Bf16ToFloat(a[i]) + Bf16ToFloat(b[i]));
+    EXPECT_EQ(out[i].bits, ref.bits) << "pair " << i;
+  }
 }
 
 TEST(ReduceSumInRankOrderTest, InPlaceIntoFirstInput) {
