@@ -175,27 +175,35 @@ Status LocalGroup::Arrive(int rank, bool abortable, LocalClock::time_point deadl
       withdraw();
       return job_->PeerAbortStatus();
     }
-    for (int q = 0; q < size(); ++q) {
+    if (failure_reported_gen_ == gen) {
+      // A peer has already reported this barrier's failure and is about to abort the job:
+      // wait for that (one root cause, with the full list of missing ranks).
+      cv_.wait(lock);
+      continue;
+    }
+    Status failure;
+    for (int q = 0; q < size() && failure.ok(); ++q) {
       if (!arrived_[static_cast<size_t>(q)] && job_->exited(world_rank(q))) {
-        Status s = FailedPreconditionError(fmt::format(
+        failure = FailedPreconditionError(fmt::format(
             "collective #{} can never complete: {} (a rank returned while its peers still "
             "expected it in a collective; every rank must issue the same collectives)",
             seq, MissingRanksMessage()));
-        withdraw();
-        return s;
       }
     }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        generation_.load(std::memory_order_relaxed) == gen && !job_->aborted()) {
-      const double secs =
-          std::chrono::duration<double>(job_->options().timeout).count();
-      Status s = DeadlineExceededError(fmt::format(
+    if (failure.ok() && cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        generation_.load(std::memory_order_relaxed) == gen && !job_->aborted() &&
+        failure_reported_gen_ != gen) {
+      const double secs = std::chrono::duration<double>(job_->options().timeout).count();
+      failure = DeadlineExceededError(fmt::format(
           "collective #{} timed out after {:g} s waiting for ranks to arrive: {} (a rank is "
           "stuck, or the ranks issue collectives in different orders; raise "
           "LocalCommOptions::timeout if the work between collectives is slow)",
           seq, secs, MissingRanksMessage()));
+    }
+    if (!failure.ok()) {
+      failure_reported_gen_ = gen;
       withdraw();
-      return s;
+      return failure;
     }
   }
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -136,6 +137,9 @@ class LocalGroup {
   std::atomic<uint64_t> generation_{0};  // written under mutex_, read lock-free while spinning
   int num_arrived_ = 0;
   std::vector<char> arrived_;  // [size()] who has arrived in the current generation
+  // Generation whose failure (timeout, exited rank) a waiter has reported; the caller then
+  // aborts the job, so the other waiters wait for that instead of reporting their own.
+  uint64_t failure_reported_gen_ = UINT64_MAX;
 
   uint64_t split_seq_ = 0;
   std::map<int, std::shared_ptr<LocalGroup>> split_groups_;
