@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "cli/cli_common.h"
 #include "cli/command.h"
 
 int main(int argc, char** argv) {
@@ -26,8 +27,12 @@ int main(int argc, char** argv) {
     runners[sub] = spec.setup(sub);
   }
 
+  // vLLM spells some flags with one dash and several letters (-tp 8); CLI11 wants long forms.
+  std::vector<std::string> args = moeshard::cli::NormalizeArgs(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

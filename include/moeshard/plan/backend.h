@@ -1,0 +1,52 @@
+// The MoE kernel backend catalog: each backend's alignment of the per-rank intermediate size
+// (I_local) and of the hidden (or latent) width, which weight formats it runs, and where it
+// applies. The backend, not the model, owns physical padding (vLLM PR 50583).
+//
+// Facts from ../shared/reference/backends-and-history.md; moeshard's own CPU kernels declare
+// theirs as `moeshard-cpu` (kept equal to include/moeshard/kernels' constants by a test).
+//
+// Thread safety: the catalog is immutable after first use.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moeshard/base/status.h"
+#include "moeshard/config/model_config.h"
+
+namespace moeshard {
+
+struct BackendSpec {
+  std::string name;
+  std::string description;
+  // I_local alignment; when `intermediate_align_small` > 0 it applies to I_local <=
+  // `small_threshold` (ROCm AITER CK: 64 up to 192, else 128).
+  int64_t intermediate_align = 1;
+  int64_t intermediate_align_small = 0;
+  int64_t small_threshold = 0;
+  int64_t hidden_align = 1;
+  std::vector<QuantMethod> formats;  // weight formats it runs
+  bool ep_only = false;              // owns dispatch/combine; needs expert parallelism
+  bool exact_expert_division = false;  // experts (slots) must divide by the EP size
+  std::string source;                  // where the numbers come from
+
+  // The alignment for a given raw I_local.
+  int64_t IntermediateAlignFor(int64_t raw_local) const;
+  bool Supports(QuantMethod method) const;
+};
+
+const std::vector<BackendSpec>& BackendCatalog();
+
+// By name; an unknown name lists the known ones.
+Result<const BackendSpec*> FindBackend(const std::string& name);
+
+// The backend `auto` picks for a model's expert format: triton (bf16), block-fp8 (fp8),
+// marlin (mxfp4, int4).
+const BackendSpec& DefaultBackend(const ModelConfig& model);
+
+// Elements per quantization group along the intermediate dimension (the K of down_proj and
+// the rows of gate_up's scale blocks): mxfp4 32, int4 group_size, fp8 block rows; 1 if none.
+int64_t QuantGroupAlong(const QuantizationConfig& quant);
+
+}  // namespace moeshard

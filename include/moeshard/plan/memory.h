@@ -1,0 +1,92 @@
+// The memory model: per rank, weights (from the ShardPlan), KV cache, activation workspace and
+// runtime overhead against a GPU's budget, and how many KV tokens fit.
+//
+//   budget      = gpu_bytes * gpu_memory_utilization           (vLLM semantics)
+//   kv_cache    = budget - weights - activations - overhead     (what is left for KV)
+//   kv_tokens   = (kv_cache - per-sequence state * max_num_seqs - sliding windows) / kv_per_token
+//   fits        = kv_cache >= 0 and kv_tokens >= max_model_len * max_num_seqs
+//
+// KV per token per rank: MLA layers store the compressed latent (kv_lora_rank + rope dims),
+// replicated on every TP rank; GQA layers store 2 * local KV heads * head_dim (KV heads
+// replicated when fewer than TP); linear-attention (KDA) layers hold a fixed state per
+// sequence. Each DP rank owns its own sequences, so max_num_seqs is per DP rank.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moeshard/base/status.h"
+#include "moeshard/plan/shard_plan.h"
+
+namespace moeshard {
+
+struct GpuSpec {
+  std::string name;         // "h200"
+  std::string description;  // "NVIDIA H200 141 GB"
+  int64_t bytes = 0;        // total device memory
+  std::string source;       // where the number comes from
+};
+
+const std::vector<GpuSpec>& GpuCatalog();
+Result<GpuSpec> FindGpu(const std::string& name);
+
+enum class KvCacheDtype { kAuto, kBf16, kFp8 };
+Result<KvCacheDtype> ParseKvCacheDtype(const std::string& name);  // auto|bf16|fp8|fp8_e4m3|fp8_e5m2
+
+// "128k" = 128000, "128K" = 131072, "1M" = 1000000 (vLLM: lower case decimal, upper case
+// binary), plain integers; "auto" returns 0 (= the largest length that fits).
+Result<int64_t> ParseMaxModelLen(const std::string& text);
+
+struct MemoryOptions {
+  GpuSpec gpu;
+  double gpu_memory_utilization = 0.9;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+  int64_t max_model_len = -1;  // -1: the model's max_position_embeddings; 0: auto
+  int64_t max_num_seqs = 1;
+  int64_t max_num_batched_tokens = 8192;  // sizes the activation workspace
+  int64_t overhead_bytes = int64_t{2} << 30;  // CUDA context, NCCL buffers, graphs
+};
+
+struct RankMemory {
+  int64_t rank = 0;
+  int64_t budget = 0;
+  int64_t weights = 0;
+  int64_t activations = 0;
+  int64_t overhead = 0;
+  int64_t kv_cache = 0;             // budget - weights - activations - overhead (may be < 0)
+  int64_t kv_bytes_per_token = 0;   // all full-attention layers of the rank's stage
+  int64_t state_bytes_per_seq = 0;  // linear-attention state + sliding windows per sequence
+  int64_t kv_tokens = 0;            // tokens that fit in kv_cache (0 if none)
+  int64_t required_kv = 0;          // bytes for max_model_len * max_num_seqs
+  int64_t free = 0;                 // kv_cache - required_kv
+  bool fits = false;
+};
+
+struct MemoryPlan {
+  MemoryOptions options;
+  int64_t max_model_len = 0;  // resolved
+  int kv_dtype_bytes = 2;
+  std::vector<RankMemory> ranks;
+  bool fits = false;
+  int64_t worst_rank = 0;  // the rank with the least free memory
+  std::string failure;      // why it does not fit, which rank, shortfall, smallest change
+};
+
+// Per-rank memory for a plan. `suggest` (may be null) is called to look for the smallest
+// change that fits, by re-planning with other options; see planner.h.
+MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& options);
+
+// Activation workspace estimate of one rank (bytes). See memory.cc for the formula.
+int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& options);
+
+// Total and active (per token) parameters of the model, logical (unpadded, unquantized count).
+struct ParamCounts {
+  int64_t total = 0;
+  int64_t active = 0;
+};
+ParamCounts CountParams(const ShardPlan& plan);
+
+}  // namespace moeshard

@@ -1,0 +1,146 @@
+// ShardPlan: for every rank, every tensor: logical shape, the slice it holds, raw local shape,
+// padded physical shape, dtype and bytes. A pure, deterministic function of (model config,
+// topology, backend, quantization, padding policy, placement). The planner prints it, the
+// loader allocates exactly it, the runtime executes it.
+//
+// Routed experts use the fused per-rank layout engines allocate (vLLM FusedMoE):
+//   w13 (gate_up) [num_slots_local, 2 * I_padded, H_padded]   gate rows [0, I), up rows [I, 2I)
+//                 (gpt-oss: gate and up interleaved, row 2j = gate j, 2j+1 = up j)
+//   w2  (down)    [num_slots_local, H_padded, I_padded]
+// with quantized storage: mxfp4 / int4 weights are U8 with two values per byte along the input
+// dim ([.., in/2]); mxfp4 scales U8 E8M0 [.., in/32]; int4 scales BF16 [.., in/group]; fp8
+// weights F8_E4M3 with F32 block scales [.., out/128, in/128]. H is the latent width for latent
+// MoE (Kimi-K3: 3584, not 7168).
+//
+// Thread safety: value types; BuildShardPlan is a pure function.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moeshard/base/dtype.h"
+#include "moeshard/base/status.h"
+#include "moeshard/config/model_config.h"
+#include "moeshard/plan/backend.h"
+#include "moeshard/plan/topology.h"
+
+namespace moeshard {
+
+enum class PaddingPolicy {
+  kBackend,     // backend alignment and quantization group only (default)
+  kModelFloor,  // also the model's min_moe_intermediate_per_partition when moe_tp > 1
+  kLegacyTp,    // pre-fix engines: pad I to floor * tp_size even under EP (for diagnosis)
+};
+
+enum class ExpertPlacement {
+  kLinear,      // rank r holds a contiguous block of slots
+  kRoundRobin,  // rank r holds slots r, r + ep, r + 2ep, ...
+};
+
+enum class SharedExpertsMode { kSharded, kReplicated };
+enum class LatentProjMode { kReplicated, kSharded };
+
+enum class TensorCategory {
+  kEmbedding,
+  kAttention,
+  kDenseMlp,
+  kRouter,
+  kSharedExperts,
+  kLatentProj,
+  kRoutedExperts,
+  kNorm,
+  kLmHead,
+};
+inline constexpr TensorCategory kAllCategories[] = {
+    TensorCategory::kEmbedding,     TensorCategory::kAttention,  TensorCategory::kDenseMlp,
+    TensorCategory::kRouter,        TensorCategory::kSharedExperts, TensorCategory::kLatentProj,
+    TensorCategory::kRoutedExperts, TensorCategory::kNorm,       TensorCategory::kLmHead};
+const char* TensorCategoryName(TensorCategory category);  // "routed_experts", ...
+
+const char* PaddingPolicyName(PaddingPolicy policy);  // "backend", "model-floor", "legacy-tp"
+Result<PaddingPolicy> ParsePaddingPolicy(const std::string& name);
+const char* ExpertPlacementName(ExpertPlacement placement);  // "linear", "round-robin"
+Result<ExpertPlacement> ParseExpertPlacement(const std::string& name);
+
+struct PlanOptions {
+  Topology topology;
+  std::string backend = "auto";
+  PaddingPolicy padding = PaddingPolicy::kBackend;
+  ExpertPlacement placement = ExpertPlacement::kLinear;
+  int64_t num_redundant_experts = 0;  // EPLB: slots = experts + redundant
+  SharedExpertsMode shared_experts = SharedExpertsMode::kSharded;
+  LatentProjMode latent_proj = LatentProjMode::kReplicated;
+};
+
+// logical -> raw local -> padded local for one dimension of the routed experts.
+struct DimLayout {
+  int64_t logical = 0;
+  int64_t divisor = 1;       // ways the dimension is split (moe_tp for I, 1 for H)
+  int64_t raw_local = 0;     // logical / divisor
+  int64_t floor = 0;         // per-partition floor applied (0: none)
+  int64_t align = 1;         // lcm(backend alignment, quantization group)
+  int64_t padded_local = 0;  // round_up(max(raw_local, floor), align) (legacy-tp: see policy)
+  int64_t padding() const { return padded_local - raw_local; }
+};
+
+// One tensor as one rank holds it. For per-layer tensors, `name` has a "{layer}" placeholder
+// and the entry stands for `layers.size()` identical tensors.
+struct TensorShard {
+  std::string name;  // e.g. "model.layers.{layer}.mlp.experts.w13_weight"
+  TensorCategory category = TensorCategory::kRoutedExperts;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> logical_shape;  // the whole tensor, unpadded
+  std::vector<int64_t> local_shape;    // this rank's slice, unpadded
+  std::vector<int64_t> padded_shape;   // what is allocated
+  int shard_dim = -1;                  // dimension split across ranks; -1: replicated
+  int64_t shard_begin = 0;             // [begin, end) of shard_dim in logical coordinates
+  int64_t shard_end = 0;
+  std::vector<int64_t> layers;  // layer indices on this rank; empty for non-layer tensors
+  int64_t bytes = 0;            // padded bytes, all layers together
+  int64_t padding_bytes = 0;    // bytes spent on padding, all layers together
+
+  int64_t count() const { return layers.empty() ? 1 : static_cast<int64_t>(layers.size()); }
+};
+
+struct RankPlan {
+  RankCoords coords;
+  std::vector<int64_t> expert_slots;  // global expert id of each local slot (EPLB may repeat)
+  std::vector<int64_t> layers;        // decoder layers on this rank's pipeline stage
+  std::vector<TensorShard> tensors;
+
+  int64_t BytesOf(TensorCategory category) const;
+  int64_t PaddingBytesOf(TensorCategory category) const;
+  int64_t WeightBytes() const;
+};
+
+struct ShardPlan {
+  ModelConfig model;
+  PlanOptions options;
+  ResolvedTopology topology;
+  BackendSpec backend;
+  QuantMethod expert_format = QuantMethod::kNone;
+  int64_t num_slots = 0;  // experts + redundant experts
+  DimLayout intermediate;  // routed experts' I
+  DimLayout hidden;        // routed experts' H (latent width for latent MoE)
+  std::vector<RankPlan> ranks;  // [world]
+  std::vector<std::string> notes;
+
+  // Ranks grouped by identical routed-expert layout (expert count and shapes): "rank kinds".
+  std::vector<std::vector<int64_t>> RoutedRankKinds() const;
+};
+
+// Builds the plan; every user-caused problem (impossible topology, backend that cannot run the
+// format, indivisible quantization groups, uneven experts on a backend that forbids it) is an
+// error naming the numbers and the nearest valid choices.
+Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& options);
+
+// Routed-expert slots held by EP rank `ep_rank`, as global expert ids.
+std::vector<int64_t> ExpertSlotsOf(int64_t num_experts, int64_t num_slots, int64_t ep_size,
+                                   int64_t ep_rank, ExpertPlacement placement);
+
+// The routed intermediate layout alone (the padding contract, DESIGN.md rule 4 and 5).
+Result<DimLayout> IntermediateLayout(const ModelConfig& model, const ResolvedTopology& topo,
+                                     const BackendSpec& backend, PaddingPolicy policy);
+
+}  // namespace moeshard

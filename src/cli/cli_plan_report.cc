@@ -1,0 +1,166 @@
+#include <fmt/format.h>
+
+#include <map>
+
+#include "cli/plan_report.h"
+#include "moeshard/base/units.h"
+#include "moeshard/config/config_loader.h"
+
+namespace moeshard::cli {
+
+Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memory) {
+  PlanInputs in;
+  MOESHARD_ASSIGN_OR_RETURN(in.model, LoadModelConfig(plan.model));
+  MOESHARD_ASSIGN_OR_RETURN(in.plan_options, ToPlanOptions(plan));
+  MOESHARD_ASSIGN_OR_RETURN(in.memory_options, ToMemoryOptions(memory));
+  return in;
+}
+
+namespace {
+
+std::string Render(const Table& t, bool md) { return md ? t.Markdown() + "\n" : t.Text(); }
+
+std::string Heading(const std::string& s, bool md) {
+  return md ? "### " + s + "\n\n" : s + "\n";
+}
+
+
+}  // namespace
+
+std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const PlanInputs& in,
+                             const ReportOptions& ro) {
+  const ModelConfig& m = plan.model;
+  const ResolvedTopology& t = plan.topology;
+  const bool md = ro.markdown;
+  std::string out;
+  const ParamCounts params = CountParams(plan);
+  out += fmt::format(
+      "{}{} ({}): {} on {} rank{}; MoE group {} = moe_tp {} x moe_ep {}\n", md ? "## " : "",
+      m.name, ModelFamilyName(m.family), t.Label(), t.world, t.world == 1 ? "" : "s", t.group,
+      t.moe_tp, t.moe_ep);
+  out += fmt::format(
+      "{}backend {} ({} experts), padding policy {}, placement {}, parameters {:.1f}B total / "
+      "{:.1f}B active\n\n",
+      md ? "\n" : "", plan.backend.name, QuantMethodName(plan.expert_format),
+      PaddingPolicyName(plan.options.padding), ExpertPlacementName(plan.options.placement),
+      params.total / 1e9, params.active / 1e9);
+
+  // Routed-expert layout: logical -> raw local -> padded local.
+  out += Heading(fmt::format("Routed experts: {} MoE layers x {} experts ({} slots), top-{}{}",
+                             m.num_moe_layers(), m.num_experts, plan.num_slots,
+                             m.num_experts_per_tok,
+                             m.latent_moe ? fmt::format(", latent width {}", m.routed_expert_hidden_size)
+                                          : ""),
+                 md);
+  Table dims({"dimension", "logical", "split", "raw local", "floor", "align", "padded local",
+              "padding"},
+             {true});
+  auto dim_row = [&](const char* name, const DimLayout& d) {
+    dims.Row({name, std::to_string(d.logical), std::to_string(d.divisor),
+              std::to_string(d.raw_local), d.floor ? std::to_string(d.floor) : "-",
+              std::to_string(d.align), std::to_string(d.padded_local), std::to_string(d.padding())});
+  };
+  dim_row("intermediate (I)", plan.intermediate);
+  dim_row(m.latent_moe ? "hidden (latent)" : "hidden (H)", plan.hidden);
+  out += Render(dims, md);
+  out += "\n";
+
+  Table kinds({"ranks", "experts/rank", "expert ids (rank 1st of kind)", "routed bytes/rank",
+               "padding bytes/rank"},
+              {true, false, true});
+  const std::vector<std::vector<int64_t>> rank_kinds = plan.RoutedRankKinds();
+  for (const auto& ranks : rank_kinds) {
+    const RankPlan& r = plan.ranks[ranks.front()];
+    std::vector<int64_t> ids = r.expert_slots;
+    kinds.Row({FormatRanges(ranks), std::to_string(r.expert_slots.size()),
+               ids.size() > 12 ? FormatRanges(ids).substr(0, 40) : FormatRanges(ids),
+               FormatBytes(r.BytesOf(TensorCategory::kRoutedExperts)),
+               FormatBytes(r.PaddingBytesOf(TensorCategory::kRoutedExperts))});
+  }
+  out += Render(kinds, md);
+  out += "\n";
+
+  // Routed tensors of the first rank of each kind (or the requested rank / all tensors).
+  std::vector<int64_t> shown;
+  if (ro.rank >= 0) {
+    shown.push_back(ro.rank);
+  } else {
+    for (const auto& ranks : rank_kinds) shown.push_back(ranks.front());
+  }
+  for (int64_t rank : shown) {
+    const RankPlan& r = plan.ranks[rank];
+    out += Heading(fmt::format("Rank {} {} tensors (per layer; x{} layers)", rank,
+                               ro.all_tensors || ro.rank >= 0 ? "all" : "routed-expert",
+                               m.num_moe_layers()),
+                   md);
+    Table tt({"tensor", "dtype", "logical", "local (raw)", "padded", "bytes", "padding"},
+             {true, true, true, true, true});
+    for (const TensorShard& s : r.tensors) {
+      if (!(ro.all_tensors || ro.rank >= 0) && s.category != TensorCategory::kRoutedExperts) continue;
+      tt.Row({s.name, std::string(DTypeName(s.dtype)), FormatShape(s.logical_shape),
+              FormatShape(s.local_shape), FormatShape(s.padded_shape),
+              FormatBytes(s.bytes / s.count()), FormatBytes(s.padding_bytes / s.count())});
+    }
+    out += Render(tt, md);
+    out += "\n";
+  }
+
+  // Memory per rank, identical ranks grouped.
+  const MemoryOptions& mo = mem.options;
+  out += Heading(fmt::format("Memory per GPU: {} ({} GiB) x {:.2f} utilization = {} GiB; KV "
+                             "cache {}, max_model_len {}, max_num_seqs {} per DP rank",
+                             mo.gpu.description, FormatGiB(mo.gpu.bytes), mo.gpu_memory_utilization,
+                             FormatGiB(mem.ranks.empty() ? 0 : mem.ranks[0].budget),
+                             mem.kv_dtype_bytes == 1 ? "fp8" : "bf16",
+                             FormatCount(mem.max_model_len), mo.max_num_seqs),
+                 md);
+  std::vector<std::string> header = {"ranks"};
+  std::vector<TensorCategory> cats;
+  for (TensorCategory c : kAllCategories) {
+    bool any = false;
+    for (const RankPlan& r : plan.ranks) any = any || r.BytesOf(c) > 0;
+    if (any) {
+      cats.push_back(c);
+      header.push_back(TensorCategoryName(c));
+    }
+  }
+  for (const char* h : {"weights", "activ.", "overhead", "KV cache", "KV tokens", "free", "fits"}) {
+    header.push_back(h);
+  }
+  Table mt(header, {true});
+  std::map<std::vector<std::string>, std::vector<int64_t>> groups;
+  std::vector<std::vector<std::string>> order;
+  for (const RankPlan& r : plan.ranks) {
+    const RankMemory& rm = mem.ranks[r.coords.rank];
+    std::vector<std::string> row;
+    for (TensorCategory c : cats) row.push_back(FormatGiB(r.BytesOf(c)));
+    row.push_back(FormatGiB(rm.weights));
+    row.push_back(FormatGiB(rm.activations));
+    row.push_back(FormatGiB(rm.overhead));
+    row.push_back(FormatGiB(std::max<int64_t>(rm.kv_cache, 0)));
+    row.push_back(FormatCount(rm.kv_tokens == INT64_MAX ? 0 : rm.kv_tokens));
+    row.push_back(FormatGiB(rm.free));
+    row.push_back(rm.fits ? "yes" : "NO");
+    if (!groups.count(row)) order.push_back(row);
+    groups[row].push_back(r.coords.rank);
+  }
+  for (const auto& row : order) {
+    std::vector<std::string> full = {FormatRanges(groups[row])};
+    full.insert(full.end(), row.begin(), row.end());
+    mt.Row(full);
+  }
+  out += Render(mt, md);
+  out += fmt::format("{}(GiB; weights include quantization scales and padding)\n",
+                     md ? "\n" : "  ");
+  for (const std::string& n : plan.notes) out += fmt::format("note: {}\n", n);
+  if (mem.fits) {
+    out += fmt::format("\nFITS: every rank holds its weights and {} x {} tokens of KV cache.\n",
+                       mo.max_num_seqs, FormatCount(mem.max_model_len));
+  } else {
+    out += fmt::format("\nDOES NOT FIT: {}\n", mem.failure);
+  }
+  (void)in;
+  return out;
+}
+
+}  // namespace moeshard::cli

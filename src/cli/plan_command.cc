@@ -1,0 +1,83 @@
+// moeshard plan: the ShardPlan of one topology -- routed-expert layout (logical -> raw ->
+// padded), per-rank weights by category, KV cache, activations, and whether it fits.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <map>
+
+#include "cli/cli_common.h"
+#include "cli/command.h"
+#include "cli/plan_report.h"
+#include "moeshard/base/units.h"
+#include "moeshard/config/config_loader.h"
+#include "moeshard/plan/advice.h"
+#include "moeshard/plan/plan_json.h"
+
+namespace moeshard::cli {
+namespace {
+
+struct PlanCommandFlags {
+  PlanFlags plan;
+  MemoryFlags memory;
+  std::string format = "table";
+  bool tensors = false;
+  int64_t rank = -1;
+};
+
+int RunPlan(const PlanCommandFlags& f) {
+  if (f.format != "table" && f.format != "json" && f.format != "markdown") {
+    return ReportError("plan", InvalidArgumentError(fmt::format(
+                                   "'--format {}': expected table, json or markdown", f.format)));
+  }
+  Result<PlanInputs> in = LoadPlanInputs(f.plan, f.memory);
+  if (!in.ok()) return ReportError("plan", in.status());
+  Result<ShardPlan> plan = BuildShardPlan(in->model, in->plan_options);
+  if (!plan.ok()) return ReportError("plan", plan.status());
+  if (f.rank >= plan->topology.world) {
+    return ReportError("plan", InvalidArgumentError(fmt::format(
+                                   "'--rank {}': expected a rank below the world size {}", f.rank,
+                                   plan->topology.world)));
+  }
+  const MemoryPlan memory = PlanMemory(*plan, in->memory_options);
+  std::string advice;
+  if (!memory.fits) advice = SmallestChangeThatFits(in->model, in->plan_options, in->memory_options);
+
+  if (f.format == "json") {
+    nlohmann::json j = ShardPlanToJson(*plan, f.tensors);
+    AddMemoryToJson(memory, j);
+    const ParamCounts p = CountParams(*plan);
+    j["params"] = {{"total", p.total}, {"active", p.active}};
+    j["advice"] = advice;
+    if (!in->checkpoint.empty()) j["checkpoint"] = in->checkpoint_json;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    ReportOptions ro;
+    ro.markdown = f.format == "markdown";
+    ro.all_tensors = f.tensors;
+    ro.rank = f.rank;
+    std::fputs(RenderPlanReport(*plan, memory, *in, ro).c_str(), stdout);
+  }
+  if (!memory.fits) {
+    std::fprintf(stderr, "moeshard plan: does not fit: %s%s\n", memory.failure.c_str(),
+                 advice.empty() ? "" : fmt::format("; smallest change that fits: {}", advice).c_str());
+    return 3;
+  }
+  return in->unplaced_tensors.empty() ? 0 : 4;
+}
+
+MOESHARD_REGISTER_COMMAND(plan, CommandSpec{
+    .name = "plan",
+    .description = "show the ShardPlan of one topology: per-rank tensors, padding, memory, fit",
+    .order = 10,
+    .setup = [](CLI::App* sub) -> CommandRunner {
+      auto f = std::make_shared<PlanCommandFlags>();
+      AddPlanFlags(sub, &f->plan);
+      AddMemoryFlags(sub, &f->memory);
+      sub->add_option("--format", f->format, "table (default), json or markdown");
+      sub->add_flag("--tensors", f->tensors, "list every tensor of each rank kind");
+      sub->add_option("--rank", f->rank, "show this rank's tensors");
+      return [f] { return RunPlan(*f); };
+    }});
+
+}  // namespace
+}  // namespace moeshard::cli

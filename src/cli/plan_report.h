@@ -1,0 +1,37 @@
+// Rendering of a plan for people: the routed-expert layout, rank kinds, per-rank memory.
+// Shared by plan (one topology) and used by the README's main job.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/cli_common.h"
+#include "moeshard/plan/memory.h"
+#include "moeshard/plan/shard_plan.h"
+
+namespace moeshard::cli {
+
+// What plan-like commands read from the flags: the model (from a preset, config.json or a
+// checkpoint directory) and, for a checkpoint directory, the tensors its headers declare.
+struct PlanInputs {
+  ModelConfig model;
+  PlanOptions plan_options;
+  MemoryOptions memory_options;
+  std::string checkpoint;                      // directory, when --model named one with weights
+  nlohmann::json checkpoint_json;              // what the headers said (sizes, unplaced tensors)
+  std::vector<std::string> unplaced_tensors;   // checkpoint tensors the plan cannot place
+};
+
+Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memory);
+
+struct ReportOptions {
+  bool markdown = false;
+  bool all_tensors = false;
+  int64_t rank = -1;
+};
+
+std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& memory,
+                             const PlanInputs& inputs, const ReportOptions& options);
+
+}  // namespace moeshard::cli

@@ -1,0 +1,138 @@
+#include "moeshard/plan/backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace moeshard {
+
+int64_t BackendSpec::IntermediateAlignFor(int64_t raw_local) const {
+  if (intermediate_align_small > 0 && raw_local <= small_threshold) return intermediate_align_small;
+  return intermediate_align;
+}
+
+bool BackendSpec::Supports(QuantMethod method) const {
+  return std::find(formats.begin(), formats.end(), method) != formats.end();
+}
+
+const std::vector<BackendSpec>& BackendCatalog() {
+  using Q = QuantMethod;
+  static const std::vector<BackendSpec> catalog = {
+      {.name = "marlin",
+       .description = "Marlin / batched Marlin weight-only GEMM (MXFP4, int4, fp8 weights)",
+       .intermediate_align = 128,
+       .hidden_align = 256,
+       .formats = {Q::kMxfp4, Q::kInt4, Q::kFp8Block},
+       .source = "vLLM Marlin MoE tile families (n%64,k%128)/(n%128,k%64); I%128, H%256"},
+      {.name = "flashinfer-cutlass",
+       .description = "FlashInfer CUTLASS fused MoE (MXFP4 x BF16/MXFP8, bf16, fp8)",
+       .intermediate_align = 128,
+       .hidden_align = 128,
+       .formats = {Q::kMxfp4, Q::kNone, Q::kFp8Block},
+       .source = "FlashInfer CUTLASS MoE: I%128, H%128"},
+      {.name = "flashinfer-trtllm",
+       .description = "FlashInfer TensorRT-LLM-gen MoE (MXFP4 x BF16/MXFP8)",
+       .intermediate_align = 128,
+       .hidden_align = 256,
+       .formats = {Q::kMxfp4},
+       .source = "FlashInfer TRT-LLM MoE: I%128 (older releases 256), H%256"},
+      {.name = "deepgemm-megamoe",
+       .description = "DeepGEMM MegaMoE (owns dispatch and combine; expert parallel only)",
+       .intermediate_align = 512,
+       .hidden_align = 512,
+       .formats = {Q::kMxfp4},
+       .ep_only = true,
+       .exact_expert_division = true,
+       .source = "DeepGEMM MegaMoE: multiples of 512 (MXFP4), EP only, exact expert division"},
+      {.name = "deepgemm-mxfp4",
+       .description = "DeepGEMM grouped GEMM for MXFP4",
+       .intermediate_align = 128,
+       .hidden_align = 128,
+       .formats = {Q::kMxfp4},
+       .source = "DeepGEMM MXFP4: I%128"},
+      {.name = "block-fp8",
+       .description = "block-scaled FP8 grouped GEMM (128x128 scales)",
+       .intermediate_align = 128,
+       .hidden_align = 128,
+       .formats = {Q::kFp8Block},
+       .source = "block FP8: I%128 (I=1536 at TP8 gives 192: rejected)"},
+      {.name = "flashinfer-fp8",
+       .description = "FlashInfer FP8 MoE",
+       .intermediate_align = 16,
+       .hidden_align = 16,
+       .formats = {Q::kFp8Block},
+       .source = "FlashInfer FP8: I%16"},
+      {.name = "triton",
+       .description = "Triton fused MoE (vLLM's generic path; bf16 and fp8)",
+       .intermediate_align = 64,
+       .hidden_align = 1,
+       .formats = {Q::kNone, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .source = "vLLM generic fallback: I%64"},
+      {.name = "aiter-ck",
+       .description = "ROCm AITER CK fused MoE (bf16)",
+       .intermediate_align = 128,
+       .intermediate_align_small = 64,
+       .small_threshold = 192,
+       .hidden_align = 1,
+       .formats = {Q::kNone, Q::kFp8Block},
+       .source = "ROCm AITER CK bf16: 64 if I_local <= 192, else 128"},
+      {.name = "aiter-mxfp4",
+       .description = "ROCm AITER MXFP4 MoE (padding must be zero-filled)",
+       .intermediate_align = 256,
+       .hidden_align = 256,
+       .formats = {Q::kMxfp4},
+       .source = "ROCm AITER MXFP4: I%256, H%256, zero-filled padding"},
+      {.name = "cpu",
+       .description = "emulation / plain CPU path (no alignment: 96 stays 96)",
+       .intermediate_align = 1,
+       .hidden_align = 1,
+       .formats = {Q::kNone, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .source = "emulation / plain CPU: none"},
+      {.name = "cpu-amx",
+       .description = "CPU AMX grouped GEMM (I%32, else a silent slow fallback)",
+       .intermediate_align = 32,
+       .hidden_align = 32,
+       .formats = {Q::kNone, Q::kInt4},
+       .source = "CPU AMX grouped GEMM: multiple of 32"},
+      {.name = "moeshard-cpu",
+       .description = "moeshard's own CPU kernels (AVX-512 BF16 / portable); any shape",
+       .intermediate_align = 1,
+       .hidden_align = 1,
+       .formats = {Q::kNone, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .source = "include/moeshard/kernels: no shape constraint beyond the quantization group"},
+  };
+  return catalog;
+}
+
+Result<const BackendSpec*> FindBackend(const std::string& name) {
+  std::string names;
+  for (const BackendSpec& b : BackendCatalog()) {
+    if (b.name == name) return &b;
+    names += (names.empty() ? "" : ", ") + b.name;
+  }
+  return InvalidArgumentError(fmt::format(
+      "plan: '--moe-backend {}': unknown backend (known: auto, {})", name, names));
+}
+
+const BackendSpec& DefaultBackend(const ModelConfig& model) {
+  std::string name = "triton";
+  switch (model.quant.method) {
+    case QuantMethod::kNone: name = "triton"; break;
+    case QuantMethod::kFp8Block: name = "block-fp8"; break;
+    case QuantMethod::kMxfp4: name = "marlin"; break;
+    case QuantMethod::kInt4: name = "marlin"; break;
+  }
+  return **FindBackend(name);
+}
+
+int64_t QuantGroupAlong(const QuantizationConfig& quant) {
+  switch (quant.method) {
+    case QuantMethod::kNone: return 1;
+    case QuantMethod::kFp8Block: return quant.block_out;
+    case QuantMethod::kMxfp4: return 32;
+    case QuantMethod::kInt4: return quant.group_size;
+  }
+  return 1;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,260 @@
+#include "moeshard/plan/memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+#include "moeshard/base/math.h"
+#include "moeshard/base/units.h"
+#include "plan/model_tensors.h"
+
+namespace moeshard {
+
+const std::vector<GpuSpec>& GpuCatalog() {
+  // Capacities as the driver reports them where known (nvidia-smi "MiB" totals), else the
+  // datasheet figure. What a process can allocate is a little less; gpu_memory_utilization
+  // leaves the margin.
+  static const std::vector<GpuSpec> catalog = {
+      {"h100", "NVIDIA H100 SXM 80 GB", 81559 * kMiB, "nvidia-smi: 81559 MiB"},
+      {"h200", "NVIDIA H200 141 GB", 143771 * kMiB, "nvidia-smi: 143771 MiB"},
+      {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB"},
+      {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e"},
+      {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB"},
+      {"mi300x", "AMD Instinct MI300X 192 GB", 192 * kGiB, "datasheet: 192 GB HBM3"},
+      {"mi355x", "AMD Instinct MI355X 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3E"},
+  };
+  return catalog;
+}
+
+Result<GpuSpec> FindGpu(const std::string& name) {
+  std::string lower = name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::string names;
+  for (const GpuSpec& g : GpuCatalog()) {
+    if (g.name == lower) return g;
+    names += (names.empty() ? "" : ", ") + g.name;
+  }
+  return InvalidArgumentError(
+      fmt::format("plan: '--gpu {}': unknown GPU (known: {}; or give --gpu-memory GiB)", name, names));
+}
+
+Result<KvCacheDtype> ParseKvCacheDtype(const std::string& name) {
+  if (name == "auto") return KvCacheDtype::kAuto;
+  if (name == "bf16" || name == "bfloat16") return KvCacheDtype::kBf16;
+  if (name == "fp8" || name == "fp8_e4m3" || name == "fp8_e5m2") return KvCacheDtype::kFp8;
+  return InvalidArgumentError(fmt::format(
+      "plan: '--kv-cache-dtype {}': expected auto, bf16, fp8, fp8_e4m3 or fp8_e5m2", name));
+}
+
+Result<int64_t> ParseMaxModelLen(const std::string& text) {
+  if (text == "auto" || text == "-1") return 0;
+  const auto bad = [&] {
+    return InvalidArgumentError(fmt::format(
+        "plan: '--max-model-len {}': expected a positive integer, optionally with k/K/m/M "
+        "(1k = 1000, 1K = 1024), or auto",
+        text));
+  };
+  if (text.empty()) return bad();
+  int64_t mult = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'k': mult = 1000; break;
+    case 'K': mult = 1024; break;
+    case 'm': mult = 1000 * 1000; break;
+    case 'M': mult = 1024 * 1024; break;
+    default: break;
+  }
+  if (mult != 1) digits.pop_back();
+  if (digits.empty() || digits.size() > 12) return bad();
+  for (char c : digits) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return bad();
+  }
+  const int64_t v = std::stoll(digits) * mult;
+  if (v <= 0) return bad();
+  return v;
+}
+
+namespace {
+
+int KvBytes(const ShardPlan& plan, KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::kAuto: return DTypeBits(plan.model.dtype) / 8;
+    case KvCacheDtype::kBf16: return 2;
+    case KvCacheDtype::kFp8: return 1;
+  }
+  return 2;
+}
+
+struct KvCost {
+  int64_t per_token = 0;  // bytes per token of context, summed over the stage's layers
+  int64_t per_seq = 0;    // fixed bytes per sequence (linear-attention state, sliding windows)
+};
+
+KvCost KvCostOf(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t max_model_len) {
+  const ModelConfig& m = plan.model;
+  const int64_t tp = plan.topology.tp;
+  KvCost c;
+  for (int64_t l : rank.layers) {
+    const LayerSpec& spec = m.layers[l];
+    switch (spec.attention) {
+      case AttentionKind::kMla:
+        // The compressed latent and the rope key, the same on every TP rank.
+        c.per_token += (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * kvb;
+        break;
+      case AttentionKind::kGqa: {
+        const int64_t kv_local = m.num_kv_heads >= tp ? m.num_kv_heads / tp : 1;
+        const int64_t per_token = 2 * kv_local * m.head_dim * kvb;
+        if (spec.sliding && m.sliding_window > 0 && m.sliding_window < max_model_len) {
+          c.per_seq += per_token * m.sliding_window;
+        } else {
+          c.per_token += per_token;
+        }
+        break;
+      }
+      case AttentionKind::kKda: {
+        const int64_t heads_local = m.kda.num_heads / tp;
+        // Recurrent state [heads, head_dim, head_dim] fp32 plus the q/k/v short-conv tails.
+        c.per_seq += heads_local * m.kda.head_dim * m.kda.head_dim * 4;
+        c.per_seq += 3 * heads_local * m.kda.head_dim * (m.kda.short_conv_kernel - 1) * 2;
+        break;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& o) {
+  // A deliberately simple peak estimate for one forward step of max_num_batched_tokens tokens
+  // per DP rank, bf16 activations, fp32 where kernels accumulate:
+  //   residual + hidden + normed hidden          3 * T * H * 2
+  //   widest attention / dense-MLP projection    T * max(q+k+v local, 2 * I_dense / tp) * 2
+  //   routed experts: pairs on this rank = T * dp * pcp * top_k / moe_ep (balanced routing),
+  //     each with a gate_up row and a down row in fp32: pairs * (g*I_pad + H_moe) * 4,
+  //     plus the gathered group tokens' fp32 output: T * dp * pcp * H_moe * 4
+  //   logits for sampling                        max_num_seqs * vocab / tp * 4
+  const ModelConfig& m = plan.model;
+  const ResolvedTopology& t = plan.topology;
+  const int64_t T = o.max_num_batched_tokens, H = m.hidden_size;
+  int64_t attn_width = 0;
+  if (m.num_layers_of(AttentionKind::kGqa) > 0) {
+    attn_width = (m.num_attention_heads + 2 * std::max<int64_t>(1, m.num_kv_heads)) * m.head_dim / t.tp;
+  }
+  if (m.num_layers_of(AttentionKind::kMla) > 0) {
+    attn_width = std::max(attn_width, m.num_attention_heads *
+                                          (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim +
+                                           m.mla.v_head_dim) / t.tp);
+  }
+  if (m.num_layers_of(AttentionKind::kKda) > 0) {
+    attn_width = std::max(attn_width, 3 * m.kda.num_heads * m.kda.head_dim / t.tp);
+  }
+  const int64_t dense_width = m.num_dense_layers() > 0 ? 2 * m.intermediate_size / t.tp : 0;
+  int64_t bytes = 3 * T * H * 2 + T * std::max(attn_width, dense_width) * 2;
+  if (!rank.expert_slots.empty()) {
+    const int64_t group_tokens = T * t.dp * t.pcp;
+    const int64_t pairs = CeilDiv(group_tokens * m.num_experts_per_tok, t.moe_ep);
+    const int64_t g = m.gated() ? 2 : 1;
+    bytes += pairs * (g * plan.intermediate.padded_local + plan.hidden.padded_local) * 4;
+    bytes += group_tokens * plan.hidden.padded_local * 4;
+  }
+  bytes += o.max_num_seqs * (m.vocab_size / t.tp) * 4;
+  return bytes;
+}
+
+MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
+  MemoryPlan mp;
+  mp.options = o;
+  mp.kv_dtype_bytes = KvBytes(plan, o.kv_cache_dtype);
+  const int64_t model_max = plan.model.max_position_embeddings;
+  const bool auto_len = o.max_model_len == 0;
+  const int64_t len = o.max_model_len < 0 || auto_len ? model_max : o.max_model_len;
+  const int64_t seqs = std::max<int64_t>(1, o.max_num_seqs);
+  const int64_t budget = static_cast<int64_t>(static_cast<double>(o.gpu.bytes) * o.gpu_memory_utilization);
+
+  // First pass: the largest length that fits on every rank (for "auto").
+  int64_t auto_fit = model_max;
+  for (const RankPlan& r : plan.ranks) {
+    RankMemory rm;
+    rm.rank = r.coords.rank;
+    rm.budget = budget;
+    rm.weights = r.WeightBytes();
+    rm.activations = ActivationBytes(plan, r, o);
+    rm.overhead = o.overhead_bytes;
+    rm.kv_cache = budget - rm.weights - rm.activations - rm.overhead;
+    const KvCost cost = KvCostOf(plan, r, mp.kv_dtype_bytes, len);
+    rm.kv_bytes_per_token = cost.per_token;
+    rm.state_bytes_per_seq = cost.per_seq;
+    const int64_t for_tokens = rm.kv_cache - cost.per_seq * seqs;
+    if (for_tokens <= 0) {
+      rm.kv_tokens = 0;
+    } else if (cost.per_token == 0) {
+      rm.kv_tokens = std::numeric_limits<int64_t>::max();
+    } else {
+      rm.kv_tokens = for_tokens / cost.per_token;
+    }
+    auto_fit = std::min(auto_fit, rm.kv_tokens / seqs);
+    mp.ranks.push_back(rm);
+  }
+  mp.max_model_len = auto_len ? std::max<int64_t>(auto_fit, 0) : len;
+
+  mp.fits = true;
+  int64_t worst_free = std::numeric_limits<int64_t>::max();
+  for (RankMemory& rm : mp.ranks) {
+    rm.required_kv = rm.state_bytes_per_seq * seqs + rm.kv_bytes_per_token * mp.max_model_len * seqs;
+    rm.free = rm.kv_cache - rm.required_kv;
+    rm.fits = rm.kv_cache >= 0 && rm.free >= 0 && mp.max_model_len > 0;
+    mp.fits = mp.fits && rm.fits;
+    if (rm.free < worst_free) {
+      worst_free = rm.free;
+      mp.worst_rank = rm.rank;
+    }
+  }
+  if (!mp.fits) {
+    const RankMemory& w = mp.ranks[mp.worst_rank];
+    const int64_t fixed = w.weights + w.activations + w.overhead;
+    if (w.kv_cache < 0) {
+      mp.failure = fmt::format(
+          "the weight budget fails on rank {}: weights {} + activations {} + overhead {} = {} GiB "
+          "exceed {:.0f}% of {} ({} GiB); shortfall {} GiB before any KV cache",
+          w.rank, FormatGiB(w.weights), FormatGiB(w.activations), FormatGiB(w.overhead),
+          FormatGiB(fixed), o.gpu_memory_utilization * 100, o.gpu.description, FormatGiB(w.budget),
+          FormatGiB(-w.kv_cache));
+    } else if (mp.max_model_len == 0) {
+      mp.failure = fmt::format(
+          "the KV budget fails on rank {}: {} GiB left for KV cache holds no full sequence",
+          w.rank, FormatGiB(w.kv_cache));
+    } else {
+      mp.failure = fmt::format(
+          "the KV budget fails on rank {}: {} sequence(s) x {} tokens need {} GiB of KV cache, "
+          "{} GiB is left after weights; shortfall {} GiB (fits {} tokens)",
+          w.rank, seqs, FormatCount(mp.max_model_len), FormatGiB(w.required_kv),
+          FormatGiB(w.kv_cache), FormatGiB(-w.free), FormatCount(w.kv_tokens));
+    }
+  }
+  return mp;
+}
+
+ParamCounts CountParams(const ShardPlan& plan) {
+  const ModelConfig& m = plan.model;
+  ParamCounts p;
+  for (const internal::LogicalTensor& t : internal::EnumerateTensors(m, plan.options, 1)) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    const int64_t count = t.where == internal::Where::kLayers ? static_cast<int64_t>(t.layers.size()) : 1;
+    p.total += n * count;
+    // Every token reads the embedding row and all non-routed layers; count them as active.
+    p.active += n * count;
+  }
+  if (m.tie_word_embeddings) p.active += m.vocab_size * m.hidden_size;  // head shares the table
+  const int64_t g = m.gated() ? 2 : 1;
+  const int64_t per_expert = (g + 1) * m.moe_intermediate_size * m.routed_expert_hidden_size +
+                             (m.expert_bias ? g * m.moe_intermediate_size + m.routed_expert_hidden_size : 0);
+  p.total += per_expert * m.num_experts * m.num_moe_layers();
+  p.active += per_expert * m.num_experts_per_tok * m.num_moe_layers();
+  return p;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,135 @@
+#include "moeshard/plan/memory.h"
+
+#include <gtest/gtest.h>
+
+#include "moeshard/base/units.h"
+#include "moeshard/plan/advice.h"
+#include "plan/plan_test_util.h"
+
+namespace moeshard {
+namespace {
+
+using testing::Opts;
+using testing::PlanOrDie;
+using testing::PresetOrDie;
+
+TEST(MemoryTest, Qwen3_235B_Bf16_TP8_WeightsByHand) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-235b-a22b"), Opts(8));
+  // triton aligns I to 64: 1536 / 8 = 192 is already aligned.
+  EXPECT_EQ(p.intermediate.padded_local, 192);
+  // Per layer, bf16 (2 bytes):
+  const int64_t norms = 2 * 4096 * 2;                      // input + post-attention RMSNorm
+  const int64_t q = (64 * 128 / 8) * 4096 * 2;             // q_proj, column-parallel
+  const int64_t kv = 2 * (1 * 128) * 4096 * 2;             // 4 KV heads < TP8: one head each
+  const int64_t o = 4096 * (64 * 128 / 8) * 2;             // o_proj, row-parallel
+  const int64_t qk_norm = 2 * 128 * 2;                     // q_norm, k_norm
+  const int64_t router = 128 * 4096 * 2;                   // replicated
+  const int64_t experts = 128 * 3 * 192 * 4096 * 2;        // all 128 experts, I/8 each
+  const int64_t per_layer = norms + q + kv + o + qk_norm + router + experts;
+  const int64_t vocab = 151936 / 8 * 4096 * 2;             // embedding and untied head
+  const int64_t total = 94 * per_layer + 2 * vocab + 4096 * 2;
+  EXPECT_EQ(total, 58'959'617'024);
+  for (const RankPlan& r : p.ranks) EXPECT_EQ(r.WeightBytes(), total) << r.coords.rank;
+  EXPECT_EQ(p.ranks[0].BytesOf(TensorCategory::kRoutedExperts), 94 * experts);
+
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.max_model_len = 32768;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  // KV per token per rank: 94 layers * K and V * 1 local KV head * 128 * 2 bytes.
+  EXPECT_EQ(mp.ranks[0].kv_bytes_per_token, 94 * 2 * 1 * 128 * 2);
+  EXPECT_TRUE(mp.fits) << mp.failure;
+  EXPECT_EQ(mp.ranks[0].budget, static_cast<int64_t>(143771.0 * kMiB * 0.9));
+  EXPECT_EQ(mp.ranks[0].kv_tokens,
+            (mp.ranks[0].budget - total - mp.ranks[0].activations - mo.overhead_bytes) /
+                (94 * 2 * 128 * 2));
+  // fp8 KV halves the bytes per token.
+  mo.kv_cache_dtype = KvCacheDtype::kFp8;
+  EXPECT_EQ(PlanMemory(p, mo).ranks[0].kv_bytes_per_token, 94 * 2 * 128);
+}
+
+TEST(MemoryTest, KimiK3_Mxfp4_RoutedBytes) {
+  const ModelConfig k3 = PresetOrDie("kimi-k3");
+  // Per expert and layer, MXFP4: 3 matrices of 3072 x 3584 in the latent width at half a byte
+  // per value plus one E8M0 byte per 32 values: 3 * 3072 * 3584 * (1/2 + 1/32) bytes.
+  const int64_t per_expert = 3LL * 3072 * 3584 / 2 + 3LL * 3072 * 3584 / 32;
+  EXPECT_EQ(per_expert, 17'547'264);
+
+  // TP8 without EP: every rank holds all 896 experts at I/8 = 384 (marlin: 384 % 128 == 0).
+  const ShardPlan tp8 = PlanOrDie(k3, Opts(8, 1, false, "marlin"));
+  EXPECT_EQ(tp8.intermediate.padded_local, 384);
+  EXPECT_EQ(tp8.ranks[0].BytesOf(TensorCategory::kRoutedExperts), 92 * 896 * per_expert / 8);
+  EXPECT_EQ(92LL * 896 * per_expert / 8, 180'807'008'256);  // 168.4 GiB: not on an H200
+
+  // TP32 with EP: 28 whole experts per rank, no padding.
+  const ShardPlan ep32 = PlanOrDie(k3, Opts(32, 1, true, "marlin"));
+  EXPECT_EQ(ep32.ranks[7].BytesOf(TensorCategory::kRoutedExperts), 92LL * 28 * per_expert);
+
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  const MemoryPlan fits = PlanMemory(ep32, mo);
+  EXPECT_TRUE(fits.fits) << fits.failure;
+  // MLA layers cache kv_lora_rank + rope = 576 values per token; 24 MLA layers, bf16.
+  EXPECT_EQ(fits.ranks[0].kv_bytes_per_token, 24 * 576 * 2);
+  // KDA state per sequence: 69 layers * (3 local heads * 128 * 128 fp32 + 3 convs * 384 * 3 bf16).
+  EXPECT_EQ(fits.ranks[0].state_bytes_per_seq, 69LL * (3 * 128 * 128 * 4 + 3 * 384 * 3 * 2));
+
+  const MemoryPlan no_fit = PlanMemory(tp8, mo);
+  EXPECT_FALSE(no_fit.fits);
+  EXPECT_NE(no_fit.failure.find("weight budget fails on rank"), std::string::npos) << no_fit.failure;
+  EXPECT_NE(no_fit.failure.find("shortfall"), std::string::npos);
+  EXPECT_NE(SmallestChangeThatFits(k3, Opts(8, 1, false, "marlin"), mo), "");
+}
+
+TEST(MemoryTest, KvCapacityIsPerDpRankAndKvDtypeMatters) {
+  // Advice picks fp8 KV when only the KV budget fails.
+  const ModelConfig q = PresetOrDie("qwen3-30b-a3b");
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h100");
+  mo.max_model_len = 40960;
+  const ShardPlan p = PlanOrDie(q, Opts(1));
+  MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  const int64_t tokens = mp.ranks[0].kv_tokens;
+  mo.max_num_seqs = tokens / 40960 + 1;  // one sequence more than fits
+  mp = PlanMemory(p, mo);
+  EXPECT_FALSE(mp.fits);
+  EXPECT_NE(mp.failure.find("KV budget fails"), std::string::npos) << mp.failure;
+  EXPECT_EQ(SmallestChangeThatFits(q, Opts(1), mo), "--kv-cache-dtype fp8");
+
+  // "auto" max_model_len picks the longest context that fits.
+  mo.max_num_seqs = 1;
+  mo.max_model_len = 0;
+  mp = PlanMemory(p, mo);
+  EXPECT_EQ(mp.max_model_len, 40960);  // capped by the model's max_position_embeddings
+}
+
+TEST(MemoryTest, ParseFlags) {
+  EXPECT_EQ(*ParseMaxModelLen("128k"), 128000);
+  EXPECT_EQ(*ParseMaxModelLen("128K"), 131072);
+  EXPECT_EQ(*ParseMaxModelLen("1M"), 1048576);
+  EXPECT_EQ(*ParseMaxModelLen("1m"), 1000000);
+  EXPECT_EQ(*ParseMaxModelLen("4096"), 4096);
+  EXPECT_EQ(*ParseMaxModelLen("auto"), 0);
+  EXPECT_FALSE(ParseMaxModelLen("12x").ok());
+  EXPECT_FALSE(ParseMaxModelLen("-5").ok());
+  EXPECT_FALSE(ParseMaxModelLen("k").ok());
+  EXPECT_EQ(*ParseKvCacheDtype("fp8_e5m2"), KvCacheDtype::kFp8);
+  EXPECT_FALSE(ParseKvCacheDtype("int8").ok());
+  EXPECT_FALSE(FindGpu("h300").ok());
+  EXPECT_EQ(FindGpu("H200")->bytes, 143771 * kMiB);
+}
+
+TEST(MemoryTest, ParamCounts) {
+  // Qwen3-235B-A22B: about 235B total, 22B active.
+  ParamCounts q = CountParams(PlanOrDie(PresetOrDie("qwen3-235b-a22b"), Opts(8)));
+  EXPECT_NEAR(q.total / 1e9, 235, 2);
+  EXPECT_NEAR(q.active / 1e9, 22, 1);
+  // DeepSeek-V3: 671B total (without the MTP layer), 37B active.
+  ParamCounts d = CountParams(PlanOrDie(PresetOrDie("deepseek-v3"), Opts(8)));
+  EXPECT_NEAR(d.total / 1e9, 671, 8);
+  EXPECT_NEAR(d.active / 1e9, 37, 1.5);
+}
+
+}  // namespace
+}  // namespace moeshard

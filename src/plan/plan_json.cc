@@ -1,0 +1,116 @@
+#include "moeshard/plan/plan_json.h"
+
+namespace moeshard {
+
+using nlohmann::json;
+
+json DimLayoutToJson(const DimLayout& d) {
+  return json{{"logical", d.logical},       {"divisor", d.divisor}, {"raw_local", d.raw_local},
+              {"floor", d.floor},           {"align", d.align},     {"padded_local", d.padded_local},
+              {"padding", d.padding()}};
+}
+
+json TensorShardToJson(const TensorShard& t) {
+  json j{{"name", t.name},
+         {"category", TensorCategoryName(t.category)},
+         {"dtype", std::string(DTypeName(t.dtype))},
+         {"logical_shape", t.logical_shape},
+         {"local_shape", t.local_shape},
+         {"padded_shape", t.padded_shape},
+         {"count", t.count()},
+         {"bytes", t.bytes},
+         {"padding_bytes", t.padding_bytes}};
+  if (t.shard_dim >= 0) {
+    j["shard"] = {{"dim", t.shard_dim}, {"begin", t.shard_begin}, {"end", t.shard_end}};
+  }
+  if (!t.layers.empty()) j["layers"] = t.layers;
+  return j;
+}
+
+json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
+  const ModelConfig& m = plan.model;
+  const ResolvedTopology& t = plan.topology;
+  json j;
+  j["model"] = {{"name", m.name},
+                {"family", ModelFamilyName(m.family)},
+                {"num_layers", m.num_layers},
+                {"num_moe_layers", m.num_moe_layers()},
+                {"hidden_size", m.hidden_size},
+                {"num_experts", m.num_experts},
+                {"num_experts_per_tok", m.num_experts_per_tok},
+                {"moe_intermediate_size", m.moe_intermediate_size},
+                {"routed_expert_hidden_size", m.routed_expert_hidden_size},
+                {"quantization", QuantMethodName(m.quant.method)}};
+  j["topology"] = {{"tp", t.tp},         {"dp", t.dp},         {"pp", t.pp},
+                   {"pcp", t.pcp},       {"group", t.group},   {"moe_tp", t.moe_tp},
+                   {"moe_ep", t.moe_ep}, {"world", t.world},   {"label", t.Label()},
+                   {"expert_parallel", t.expert_parallel()}};
+  j["backend"] = {{"name", plan.backend.name},
+                  {"intermediate_align", plan.backend.IntermediateAlignFor(plan.intermediate.raw_local)},
+                  {"hidden_align", plan.backend.hidden_align},
+                  {"source", plan.backend.source}};
+  j["padding_policy"] = PaddingPolicyName(plan.options.padding);
+  j["routed_experts"] = {{"format", QuantMethodName(plan.expert_format)},
+                         {"placement", ExpertPlacementName(plan.options.placement)},
+                         {"num_experts", m.num_experts},
+                         {"num_slots", plan.num_slots},
+                         {"intermediate", DimLayoutToJson(plan.intermediate)},
+                         {"hidden", DimLayoutToJson(plan.hidden)}};
+  json ranks = json::array();
+  for (const RankPlan& r : plan.ranks) {
+    const RankCoords& c = r.coords;
+    json rj{{"rank", c.rank},         {"pp_stage", c.pp_stage},       {"dp_rank", c.dp_rank},
+            {"pcp_rank", c.pcp_rank}, {"tp_rank", c.tp_rank},         {"moe_tp_rank", c.moe_tp_rank},
+            {"moe_ep_rank", c.moe_ep_rank}, {"num_expert_slots", r.expert_slots.size()},
+            {"experts", r.expert_slots}};
+    json bytes;
+    for (TensorCategory cat : kAllCategories) bytes[TensorCategoryName(cat)] = r.BytesOf(cat);
+    bytes["routed_experts_padding"] = r.PaddingBytesOf(TensorCategory::kRoutedExperts);
+    bytes["weights_total"] = r.WeightBytes();
+    rj["bytes"] = bytes;
+    if (include_tensors) {
+      json tensors = json::array();
+      for (const TensorShard& s : r.tensors) tensors.push_back(TensorShardToJson(s));
+      rj["tensors"] = tensors;
+    }
+    ranks.push_back(rj);
+  }
+  j["ranks"] = ranks;
+  j["notes"] = plan.notes;
+  return j;
+}
+
+}  // namespace moeshard
+
+namespace moeshard {
+
+void AddMemoryToJson(const MemoryPlan& mp, json& j) {
+  const MemoryOptions& o = mp.options;
+  j["memory"] = {{"gpu", o.gpu.name},
+                 {"gpu_bytes", o.gpu.bytes},
+                 {"gpu_memory_utilization", o.gpu_memory_utilization},
+                 {"kv_cache_dtype_bytes", mp.kv_dtype_bytes},
+                 {"max_model_len", mp.max_model_len},
+                 {"max_num_seqs", o.max_num_seqs},
+                 {"max_num_batched_tokens", o.max_num_batched_tokens},
+                 {"overhead_bytes", o.overhead_bytes},
+                 {"fits", mp.fits},
+                 {"worst_rank", mp.worst_rank},
+                 {"failure", mp.failure}};
+  for (json& rj : j["ranks"]) {
+    const RankMemory& rm = mp.ranks[rj["rank"].get<size_t>()];
+    json& b = rj["bytes"];
+    b["budget"] = rm.budget;
+    b["activations"] = rm.activations;
+    b["overhead"] = rm.overhead;
+    b["kv_cache"] = std::max<int64_t>(rm.kv_cache, 0);
+    b["kv_required"] = rm.required_kv;
+    b["free"] = rm.free;
+    b["kv_per_token"] = rm.kv_bytes_per_token;
+    b["state_per_seq"] = rm.state_bytes_per_seq;
+    rj["kv_tokens"] = rm.kv_tokens;
+    rj["fits"] = rm.fits;
+  }
+}
+
+}  // namespace moeshard
