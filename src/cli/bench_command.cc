@@ -1,0 +1,239 @@
+// `moeshard bench`: performance measurements, reported as fractions of the machine's limits.
+//
+//   moeshard bench kernels   CPU MoE kernels vs read bandwidth / bf16 dot-product peak
+//
+// `bench` is a CLI11 subcommand holding one sub-subcommand per suite. A suite is one Setup*
+// function below that adds its sub-app and returns its runner; adding a suite (e.g. `bench run`
+// for the sharded runtime) is one more function and one more line in kSuites.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "moeshard/kernels/kernel_bench.h"
+#include "moeshard/kernels/kernel_context.h"
+
+namespace moeshard::cli {
+namespace {
+
+// ---- bench kernels ----------------------------------------------------------------------------
+
+struct KernelsFlags {
+  std::vector<int64_t> tokens;
+  std::vector<std::string> shapes;
+  std::vector<std::string> formats = {"bf16", "mxfp4"};
+  int threads = 0;
+  std::string isa = "auto";
+  std::string json;
+  bool quick = false;
+  double min_time = 0.5;
+};
+
+std::string ReadFirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+Result<WeightFormat> ParseFormat(const std::string& s) {
+  static const std::map<std::string, WeightFormat> kFormats = {{"bf16", WeightFormat::kBf16},
+                                                               {"fp8", WeightFormat::kFp8Block},
+                                                               {"mxfp4", WeightFormat::kMxfp4},
+                                                               {"int4", WeightFormat::kInt4}};
+  auto it = kFormats.find(s);
+  if (it == kFormats.end()) {
+    return InvalidArgumentError(
+        fmt::format("bench kernels: '--formats': expected bf16, fp8, mxfp4 or int4, got '{}'", s));
+  }
+  return it->second;
+}
+
+Result<CpuIsa> ParseIsa(const std::string& s) {
+  if (s == "auto") return CpuIsa::kAuto;
+  if (s == "avx512" || s == "avx512-bf16") return CpuIsa::kAvx512Bf16;
+  if (s == "portable") return CpuIsa::kPortable;
+  return InvalidArgumentError(
+      fmt::format("bench kernels: '--isa': expected auto, avx512 or portable, got '{}'", s));
+}
+
+Status RunKernels(const KernelsFlags& f) {
+  KernelBenchOptions o;
+  if (f.quick) {
+    o.tokens = {1, 8, 512};
+    o.min_seconds = 0.05;
+    o.min_repetitions = 2;
+  }
+  if (!f.tokens.empty()) o.tokens = f.tokens;
+  o.min_seconds = f.quick ? o.min_seconds : f.min_time;
+  for (int64_t t : o.tokens) {
+    if (t < 1) {
+      return InvalidArgumentError(
+          fmt::format("bench kernels: '--tokens': expected positive counts, got {}", t));
+    }
+  }
+  if (!f.shapes.empty()) {
+    std::vector<KernelBenchShape> chosen;
+    for (const std::string& name : f.shapes) {
+      const auto all = DefaultKernelBenchShapes();
+      auto it = std::find_if(all.begin(), all.end(),
+                             [&](const KernelBenchShape& s) { return s.name == name; });
+      if (it == all.end()) {
+        std::string names;
+        for (const auto& s : all) names += (names.empty() ? "" : ", ") + s.name;
+        return InvalidArgumentError(
+            fmt::format("bench kernels: '--shapes': unknown shape '{}' (known: {})", name, names));
+      }
+      chosen.push_back(*it);
+    }
+    o.shapes = chosen;
+  }
+  o.formats.clear();
+  for (const std::string& s : f.formats) {
+    MOESHARD_ASSIGN_OR_RETURN(WeightFormat fmt_, ParseFormat(s));
+    o.formats.push_back(fmt_);
+  }
+  KernelContextOptions co;
+  co.num_threads = f.threads;
+  MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseIsa(f.isa));
+  MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create(co));
+
+  const std::string load_before = ReadFirstLine("/proc/loadavg");
+  fmt::print("machine: {}, {} threads, isa {}, load average {}\n", CpuModel(), ctx.num_threads(),
+             CpuIsaName(ctx.isa()), load_before);
+  MOESHARD_ASSIGN_OR_RETURN(Roofline roof, MeasureRoofline(ctx, 3));
+  fmt::print(
+      "read bandwidth {:.2f} GB/s (1 GiB buffer), bf16 dot peak {:.1f} GFLOP/s "
+      "(vdpbf16ps, registers only)\n\n",
+      roof.read_bytes_per_s / 1e9, roof.bf16_flops_per_s / 1e9);
+  fmt::print("{:<20} {:>6} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}\n", "shape",
+             "format", "tokens", "experts", "weights MB", "time ms", "route ms", "roof ms", "bound",
+             "roofline");
+  auto print = [](const KernelBenchResult& r) {
+    fmt::print(
+        "{:<20} {:>6} {:>6} {:>7.1f} {:>10.1f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8} {:>7.1f}%\n",
+        r.shape, WeightFormatName(r.format), r.num_tokens, r.experts_touched, r.weight_bytes / 1e6,
+        r.seconds * 1e3, r.routing_seconds * 1e3,
+        std::max(r.memory_seconds, r.compute_seconds) * 1e3, r.bound, r.fraction * 100);
+    std::fflush(stdout);
+  };
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<KernelBenchResult> results,
+                            RunKernelBench(ctx, o, roof, print));
+  const std::string load_after = ReadFirstLine("/proc/loadavg");
+  fmt::print("\nload average after: {}\n", load_after);
+
+  if (!f.json.empty()) {
+    nlohmann::json j;
+    j["machine"] = {{"cpu", CpuModel()},
+                    {"threads", ctx.num_threads()},
+                    {"isa", CpuIsaName(ctx.isa())},
+                    {"loadavg_before", load_before},
+                    {"loadavg_after", load_after}};
+    j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
+                     {"bf16_flops_per_s", roof.bf16_flops_per_s}};
+    j["results"] = nlohmann::json::array();
+    for (const KernelBenchResult& r : results) {
+      j["results"].push_back({{"shape", r.shape},
+                              {"format", WeightFormatName(r.format)},
+                              {"tokens", r.num_tokens},
+                              {"repetitions", r.repetitions},
+                              {"experts_touched", r.experts_touched},
+                              {"weight_bytes", r.weight_bytes},
+                              {"flops", r.flops},
+                              {"seconds", r.seconds},
+                              {"routing_seconds", r.routing_seconds},
+                              {"memory_seconds", r.memory_seconds},
+                              {"compute_seconds", r.compute_seconds},
+                              {"bound", r.bound},
+                              {"fraction_of_roofline", r.fraction}});
+    }
+    const std::string tmp = f.json + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << j.dump(2) << "\n";
+      if (!out) {
+        return InvalidArgumentError(
+            fmt::format("bench kernels: '--json': cannot write '{}'", f.json));
+      }
+    }
+    if (std::rename(tmp.c_str(), f.json.c_str()) != 0) {
+      return InvalidArgumentError(
+          fmt::format("bench kernels: '--json': cannot write '{}'", f.json));
+    }
+    fmt::print("wrote {}\n", f.json);
+  }
+  return Status::Ok();
+}
+
+CommandRunner SetupKernels(CLI::App* bench) {
+  CLI::App* sub = bench->add_subcommand(
+      "kernels",
+      "CPU MoE kernels (expert GEMMs, activation, unpermute; routing separately) as fractions of "
+      "the measured read bandwidth and bf16 dot-product peak");
+  auto f = std::make_shared<KernelsFlags>();
+  sub->add_option("--tokens", f->tokens, "token counts (default 1 8 32 128 512 2048)")
+      ->delimiter(',');
+  sub->add_option("--shapes", f->shapes,
+                  "qwen3-30b-a3b, kimi-k2-32e, kimi-k3-latent-64e (default: all)")
+      ->delimiter(',');
+  sub->add_option("--formats", f->formats, "bf16, fp8, mxfp4, int4 (default bf16,mxfp4)")
+      ->delimiter(',');
+  sub->add_option("--threads", f->threads, "threads including the caller (0: all cores)");
+  sub->add_option("--isa", f->isa, "auto, avx512 or portable");
+  sub->add_option("--min-time", f->min_time, "seconds per case (at least 3 repetitions)");
+  sub->add_option("--json", f->json, "also write the results as JSON to this file");
+  sub->add_flag("--quick", f->quick, "tokens 1, 8, 512 and short timing (a smoke run)");
+  return [sub, f]() -> int {
+    if (!sub->parsed()) return -1;
+    const Status s = RunKernels(*f);
+    if (!s.ok()) {
+      std::fprintf(stderr, "moeshard bench kernels: error: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  };
+}
+
+// ---- registration -----------------------------------------------------------------------------
+
+// Each suite adds its sub-app to `bench` and returns a runner that returns -1 when its sub-app
+// was not selected.
+using SuiteSetup = CommandRunner (*)(CLI::App* bench);
+constexpr SuiteSetup kSuites[] = {SetupKernels};
+
+MOESHARD_REGISTER_COMMAND(
+    bench,
+    CommandSpec{.name = "bench",
+                .description = "measure kernels and layers as fractions of the machine's limits",
+                .order = 80,
+                .setup = [](CLI::App* bench) -> CommandRunner {
+                  bench->require_subcommand(1);
+                  auto runners = std::make_shared<std::vector<CommandRunner>>();
+                  for (SuiteSetup setup : kSuites) runners->push_back(setup(bench));
+                  return [runners]() -> int {
+                    for (const CommandRunner& run : *runners) {
+                      const int rc = run();
+                      if (rc >= 0) return rc;
+                    }
+                    return 2;
+                  };
+                }});
+
+}  // namespace
+}  // namespace moeshard::cli
