@@ -20,6 +20,7 @@
 #include <mutex>
 #include <vector>
 
+#include "comm/collective_util.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/comm/local_comm.h"
 
@@ -63,6 +64,29 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
 }
 
+// The reduction kernel alone, one thread: n inputs of `bytes` each summed in rank order into
+// one output (what one rank does for its chunk of an all-reduce). x_memcpy compares the bytes
+// of one input with a memcpy of that size: the kernel streams n inputs, so n is its ideal.
+template <ReduceDtype dtype>
+void BM_ReduceKernel(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  const size_t bytes = static_cast<size_t>(state.range(1));
+  const size_t count = bytes / ReduceDtypeBytes(dtype);
+  std::vector<std::vector<char>> inputs(static_cast<size_t>(n), std::vector<char>(bytes, 1));
+  std::vector<const void*> srcs;
+  for (const auto& in : inputs) srcs.push_back(in.data());
+  std::vector<char> out(bytes, 0);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    comm_internal::ReduceSumInRankOrder(dtype, srcs.data(), n, count, out.data());
+    benchmark::ClobberMemory();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double bw = static_cast<double>(bytes) * static_cast<double>(state.iterations()) / seconds;
+  state.counters["x_memcpy"] = bw / MemcpyBytesPerSecond(bytes);
+}
+
 enum class Op { kAllReduceF32, kAllReduceBf16, kAllGather, kAllToAllV };
 
 // Runs state.max_iterations collectives on range(0) local ranks of range(1) bytes each; rank 0
@@ -88,8 +112,7 @@ void BM_Local(benchmark::State& state) {
                                    reinterpret_cast<float*>(recv.data()), bytes / sizeof(float));
         case Op::kAllReduceBf16:
           return comm.AllReduceSum(reinterpret_cast<const bf16_t*>(send.data()),
-                                   reinterpret_cast<bf16_t*>(recv.data()),
-                                   bytes / sizeof(bf16_t));
+                                   reinterpret_cast<bf16_t*>(recv.data()), bytes / sizeof(bf16_t));
         case Op::kAllGather: return comm.AllGather(send.data(), recv.data(), block);
         case Op::kAllToAllV: {
           AllToAllVArgs args;
@@ -133,6 +156,14 @@ void Sizes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Memcpy)->Arg(64 << 10)->Arg(1 << 20)->Arg(16 << 20)->Unit(benchmark::kMicrosecond);
+BENCHMARK_TEMPLATE(BM_ReduceKernel, ReduceDtype::kFloat32)
+    ->Name("ReduceKernelF32")
+    ->ArgsProduct({{2, 4}, {1 << 20}})
+    ->ArgNames({"inputs", "bytes"});
+BENCHMARK_TEMPLATE(BM_ReduceKernel, ReduceDtype::kBfloat16)
+    ->Name("ReduceKernelBf16")
+    ->ArgsProduct({{2, 4}, {1 << 20}})
+    ->ArgNames({"inputs", "bytes"});
 BENCHMARK_TEMPLATE(BM_Local, Op::kAllReduceF32)->Name("AllReduceF32")->Apply(Sizes);
 BENCHMARK_TEMPLATE(BM_Local, Op::kAllReduceBf16)->Name("AllReduceBf16")->Apply(Sizes);
 BENCHMARK_TEMPLATE(BM_Local, Op::kAllGather)->Name("AllGather")->Apply(Sizes);

@@ -50,8 +50,7 @@ std::string DescribeCall(const CallHeader& h) {
     case CollectiveOp::kSplit: return fmt::format("{}()", name);
     case CollectiveOp::kBroadcast:
       return fmt::format("{}(num_bytes={}, root={})", name, h.count, h.root);
-    case CollectiveOp::kAllReduceSum:
-      return fmt::format("{}(count={}, {})", name, h.count, dtype);
+    case CollectiveOp::kAllReduceSum: return fmt::format("{}(count={}, {})", name, h.count, dtype);
     case CollectiveOp::kReduceScatterSum: return fmt::format("{}({})", name, dtype);
     case CollectiveOp::kAllGatherV:
       return fmt::format("{}(send_count={}, elem_bytes={})", name, h.count, h.elem_bytes);
@@ -90,8 +89,7 @@ Status CheckSameCall(const CallHeader& mine, int my_rank, const CallHeader& thei
       "collective mismatch: rank {} called {} as collective #{}, rank {} called {} as "
       "collective #{}{} (all ranks must issue the same collectives, in the same order, with "
       "matching arguments)",
-      my_rank, DescribeCall(mine), mine.seq, their_rank, DescribeCall(theirs), theirs.seq,
-      detail));
+      my_rank, DescribeCall(mine), mine.seq, their_rank, DescribeCall(theirs), theirs.seq, detail));
 }
 
 uint64_t HashCounts(std::span<const size_t> counts) {
@@ -127,8 +125,11 @@ inline float Bf16BitsToFloat(uint16_t b) {
 // The loops take their length as a template parameter where they can: GCC's -O2 vectorises
 // only loops whose trip count is known (the "very cheap" cost model), so full tiles use
 // M = kReduceTile and only the tail runs the generic (M = 0: length m) version.
+#define MOESHARD_INLINE inline __attribute__((always_inline))
+
 template <size_t M>
-void ReduceF32Tile(const float* const* srcs, int n, size_t m, float* __restrict dst) {
+MOESHARD_INLINE void ReduceF32Tile(const float* const* srcs, int n, size_t m,
+                                   float* __restrict dst) {
   const size_t len = M != 0 ? M : m;
   float acc[kReduceTile];
   std::memcpy(acc, srcs[0], len * sizeof(float));
@@ -140,7 +141,8 @@ void ReduceF32Tile(const float* const* srcs, int n, size_t m, float* __restrict 
 }
 
 template <size_t M>
-void ReduceBf16Tile(const uint16_t* const* srcs, int n, size_t m, uint16_t* __restrict dst) {
+MOESHARD_INLINE void ReduceBf16Tile(const uint16_t* const* srcs, int n, size_t m,
+                                    uint16_t* __restrict dst) {
   const size_t len = M != 0 ? M : m;
   float acc[kReduceTile];
   const uint16_t* __restrict src0 = srcs[0];
@@ -152,9 +154,28 @@ void ReduceBf16Tile(const uint16_t* const* srcs, int n, size_t m, uint16_t* __re
   for (size_t i = 0; i < len; ++i) dst[i] = FloatToBf16Bits(acc[i]);
 }
 
+// Full tiles, compiled for several instruction sets and picked at load time (GCC function
+// multiversioning): wider vectors change nothing in the result, since every element is an
+// independent chain of IEEE additions in rank order (no FMA: there is no multiply, and ISO C++
+// mode compiles with -ffp-contract=off).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MOESHARD_REDUCE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MOESHARD_REDUCE_CLONES
+#endif
+
+MOESHARD_REDUCE_CLONES void ReduceF32FullTile(const float* const* srcs, int n, size_t m,
+                                              float* dst) {
+  ReduceF32Tile<kReduceTile>(srcs, n, m, dst);
+}
+
+MOESHARD_REDUCE_CLONES void ReduceBf16FullTile(const uint16_t* const* srcs, int n, size_t m,
+                                               uint16_t* dst) {
+  ReduceBf16Tile<kReduceTile>(srcs, n, m, dst);
+}
+
 template <typename T, typename Tile, typename TailTile>
-void ReduceTiled(const void* const* srcs, int n, size_t len, void* dst, Tile tile,
-                 TailTile tail) {
+void ReduceTiled(const void* const* srcs, int n, size_t len, void* dst, Tile tile, TailTile tail) {
   const T* ptrs[64];
   std::vector<const T*> heap;
   const T** p = ptrs;
@@ -181,12 +202,11 @@ void ReduceSumInRankOrder(ReduceDtype dtype, const void* const* srcs, int n, siz
   if (len == 0) return;
   switch (dtype) {
     case ReduceDtype::kFloat32:
-      ReduceTiled<float>(srcs, n, len, dst, ReduceF32Tile<kReduceTile>, ReduceF32Tile<0>);
+      ReduceTiled<float>(srcs, n, len, dst, ReduceF32FullTile, ReduceF32Tile<0>);
       return;
     case ReduceDtype::kBfloat16:
       static_assert(sizeof(bf16_t) == sizeof(uint16_t));
-      ReduceTiled<uint16_t>(srcs, n, len, dst, ReduceBf16Tile<kReduceTile>,
-                            ReduceBf16Tile<0>);
+      ReduceTiled<uint16_t>(srcs, n, len, dst, ReduceBf16FullTile, ReduceBf16Tile<0>);
       return;
   }
 }
@@ -200,18 +220,17 @@ void PackedDispls(std::span<const size_t> counts, std::vector<size_t>* displs) {
   }
 }
 
-Status CheckBlocks(const char* what, std::span<const size_t> counts,
-                   std::span<const size_t> displs, int n, bool check_overlap,
-                   std::vector<size_t>* resolved, size_t* extent) {
+Status CheckBlocks(const char* what, std::span<const size_t> counts, std::span<const size_t> displs,
+                   int n, bool check_overlap, std::vector<size_t>* resolved, size_t* extent) {
   const size_t un = static_cast<size_t>(n);
   if (counts.size() != un) {
-    return InvalidArgumentError(fmt::format("{}: expected {} entries (one per rank), got {}",
-                                            what, n, counts.size()));
+    return InvalidArgumentError(
+        fmt::format("{}: expected {} entries (one per rank), got {}", what, n, counts.size()));
   }
   if (!displs.empty() && displs.size() != un) {
-    return InvalidArgumentError(fmt::format(
-        "{} displacements: expected {} entries (one per rank) or none (packed), got {}", what, n,
-        displs.size()));
+    return InvalidArgumentError(
+        fmt::format("{} displacements: expected {} entries (one per rank) or none (packed), got {}",
+                    what, n, displs.size()));
   }
   if (displs.empty()) {
     PackedDispls(counts, resolved);

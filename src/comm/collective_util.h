@@ -46,8 +46,7 @@ std::string DescribeCall(const CallHeader& h);
 
 // OK when `theirs` (from rank their_rank) is the same call as `mine`; otherwise InvalidArgument
 // naming both calls ("collective mismatch: ...").
-Status CheckSameCall(const CallHeader& mine, int my_rank, const CallHeader& theirs,
-                     int their_rank);
+Status CheckSameCall(const CallHeader& mine, int my_rank, const CallHeader& theirs, int their_rank);
 
 // FNV-1a of a count array (for comparing ReduceScatter block layouts across ranks).
 uint64_t HashCounts(std::span<const size_t> counts);
@@ -66,8 +65,7 @@ inline size_t ChunkBegin(size_t count, int n, int r) {
 // [len] elements of `dtype`; dst: [len], may alias srcs[k] only exactly (same pointer).
 // Element i's value depends only on the inputs' element i, so any split of [0, len) into
 // pieces gives the same bits.
-void ReduceSumInRankOrder(ReduceDtype dtype, const void* const* srcs, int n, size_t len,
-                          void* dst);
+void ReduceSumInRankOrder(ReduceDtype dtype, const void* const* srcs, int n, size_t len, void* dst);
 
 // Fills `displs` ([counts.size()]) with exclusive prefix sums of counts (the packed layout).
 void PackedDispls(std::span<const size_t> counts, std::vector<size_t>* displs);
@@ -77,9 +75,8 @@ void PackedDispls(std::span<const size_t> counts, std::vector<size_t>* displs);
 // When check_overlap, the blocks [displs[p], displs[p] + counts[p]) must not overlap (receive
 // buffers). On success *resolved holds the displacements (packed when displs is empty) and
 // *extent the number of elements the buffer spans.
-Status CheckBlocks(const char* what, std::span<const size_t> counts,
-                   std::span<const size_t> displs, int n, bool check_overlap,
-                   std::vector<size_t>* resolved, size_t* extent);
+Status CheckBlocks(const char* what, std::span<const size_t> counts, std::span<const size_t> displs,
+                   int n, bool check_overlap, std::vector<size_t>* resolved, size_t* extent);
 
 // True when [a, a + a_bytes) and [b, b + b_bytes) share a byte.
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes);

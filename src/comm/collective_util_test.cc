@@ -89,8 +89,8 @@ TEST(ReduceSumInRankOrderTest, Bf16SpecialValuesMatchFloatToBf16) {
   // Pairs (a, b) whose fp32 sum hits NaN, infinities, overflow to infinity, exact ties
   // (1 + 2^-8 is halfway between two bf16 values) and signed zeros.
   const std::vector<std::pair<float, float>> pairs = {
-      {inf, -inf},          {inf, 1.0f},     {-inf, -1.0f},       {max_bf16, max_bf16},
-      {1.0f, 0.00390625f},  {1.0f, 0.01171875f}, {-0.0f, -0.0f},  {0.0f, -0.0f},
+      {inf, -inf},           {inf, 1.0f},         {-inf, -1.0f},  {max_bf16, max_bf16},
+      {1.0f, 0.00390625f},   {1.0f, 0.01171875f}, {-0.0f, -0.0f}, {0.0f, -0.0f},
       {std::nanf(""), 1.0f}, {1e-40f, 1e-40f}};
   std::vector<bf16_t> a, b;
   for (const auto& [x, y] : pairs) {

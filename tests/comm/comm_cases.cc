@@ -15,12 +15,12 @@
 namespace moeshard::comm_test {
 namespace {
 
-#define CASE_EXPECT(cond, ...)                                                               \
-  do {                                                                                       \
-    if (!(cond)) {                                                                           \
+#define CASE_EXPECT(cond, ...)                                                              \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
       return InternalError(fmt::format("{}:{}: expected {}: {}", __FILE__, __LINE__, #cond, \
-                                       fmt::format(__VA_ARGS__)));                           \
-    }                                                                                        \
+                                       fmt::format(__VA_ARGS__)));                          \
+    }                                                                                       \
   } while (0)
 
 // ---- payload encodings -----------------------------------------------------------------------
@@ -48,8 +48,8 @@ Status CheckPayload(const char* what, const uint8_t* got, int src, int dst, size
     for (size_t b = 0; b < elem_bytes; ++b) {
       const uint8_t expected = PayloadByte(src, dst, e, b);
       CASE_EXPECT(got[e * elem_bytes + b] == expected,
-                  "{}: rank {} received from rank {} element {} byte {}: expected {}, got {}",
-                  what, dst, src, e, b, expected, got[e * elem_bytes + b]);
+                  "{}: rank {} received from rank {} element {} byte {}: expected {}, got {}", what,
+                  dst, src, e, b, expected, got[e * elem_bytes + b]);
     }
   }
   return Status::Ok();
@@ -78,9 +78,7 @@ float RoughValue(int r, size_t i) {
 
 // The contract's reference: ((x_0 + x_1) + ...) + x_{n-1} in fp32.
 float SequentialSum(int n, size_t i, bool bf16_inputs) {
-  auto x = [&](int r) {
-    return bf16_inputs ? RoundToBf16(RoughValue(r, i)) : RoughValue(r, i);
-  };
+  auto x = [&](int r) { return bf16_inputs ? RoundToBf16(RoughValue(r, i)) : RoughValue(r, i); };
   float acc = x(0);
   for (int r = 1; r < n; ++r) acc += x(r);
   return acc;
@@ -190,18 +188,17 @@ Status AllReduceBf16RoundsOnce(Communicator& comm) {
                     "rounded once), got {:#06x}",
                     count, in_place, i, ref.bits, recv[i].bits);
         float per_step = RoundToBf16(RoughValue(0, i));
-        for (int r = 1; r < n; ++r) per_step = RoundToBf16(per_step + RoundToBf16(RoughValue(r, i)));
+        for (int r = 1; r < n; ++r)
+          per_step = RoundToBf16(per_step + RoundToBf16(RoughValue(r, i)));
         if (FloatToBf16(per_step).bits != ref.bits) ++differs_from_per_step;
       }
       // With 3+ ranks, rounding after every addition gives other bits for many elements: the
       // check above would catch an implementation that did so.
       if (n >= 3 && count >= 1000) {
-        CASE_EXPECT(differs_from_per_step > 0, "inputs do not discriminate rounding ({})",
-                    count);
+        CASE_EXPECT(differs_from_per_step > 0, "inputs do not discriminate rounding ({})", count);
       }
-      MOESHARD_RETURN_IF_ERROR(CheckIdenticalOnAllRanks(comm, recv.data(),
-                                                        count * sizeof(bf16_t),
-                                                        "bf16 all-reduce"));
+      MOESHARD_RETURN_IF_ERROR(
+          CheckIdenticalOnAllRanks(comm, recv.data(), count * sizeof(bf16_t), "bf16 all-reduce"));
     }
   }
   return Status::Ok();
@@ -231,8 +228,8 @@ Status ReduceScatterCases(Communicator& comm) {
       displ[p] = total;
       total += counts[p];
     }
-    const bool equal = std::all_of(counts.begin(), counts.end(),
-                                   [&](size_t c) { return c == counts[0]; });
+    const bool equal =
+        std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
     // fp32
     std::vector<float> send(total), recv(counts[me], -1.0f);
     for (size_t i = 0; i < total; ++i) send[i] = RoughValue(comm.rank(), i);
@@ -243,8 +240,8 @@ Status ReduceScatterCases(Communicator& comm) {
     }
     for (size_t j = 0; j < counts[me]; ++j) {
       const float ref = SequentialSum(n, displ[me] + j, false);
-      CASE_EXPECT(Bits(recv[j]) == Bits(ref), "fp32 block of rank {} element {}: expected {:a}, got {:a}",
-                  me, j, ref, recv[j]);
+      CASE_EXPECT(Bits(recv[j]) == Bits(ref),
+                  "fp32 block of rank {} element {}: expected {:a}, got {:a}", me, j, ref, recv[j]);
     }
     // bf16
     std::vector<bf16_t> send16(total), recv16(counts[me]);
@@ -295,8 +292,8 @@ Status AllGatherVUneven(Communicator& comm) {
         comm.AllGatherV(send.data(), counts[me], recv.data(), counts, {}, elem_bytes));
     size_t off = 0;
     for (int p = 0; p < n; ++p) {
-      MOESHARD_RETURN_IF_ERROR(CheckPayload("AllGatherV packed", recv.data() + off * elem_bytes,
-                                            p, -1, counts[static_cast<size_t>(p)], elem_bytes));
+      MOESHARD_RETURN_IF_ERROR(CheckPayload("AllGatherV packed", recv.data() + off * elem_bytes, p,
+                                            -1, counts[static_cast<size_t>(p)], elem_bytes));
       off += counts[static_cast<size_t>(p)];
     }
     // Explicit displacements: blocks in reverse rank order with a 2-element gap before each;
@@ -316,10 +313,9 @@ Status AllGatherVUneven(Communicator& comm) {
       MOESHARD_RETURN_IF_ERROR(CheckPayload("AllGatherV displaced",
                                             spaced.data() + displs[up] * elem_bytes, p, -1,
                                             counts[up], elem_bytes));
-      MOESHARD_RETURN_IF_ERROR(CheckSentinel("AllGatherV gap",
-                                             spaced.data() + (displs[up] - 2) * elem_bytes,
-                                             2 * elem_bytes, comm.rank(),
-                                             (displs[up] - 2) * elem_bytes));
+      MOESHARD_RETURN_IF_ERROR(
+          CheckSentinel("AllGatherV gap", spaced.data() + (displs[up] - 2) * elem_bytes,
+                        2 * elem_bytes, comm.rank(), (displs[up] - 2) * elem_bytes));
     }
   }
   return Status::Ok();
@@ -385,9 +381,9 @@ Status AllToAllVDispatchCombine(Communicator& comm) {
       MOESHARD_RETURN_IF_ERROR(comm.AllToAllV(args));
       off = 0;
       for (int p = 0; p < n; ++p) {
-        MOESHARD_RETURN_IF_ERROR(CheckPayload("AllToAllV dispatch",
-                                              recv.data() + off * elem_bytes, p, me,
-                                              recv_counts[static_cast<size_t>(p)], elem_bytes));
+        MOESHARD_RETURN_IF_ERROR(CheckPayload("AllToAllV dispatch", recv.data() + off * elem_bytes,
+                                              p, me, recv_counts[static_cast<size_t>(p)],
+                                              elem_bytes));
         off += recv_counts[static_cast<size_t>(p)];
       }
       // 3. Combine: send every received block back to its source (the reverse call).
@@ -426,12 +422,11 @@ Status AllToAllVDispatchCombine(Communicator& comm) {
       for (int p = 0; p < n; ++p) {
         const size_t up = static_cast<size_t>(p);
         MOESHARD_RETURN_IF_ERROR(CheckPayload("AllToAllV displaced",
-                                              spaced.data() + recv_displs[up] * elem_bytes, p,
-                                              me, recv_counts[up], elem_bytes));
+                                              spaced.data() + recv_displs[up] * elem_bytes, p, me,
+                                              recv_counts[up], elem_bytes));
         MOESHARD_RETURN_IF_ERROR(CheckSentinel("AllToAllV gap",
                                                spaced.data() + (recv_displs[up] - 1) * elem_bytes,
-                                               elem_bytes, me,
-                                               (recv_displs[up] - 1) * elem_bytes));
+                                               elem_bytes, me, (recv_displs[up] - 1) * elem_bytes));
       }
     }
   }
@@ -473,8 +468,7 @@ Status SplitGrid(Communicator& world) {
   }
   // Keys order the new ranks: a reversed world.
   MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> reversed, world.Split(7, -me));
-  CASE_EXPECT(reversed->rank() == n - 1 - me, "reversed: rank {} became {}", me,
-              reversed->rank());
+  CASE_EXPECT(reversed->rank() == n - 1 - me, "reversed: rank {} became {}", me, reversed->rank());
   int32_t mine = me;
   std::vector<int32_t> order(static_cast<size_t>(n));
   MOESHARD_RETURN_IF_ERROR(reversed->AllGather(&mine, order.data(), sizeof(int32_t)));
@@ -528,7 +522,8 @@ Status ZeroSizedWithNullBuffers(Communicator& comm) {
   MOESHARD_RETURN_IF_ERROR(comm.Broadcast(nullptr, 0, comm.size() - 1));
   MOESHARD_RETURN_IF_ERROR(comm.AllReduceSum(static_cast<const float*>(nullptr), nullptr, 0));
   MOESHARD_RETURN_IF_ERROR(comm.AllReduceSum(static_cast<const bf16_t*>(nullptr), nullptr, 0));
-  MOESHARD_RETURN_IF_ERROR(comm.ReduceScatterSumV(static_cast<const float*>(nullptr), nullptr, zeros));
+  MOESHARD_RETURN_IF_ERROR(
+      comm.ReduceScatterSumV(static_cast<const float*>(nullptr), nullptr, zeros));
   MOESHARD_RETURN_IF_ERROR(comm.AllGatherV(nullptr, 0, nullptr, zeros, {}, 4));
   MOESHARD_RETURN_IF_ERROR(comm.AllGather(nullptr, nullptr, 0));
   AllToAllVArgs args;

@@ -3,6 +3,8 @@
 // backend can observe: barrier semantics through shared memory, and failure handling (a
 // failing, throwing, mismatched, missing or early-returning rank ends the job with its message
 // on every rank, promptly, never hanging).
+#include "moeshard/comm/local_comm.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,7 +15,6 @@
 #include <thread>
 #include <tuple>
 
-#include "moeshard/comm/local_comm.h"
 #include "tests/comm/comm_cases.h"
 
 namespace moeshard {
@@ -55,12 +56,13 @@ std::vector<std::string> CaseNames() {
   return names;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllCases, LocalCommCaseTest,
-    ::testing::Combine(::testing::ValuesIn(CaseNames()), ::testing::Values(1, 2, 3, 4, 8)),
-    [](const ::testing::TestParamInfo<LocalCommCaseTest::ParamType>& info) {
-      return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
-    });
+INSTANTIATE_TEST_SUITE_P(AllCases, LocalCommCaseTest,
+                         ::testing::Combine(::testing::ValuesIn(CaseNames()),
+                                            ::testing::Values(1, 2, 3, 4, 8)),
+                         [](const ::testing::TestParamInfo<LocalCommCaseTest::ParamType>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
 
 TEST(LocalCommTest, BarrierSeparatesPhases) {
   constexpr int kRanks = 8;
@@ -90,8 +92,7 @@ TEST(LocalCommTest, RejectsZeroRanks) {
 
 // Runs `per_rank` on `n` ranks and returns (overall status, per-rank statuses).
 std::pair<Status, std::vector<Status>> RunAndCollect(
-    int n, const LocalCommOptions& options,
-    const std::function<Status(Communicator&)>& per_rank) {
+    int n, const LocalCommOptions& options, const std::function<Status(Communicator&)>& per_rank) {
   std::vector<Status> statuses;
   Status s = RunLocalRanks(n, options, per_rank, &statuses);
   return {s, statuses};
@@ -209,8 +210,7 @@ TEST(LocalCommFailureTest, TimeoutNamesTheCollectiveAndTheMissingRanks) {
                                      "0.2 s waiting for ranks to arrive: missing rank 3: not in "
                                      "a collective; arrived: ["));
   for (int r = 0; r < 4; ++r) {
-    EXPECT_THAT(statuses[static_cast<size_t>(r)].message(), HasSubstr("timed out"))
-        << "rank " << r;
+    EXPECT_THAT(statuses[static_cast<size_t>(r)].message(), HasSubstr("timed out")) << "rank " << r;
   }
   EXPECT_EQ(statuses[3].code(), StatusCode::kAborted);
 }

@@ -3,13 +3,14 @@
 // processes). Its own main initialises MPI. A case that fails on any rank ends the whole job
 // through MpiSession::AbortJob with that rank's message, so a failure can never leave the other
 // ranks waiting in a collective.
+#include "moeshard/comm/mpi_comm.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
 
-#include "moeshard/comm/mpi_comm.h"
 #include "tests/comm/comm_cases.h"
 
 namespace moeshard {

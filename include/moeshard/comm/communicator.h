@@ -131,8 +131,7 @@ class Communicator {
   Status ReduceScatterSumV(const float* send, float* recv, std::span<const size_t> recv_counts) {
     return DoReduceScatterSum(ReduceDtype::kFloat32, send, recv, recv_counts);
   }
-  Status ReduceScatterSumV(const bf16_t* send, bf16_t* recv,
-                           std::span<const size_t> recv_counts) {
+  Status ReduceScatterSumV(const bf16_t* send, bf16_t* recv, std::span<const size_t> recv_counts) {
     return DoReduceScatterSum(ReduceDtype::kBfloat16, send, recv, recv_counts);
   }
   // COLLECTIVE: reduce-scatter with equal blocks. send: [size() * recv_count], recv:
@@ -170,8 +169,7 @@ class Communicator {
   Communicator(int rank, int size, std::string name)
       : rank_(rank), size_(size), name_(std::move(name)) {}
 
-  virtual Status DoAllReduceSum(ReduceDtype dtype, const void* send, void* recv,
-                                size_t count) = 0;
+  virtual Status DoAllReduceSum(ReduceDtype dtype, const void* send, void* recv, size_t count) = 0;
   virtual Status DoReduceScatterSum(ReduceDtype dtype, const void* send, void* recv,
                                     std::span<const size_t> recv_counts) = 0;
 

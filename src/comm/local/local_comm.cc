@@ -6,6 +6,8 @@
 //      verdict on every rank — then, if they agree, copies straight from/to peers' buffers;
 //   4. completion barrier (not abortable: every rank got past 2 and only copies in between), so
 //      no peer touches this rank's buffers after it returns.
+#include "moeshard/comm/local_comm.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,7 +20,6 @@
 
 #include "comm/collective_util.h"
 #include "comm/local/local_group.h"
-#include "moeshard/comm/local_comm.h"
 
 namespace moeshard {
 namespace {
@@ -42,20 +43,57 @@ class LocalComm final : public Communicator {
         job_(&group_->job()),
         world_rank_(group_->world_rank(rank)) {}
 
+  // The Communicator API: each call runs its *Impl under Guard, so that no exception (in
+  // practice std::bad_alloc) escapes and any failure aborts the job.
   Status Barrier() override {
+    return Guard(CollectiveOp::kBarrier, [&] { return BarrierImpl(); });
+  }
+  Status Broadcast(void* data, size_t num_bytes, int root) override {
+    return Guard(CollectiveOp::kBroadcast, [&] { return BroadcastImpl(data, num_bytes, root); });
+  }
+  Status AllGatherV(const void* send, size_t send_count, void* recv,
+                    std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                    size_t elem_bytes) override {
+    return Guard(CollectiveOp::kAllGatherV, [&] {
+      return AllGatherVImpl(send, send_count, recv, recv_counts, recv_displs, elem_bytes);
+    });
+  }
+  Status AllToAllV(const AllToAllVArgs& args) override {
+    return Guard(CollectiveOp::kAllToAllV, [&] { return AllToAllVImpl(args); });
+  }
+  Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
+    std::unique_ptr<Communicator> out;
+    MOESHARD_RETURN_IF_ERROR(
+        Guard(CollectiveOp::kSplit, [&] { return SplitImpl(color, key, &out); }));
+    return out;
+  }
+
+ protected:
+  Status DoAllReduceSum(ReduceDtype dtype, const void* send, void* recv, size_t count) override {
+    return Guard(CollectiveOp::kAllReduceSum,
+                 [&] { return AllReduceImpl(dtype, send, recv, count); });
+  }
+  Status DoReduceScatterSum(ReduceDtype dtype, const void* send, void* recv,
+                            std::span<const size_t> recv_counts) override {
+    return Guard(CollectiveOp::kReduceScatterSum,
+                 [&] { return ReduceScatterImpl(dtype, send, recv, recv_counts); });
+  }
+
+ private:
+  Status BarrierImpl() {
     CallHeader h;
     h.op = CollectiveOp::kBarrier;
     return Run(h, [] { return Status::Ok(); });
   }
 
-  Status Broadcast(void* data, size_t num_bytes, int root) override {
+  Status BroadcastImpl(void* data, size_t num_bytes, int root) {
     CallHeader h;
     h.op = CollectiveOp::kBroadcast;
     h.count = num_bytes;
     h.root = root;
     if (root < 0 || root >= size()) {
-      return Fail(h, InvalidArgumentError(fmt::format(
-                         "root: expected a rank in [0, {}), got {}", size(), root)));
+      return Fail(h, InvalidArgumentError(
+                         fmt::format("root: expected a rank in [0, {}), got {}", size(), root)));
     }
     if (data == nullptr && num_bytes > 0) {
       return Fail(h, InvalidArgumentError(fmt::format("data is null for {} bytes", num_bytes)));
@@ -70,9 +108,9 @@ class LocalComm final : public Communicator {
     });
   }
 
-  Status AllGatherV(const void* send, size_t send_count, void* recv,
-                    std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
-                    size_t elem_bytes) override {
+  Status AllGatherVImpl(const void* send, size_t send_count, void* recv,
+                        std::span<const size_t> recv_counts, std::span<const size_t> recv_displs,
+                        size_t elem_bytes) {
     CallHeader h;
     h.op = CollectiveOp::kAllGatherV;
     h.count = send_count;
@@ -117,16 +155,16 @@ class LocalComm final : public Communicator {
     });
   }
 
-  Status AllToAllV(const AllToAllVArgs& args) override {
+  Status AllToAllVImpl(const AllToAllVArgs& args) {
     CallHeader h;
     h.op = CollectiveOp::kAllToAllV;
     h.elem_bytes = args.elem_bytes;
     MOESHARD_RETURN_IF_ERROR(CheckElemBytes(h));
     size_t send_extent = 0;
     size_t recv_extent = 0;
-    Status st = comm_internal::CheckBlocks("send_counts", args.send_counts, args.send_displs,
-                                           size(), /*check_overlap=*/false, &send_displs_,
-                                           &send_extent);
+    Status st =
+        comm_internal::CheckBlocks("send_counts", args.send_counts, args.send_displs, size(),
+                                   /*check_overlap=*/false, &send_displs_, &send_extent);
     if (st.ok()) {
       st = comm_internal::CheckBlocks("recv_counts", args.recv_counts, args.recv_displs, size(),
                                       /*check_overlap=*/true, &recv_displs_, &recv_extent);
@@ -167,19 +205,18 @@ class LocalComm final : public Communicator {
     });
   }
 
-  Result<std::unique_ptr<Communicator>> Split(int color, int key) override {
+  Status SplitImpl(int color, int key, std::unique_ptr<Communicator>* out) {
     CallHeader h;
     h.op = CollectiveOp::kSplit;
     if (color < kSplitNoColor) {
-      return Fail(h, InvalidArgumentError(fmt::format(
-                         "color: expected >= 0 or kSplitNoColor ({}), got {}", kSplitNoColor,
-                         color)));
+      return Fail(
+          h, InvalidArgumentError(fmt::format("color: expected >= 0 or kSplitNoColor ({}), got {}",
+                                              kSplitNoColor, color)));
     }
     LocalSlot& mine = group_->slot(rank());
     mine.color = color;
     mine.key = key;
-    std::unique_ptr<Communicator> result;
-    MOESHARD_RETURN_IF_ERROR(Run(h, [&]() -> Status {
+    return Run(h, [&]() -> Status {
       if (color == kSplitNoColor) return Status::Ok();
       std::vector<std::pair<int, int>> members;  // (key, parent rank)
       for (int p = 0; p < size(); ++p) {
@@ -194,15 +231,12 @@ class LocalComm final : public Communicator {
       }
       auto group = group_->GetOrCreateSplit(
           seq_, color, fmt::format("{}/split#{}(color={})", name(), seq_, color), world_ranks);
-      result = std::make_unique<LocalComm>(std::move(group), new_rank);
+      *out = std::make_unique<LocalComm>(std::move(group), new_rank);
       return Status::Ok();
-    }));
-    return result;
+    });
   }
 
- protected:
-  Status DoAllReduceSum(ReduceDtype dtype, const void* send, void* recv,
-                        size_t count) override {
+  Status AllReduceImpl(ReduceDtype dtype, const void* send, void* recv, size_t count) {
     CallHeader h;
     h.op = CollectiveOp::kAllReduceSum;
     h.dtype = static_cast<uint32_t>(dtype);
@@ -237,8 +271,8 @@ class LocalComm final : public Communicator {
     });
   }
 
-  Status DoReduceScatterSum(ReduceDtype dtype, const void* send, void* recv,
-                            std::span<const size_t> recv_counts) override {
+  Status ReduceScatterImpl(ReduceDtype dtype, const void* send, void* recv,
+                           std::span<const size_t> recv_counts) {
     CallHeader h;
     h.op = CollectiveOp::kReduceScatterSum;
     h.dtype = static_cast<uint32_t>(dtype);
@@ -249,8 +283,8 @@ class LocalComm final : public Communicator {
     if (!st.ok()) return Fail(h, st);
     const size_t esize = ReduceDtypeBytes(dtype);
     const size_t me = static_cast<size_t>(rank());
-    MOESHARD_RETURN_IF_ERROR(CheckBuffers(h, send, total * esize, recv,
-                                          recv_counts[me] * esize, /*in_place_ok=*/false));
+    MOESHARD_RETURN_IF_ERROR(
+        CheckBuffers(h, send, total * esize, recv, recv_counts[me] * esize, /*in_place_ok=*/false));
     LocalSlot& mine = group_->slot(rank());
     mine.send = send;
     return Run(h, [&] {
@@ -264,10 +298,20 @@ class LocalComm final : public Communicator {
     });
   }
 
- private:
   // Elements per all-reduce tile: 4 KiB of fp32, so the reduced tile is still in L1 when it is
   // copied to the n outputs.
   static constexpr size_t kTileElems = 1024;
+
+  template <typename Body>
+  Status Guard(CollectiveOp op, Body&& body) {
+    try {
+      return body();
+    } catch (const std::exception& e) {
+      CallHeader h;
+      h.op = op;
+      return Fail(h, ResourceExhaustedError(fmt::format("exception: {}", e.what())));
+    }
+  }
 
   // Runs the collective described by `h` (this rank's slot pointers already set); `work` runs
   // between the barriers after the headers matched.
@@ -286,10 +330,17 @@ class LocalComm final : public Communicator {
     }
     Status result = Status::Ok();
     for (int p = 0; p < size() && result.ok(); ++p) {
-      result = comm_internal::CheckSameCall(group_->slot(0).header, 0, group_->slot(p).header,
-                                            p);
+      result = comm_internal::CheckSameCall(group_->slot(0).header, 0, group_->slot(p).header, p);
     }
-    if (result.ok()) result = work();
+    if (result.ok()) {
+      // Whatever happens, this rank must reach the completion barrier: peers may be copying
+      // from its buffers, and they wait for it there without a timeout.
+      try {
+        result = work();
+      } catch (const std::exception& e) {
+        result = ResourceExhaustedError(fmt::format("exception: {}", e.what()));
+      }
+    }
     (void)group_->Arrive(rank(), /*abortable=*/false, deadline, h.seq);
     job_->SetActivity(world_rank_, nullptr, nullptr);
     if (!result.ok()) return Fail(h, result);
@@ -299,10 +350,10 @@ class LocalComm final : public Communicator {
   // Prefixes `s` with this rank and the call, records it as the job's failure (a no-op when
   // another rank failed first) and returns it.
   Status Fail(const CallHeader& h, const Status& s) {
-    Status prefixed(s.code(), fmt::format("{}{} on '{}': {}",
-                                          comm_internal::RankPrefix(world_rank_,
-                                                                    job_->world_size()),
-                                          CollectiveOpName(h.op), name(), s.message()));
+    Status prefixed(
+        s.code(),
+        fmt::format("{}{} on '{}': {}", comm_internal::RankPrefix(world_rank_, job_->world_size()),
+                    CollectiveOpName(h.op), name(), s.message()));
     job_->Abort(world_rank_, prefixed);
     return prefixed;
   }
@@ -324,8 +375,7 @@ class LocalComm final : public Communicator {
     if (comm_internal::Overlaps(send, send_bytes, recv, recv_bytes)) {
       return Fail(h, InvalidArgumentError(fmt::format(
                          "send [{} bytes] and recv [{} bytes] overlap{}", send_bytes, recv_bytes,
-                         in_place_ok ? " (only exactly in place, send == recv, is allowed)"
-                                     : "")));
+                         in_place_ok ? " (only exactly in place, send == recv, is allowed)" : "")));
     }
     return Status::Ok();
   }
@@ -349,11 +399,20 @@ Status RunLocalRanks(int num_ranks, const LocalCommOptions& options,
     return InvalidArgumentError(
         fmt::format("RunLocalRanks: num_ranks: expected >= 1, got {}", num_ranks));
   }
-  auto job = std::make_shared<LocalJob>(num_ranks, options);
-  std::vector<int> world_ranks(static_cast<size_t>(num_ranks));
-  std::iota(world_ranks.begin(), world_ranks.end(), 0);
-  std::shared_ptr<LocalGroup> world = job->NewGroup("world", world_ranks);
-  std::vector<Status> statuses(static_cast<size_t>(num_ranks));
+  std::shared_ptr<LocalJob> job;
+  std::shared_ptr<LocalGroup> world;
+  std::vector<Status> statuses;
+  std::vector<std::thread> threads;
+  try {
+    job = std::make_shared<LocalJob>(num_ranks, options);
+    std::vector<int> world_ranks(static_cast<size_t>(num_ranks));
+    std::iota(world_ranks.begin(), world_ranks.end(), 0);
+    world = job->NewGroup("world", world_ranks);
+    statuses.resize(static_cast<size_t>(num_ranks));
+    threads.reserve(static_cast<size_t>(num_ranks - 1));
+  } catch (const std::exception& e) {
+    return ResourceExhaustedError(fmt::format("RunLocalRanks: {} ranks: {}", num_ranks, e.what()));
+  }
 
   auto run_rank = [&](int r) {
     Status s;
@@ -374,16 +433,14 @@ Status RunLocalRanks(int num_ranks, const LocalCommOptions& options,
     job->MarkExited(r);
   };
 
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(num_ranks - 1));
   for (int r = 1; r < num_ranks; ++r) {
     try {
       threads.emplace_back(run_rank, r);
     } catch (const std::system_error& e) {
       // Ranks already started find the job aborted at their next collective.
-      job->Abort(r, ResourceExhaustedError(fmt::format(
-                        "{}RunLocalRanks: cannot start the thread of rank {}: {}",
-                        comm_internal::RankPrefix(r, num_ranks), r, e.what())));
+      job->Abort(r, ResourceExhaustedError(
+                        fmt::format("{}RunLocalRanks: cannot start the thread of rank {}: {}",
+                                    comm_internal::RankPrefix(r, num_ranks), r, e.what())));
       break;
     }
   }

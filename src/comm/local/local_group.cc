@@ -40,8 +40,8 @@ LocalJob::LocalJob(int world_size, const LocalCommOptions& options)
 }
 
 std::shared_ptr<LocalGroup> LocalJob::NewGroup(std::string name, std::vector<int> world_ranks) {
-  auto group = std::make_shared<LocalGroup>(shared_from_this(), std::move(name),
-                                            std::move(world_ranks));
+  auto group =
+      std::make_shared<LocalGroup>(shared_from_this(), std::move(name), std::move(world_ranks));
   std::lock_guard<std::mutex> lock(mutex_);
   std::erase_if(groups_, [](const std::weak_ptr<LocalGroup>& g) { return g.expired(); });
   groups_.push_back(group);
@@ -138,8 +138,7 @@ std::string LocalGroup::MissingRanksMessage() const {
   return fmt::format("missing {}; arrived: [{}]", missing, JoinRanks(arrived));
 }
 
-Status LocalGroup::Arrive(int rank, bool abortable, LocalClock::time_point deadline,
-                          uint64_t seq) {
+Status LocalGroup::Arrive(int rank, bool abortable, LocalClock::time_point deadline, uint64_t seq) {
   const size_t r = static_cast<size_t>(rank);
   std::unique_lock<std::mutex> lock(mutex_);
   if (abortable && job_->aborted()) return job_->PeerAbortStatus();

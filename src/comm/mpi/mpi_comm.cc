@@ -1,9 +1,10 @@
 // The MPI backend (see moeshard/comm/mpi_comm.h). The only file of moeshard that includes
 // <mpi.h>. Every MPI call goes through MOESHARD_MPI, which turns a failure into a Status naming
 // the call, the error code and class, and MPI_Error_string.
-#include <mpi.h>
+#include "moeshard/comm/mpi_comm.h"
 
 #include <fmt/format.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <climits>
@@ -16,7 +17,6 @@
 #include <vector>
 
 #include "comm/collective_util.h"
-#include "moeshard/comm/mpi_comm.h"
 
 namespace moeshard {
 namespace {
@@ -149,13 +149,13 @@ class MpiComm final : public Communicator {
     return Finish(h, [&]() -> Status {
       MOESHARD_RETURN_IF_ERROR(CheckElemBytes(elem_bytes));
       size_t extent = 0;
-      MOESHARD_RETURN_IF_ERROR(comm_internal::CheckBlocks(
-          "recv_counts", recv_counts, recv_displs, size(), true, &displs_a_, &extent));
+      MOESHARD_RETURN_IF_ERROR(comm_internal::CheckBlocks("recv_counts", recv_counts, recv_displs,
+                                                          size(), true, &displs_a_, &extent));
       const size_t me = static_cast<size_t>(rank());
       if (recv_counts[me] != send_count) {
-        return InvalidArgumentError(fmt::format(
-            "recv_counts[{}] (this rank's own block) is {}, but send_count is {}", rank(),
-            recv_counts[me], send_count));
+        return InvalidArgumentError(
+            fmt::format("recv_counts[{}] (this rank's own block) is {}, but send_count is {}",
+                        rank(), recv_counts[me], send_count));
       }
       MOESHARD_RETURN_IF_ERROR(
           CheckBuffers(send, send_count * elem_bytes, recv, extent * elem_bytes, false));
@@ -192,12 +192,12 @@ class MpiComm final : public Communicator {
       MOESHARD_RETURN_IF_ERROR(CheckElemBytes(args.elem_bytes));
       size_t send_extent = 0;
       size_t recv_extent = 0;
-      MOESHARD_RETURN_IF_ERROR(comm_internal::CheckBlocks(
-          "send_counts", args.send_counts, args.send_displs, size(), false, &displs_a_,
-          &send_extent));
-      MOESHARD_RETURN_IF_ERROR(comm_internal::CheckBlocks(
-          "recv_counts", args.recv_counts, args.recv_displs, size(), true, &displs_b_,
-          &recv_extent));
+      MOESHARD_RETURN_IF_ERROR(comm_internal::CheckBlocks("send_counts", args.send_counts,
+                                                          args.send_displs, size(), false,
+                                                          &displs_a_, &send_extent));
+      MOESHARD_RETURN_IF_ERROR(comm_internal::CheckBlocks("recv_counts", args.recv_counts,
+                                                          args.recv_displs, size(), true,
+                                                          &displs_b_, &recv_extent));
       const size_t eb = args.elem_bytes;
       MOESHARD_RETURN_IF_ERROR(
           CheckBuffers(args.send, send_extent * eb, args.recv, recv_extent * eb, false));
@@ -205,8 +205,7 @@ class MpiComm final : public Communicator {
       if (options_.verify_calls) {
         for (int p = 0; p < size(); ++p) {
           const size_t up = static_cast<size_t>(p);
-          const size_t sent =
-              p == rank() ? args.send_counts[up] : peer_headers_[up].peer_count;
+          const size_t sent = p == rank() ? args.send_counts[up] : peer_headers_[up].peer_count;
           if (sent != args.recv_counts[up]) {
             return InvalidArgumentError(fmt::format(
                 "rank {} sends send_counts[{}] = {} elements to rank {}, but rank {} expects "
@@ -249,8 +248,7 @@ class MpiComm final : public Communicator {
       MOESHARD_MPI(MPI_Comm_rank, sub, &sub_rank);
       MOESHARD_MPI(MPI_Comm_size, sub, &sub_size);
       result = std::make_unique<MpiComm>(sub, sub_rank, sub_size,
-                                         fmt::format("{}/split#{}(color={})", name(), h.seq,
-                                                     color),
+                                         fmt::format("{}/split#{}(color={})", name(), h.seq, color),
                                          world_rank_, world_size_, options_);
       return Status::Ok();
     }));
@@ -263,8 +261,7 @@ class MpiComm final : public Communicator {
   //   2. rank r sums its n pieces in rank order (ReduceSumInRankOrder) into recv chunk r;
   //   3. all-gather of the reduced chunks, in place in recv.
   // The same bits as the local backend, and the bandwidth of a ring all-reduce.
-  Status DoAllReduceSum(ReduceDtype dtype, const void* send, void* recv,
-                        size_t count) override {
+  Status DoAllReduceSum(ReduceDtype dtype, const void* send, void* recv, size_t count) override {
     CallHeader h;
     h.op = CollectiveOp::kAllReduceSum;
     h.dtype = static_cast<uint32_t>(dtype);
@@ -323,8 +320,8 @@ class MpiComm final : public Communicator {
       MOESHARD_RETURN_IF_ERROR(CheckBuffers(send, total * esize, recv, len * esize, false));
       int unused = 0;
       MOESHARD_RETURN_IF_ERROR(ToInt(total, "sum of recv_counts", &unused));
-      MOESHARD_RETURN_IF_ERROR(ToInt(len * static_cast<size_t>(size()),
-                                     "size() * recv_counts[rank]", &unused));
+      MOESHARD_RETURN_IF_ERROR(
+          ToInt(len * static_cast<size_t>(size()), "size() * recv_counts[rank]", &unused));
       MOESHARD_RETURN_IF_ERROR(Begin(&h, {}));
       const size_t un = static_cast<size_t>(size());
       std::vector<int> recv_n(un, static_cast<int>(len)), recv_displs(un);
@@ -350,10 +347,10 @@ class MpiComm final : public Communicator {
   template <typename Body>
   Status Finish(const CallHeader& h, Body&& body) {
     if (!broken_.ok()) {
-      return FailedPreconditionError(fmt::format(
-          "{}{} on '{}': the communicator is unusable after an earlier failure: {}",
-          comm_internal::RankPrefix(world_rank_, world_size_), CollectiveOpName(h.op), name(),
-          broken_.message()));
+      return FailedPreconditionError(
+          fmt::format("{}{} on '{}': the communicator is unusable after an earlier failure: {}",
+                      comm_internal::RankPrefix(world_rank_, world_size_), CollectiveOpName(h.op),
+                      name(), broken_.message()));
     }
     Status s;
     try {
@@ -383,10 +380,10 @@ class MpiComm final : public Communicator {
       if (p == rank()) continue;
       const size_t up = static_cast<size_t>(p);
       if (!peer_counts.empty()) out_headers_[up].peer_count = peer_counts[up];
-      MOESHARD_MPI(MPI_Irecv, &peer_headers_[up], static_cast<int>(sizeof(CallHeader)), MPI_BYTE,
-                   p, kHeaderTag, comm_, &requests_[up]);
-      MOESHARD_MPI(MPI_Isend, &out_headers_[up], static_cast<int>(sizeof(CallHeader)), MPI_BYTE,
-                   p, kHeaderTag, comm_, &requests_[un + up]);
+      MOESHARD_MPI(MPI_Irecv, &peer_headers_[up], static_cast<int>(sizeof(CallHeader)), MPI_BYTE, p,
+                   kHeaderTag, comm_, &requests_[up]);
+      MOESHARD_MPI(MPI_Isend, &out_headers_[up], static_cast<int>(sizeof(CallHeader)), MPI_BYTE, p,
+                   kHeaderTag, comm_, &requests_[un + up]);
     }
     MOESHARD_RETURN_IF_ERROR(Wait(requests_.data(), static_cast<int>(requests_.size()),
                                   "the call-header exchange", /*header_recvs=*/true));
@@ -454,9 +451,9 @@ class MpiComm final : public Communicator {
     }
     if (in_place_ok && send == recv) return Status::Ok();
     if (comm_internal::Overlaps(send, send_bytes, recv, recv_bytes)) {
-      return InvalidArgumentError(fmt::format(
-          "send [{} bytes] and recv [{} bytes] overlap{}", send_bytes, recv_bytes,
-          in_place_ok ? " (only exactly in place, send == recv, is allowed)" : ""));
+      return InvalidArgumentError(
+          fmt::format("send [{} bytes] and recv [{} bytes] overlap{}", send_bytes, recv_bytes,
+                      in_place_ok ? " (only exactly in place, send == recv, is allowed)" : ""));
     }
     return Status::Ok();
   }
@@ -507,8 +504,8 @@ Result<std::unique_ptr<MpiSession>> MpiSession::Init(int* argc, char*** argv) {
   int provided = 0;
   // SERIALIZED: the rank's thread may be any thread, one at a time (the contract of
   // communicator.h).
-  MOESHARD_RETURN_IF_ERROR(MpiStatus(
-      "MPI_Init_thread", MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided)));
+  MOESHARD_RETURN_IF_ERROR(
+      MpiStatus("MPI_Init_thread", MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided)));
   MOESHARD_MPI(MPI_Comm_set_errhandler, MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0;
   int size = 0;
