@@ -44,6 +44,15 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+void ApplyRoofline(const Roofline& roofline, std::vector<KernelBenchResult>* results) {
+  for (KernelBenchResult& r : *results) {
+    r.memory_seconds = r.weight_bytes / roofline.read_bytes_per_s;
+    r.compute_seconds = r.flops / roofline.bf16_flops_per_s;
+    r.bound = r.memory_seconds >= r.compute_seconds ? "memory" : "compute";
+    r.fraction = std::max(r.memory_seconds, r.compute_seconds) / r.seconds;
+  }
+}
+
 Result<std::vector<KernelBenchResult>> RunKernelBench(
     KernelContext& ctx, const KernelBenchOptions& o, const Roofline& roofline,
     const std::function<void(const KernelBenchResult&)>& on_result) {
@@ -121,12 +130,10 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
                   static_cast<double>(shape.hidden * shape.intermediate);
         r.seconds = Median(times);
         r.routing_seconds = Median(routing_times);
-        r.memory_seconds = r.weight_bytes / roofline.read_bytes_per_s;
-        r.compute_seconds = r.flops / roofline.bf16_flops_per_s;
-        r.bound = r.memory_seconds >= r.compute_seconds ? "memory" : "compute";
-        r.fraction = std::max(r.memory_seconds, r.compute_seconds) / r.seconds;
-        if (on_result) on_result(r);
-        results.push_back(r);
+        std::vector<KernelBenchResult> one = {r};
+        ApplyRoofline(roofline, &one);
+        if (on_result) on_result(one[0]);
+        results.push_back(one[0]);
       }
     }
   }

@@ -70,6 +70,11 @@ struct KernelBenchResult {
   const char* bound = "";        // "memory" or "compute"
 };
 
+// Recomputes memory/compute seconds, bound and fraction of `results` against `roofline` (e.g.
+// the best of measurements taken before and after the cases, so that a machine shared with other
+// work does not flatter the ratios).
+void ApplyRoofline(const Roofline& roofline, std::vector<KernelBenchResult>* results);
+
 // Runs every (shape, format, tokens) case; `on_result` is called after each (for progress).
 Result<std::vector<KernelBenchResult>> RunKernelBench(
     KernelContext& ctx, const KernelBenchOptions& options, const Roofline& roofline,

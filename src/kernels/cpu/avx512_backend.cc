@@ -75,6 +75,7 @@ struct Bf16Decoder {
   void Prefetch(int j, int64_t k) const {
     _mm_prefetch(reinterpret_cast<const char*>(rows[j] + 2 * k + kPrefetchBytes), _MM_HINT_T0);
   }
+  static constexpr int64_t kValuesPerLine = 32;
   int64_t GroupCols() const { return 0; }
   __m512 Scale(int, int64_t) const { return _mm512_set1_ps(1.0f); }
 };
@@ -109,6 +110,10 @@ struct Fp8Decoder {
   __m512bh LoadTail(int j, int64_t k, __mmask32 m) const {
     return Convert(_mm256_maskz_loadu_epi8(m, rows[j] + k));
   }
+  void Prefetch(int j, int64_t k) const {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k + kPrefetchBytes), _MM_HINT_T0);
+  }
+  static constexpr int64_t kValuesPerLine = 64;
   int64_t GroupCols() const { return kCpuFp8BlockSize; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(scales[j][g] * 256.0f); }
 };
@@ -140,7 +145,7 @@ const std::array<float, 256>& E8M0Table() {
 // E2M1 codes times an E8M0 power of two: the E2M1 value is exact in bf16, the scale is applied
 // in fp32 per 32-column group.
 struct Mxfp4Decoder {
-  static constexpr int kMaxNr = 2;
+  static constexpr int kMaxNr = 4;
   static constexpr bool kScaled = true;
   const uint8_t* rows[kMaxNr];
   const uint8_t* scales[kMaxNr];
@@ -157,6 +162,12 @@ struct Mxfp4Decoder {
   }
   __m512bh Load(int j, int64_t k) const { return NibblesToBf16(rows[j] + k / 2, table); }
   __m512bh LoadTail(int j, int64_t k, __mmask32) const { return Load(j, k); }  // cols % 32 == 0
+  void Prefetch(int j, int64_t k) const {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scales[j] + k / 32 + kPrefetchBytes / 16),
+                 _MM_HINT_T0);
+  }
+  static constexpr int64_t kValuesPerLine = 128;
   int64_t GroupCols() const { return kCpuMxfp4GroupSize; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(e8m0[scales[j][g]]); }
 };
@@ -168,7 +179,7 @@ std::array<float, 16> Int4Values() {
 }
 
 struct Int4Decoder {
-  static constexpr int kMaxNr = 2;
+  static constexpr int kMaxNr = 4;
   static constexpr bool kScaled = true;
   const uint8_t* rows[kMaxNr];
   const bf16_t* scales[kMaxNr];
@@ -184,6 +195,12 @@ struct Int4Decoder {
   }
   __m512bh Load(int j, int64_t k) const { return NibblesToBf16(rows[j] + k / 2, table); }
   __m512bh LoadTail(int j, int64_t k, __mmask32) const { return Load(j, k); }  // cols % g == 0
+  void Prefetch(int j, int64_t k) const {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scales[j] + k / group + kPrefetchBytes / 8),
+                 _MM_HINT_T0);
+  }
+  static constexpr int64_t kValuesPerLine = 128;
   int64_t GroupCols() const { return group; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(Bf16ToFloat(scales[j][g])); }
 };
@@ -229,6 +246,26 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
         for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
       }
     }
+  } else if (d.GroupCols() == 32) {
+    // One scale per 32-column step (MXFP4, int4 g32): scale each step's dot product directly.
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t k = kbegin; k < cols; k += 32) {
+      __m512bh xv[MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        if constexpr (MR <= 2) {
+          if (k % Dec::kValuesPerLine == 0) d.Prefetch(j, k);
+        }
+        const __m512bh wv = d.Load(j, k);
+        const __m512 sc = d.Scale(j, k / 32);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          acc[i][j] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, xv[i], wv), sc, acc[i][j]);
+        }
+      }
+    }
   } else {
     const int64_t group_cols = d.GroupCols();
     for (int64_t k0 = kbegin, g = kbegin / group_cols; k0 < cols; k0 += group_cols, ++g) {
@@ -246,6 +283,9 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
         for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
+          if constexpr (MR <= 2) {
+            if (k % Dec::kValuesPerLine == 0) d.Prefetch(j, k);
+          }
           const __m512bh wv = d.Load(j, k);
 #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) part[i][j] = _mm512_dpbf16_ps(part[i][j], xv[i], wv);
