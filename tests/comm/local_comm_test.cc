@@ -15,6 +15,7 @@
 #include <thread>
 #include <tuple>
 
+#include "moeshard/comm/mpi_comm.h"
 #include "tests/comm/comm_cases.h"
 
 namespace moeshard {
@@ -239,6 +240,15 @@ TEST(LocalCommFailureTest, CollectivesAfterAbortReturnImmediately) {
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_EQ(statuses[1].code(), StatusCode::kAborted);
   EXPECT_EQ(statuses[1].message(), "[rank 0/2] DATA_LOSS: rank 0 gives up");
+}
+
+// Builds without MPI keep the MPI entry points, failing with a message that says what to do.
+TEST(MpiUnavailableTest, InitSaysHowToGetMpi) {
+  if (MpiAvailable()) GTEST_SKIP() << "built with MPI: covered by comm_mpi_test";
+  auto session = MpiSession::Init(nullptr, nullptr);
+  ASSERT_FALSE(session.ok());
+  EXPECT_EQ(session.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(session.status().message(), HasSubstr("built without MPI"));
 }
 
 }  // namespace
