@@ -303,7 +303,7 @@ Status ParseDeepseekV3(const Fields& f, ModelConfig& c) {
   MOESHARD_RETURN_IF_ERROR(ParseNoauxRouting(f, c));
   MOESHARD_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "silu"));
   if (act != "silu") return f.Error("hidden_act", "\"silu\"", "\"" + act + "\"");
-  c.activation = Activation::kSwiGlu;
+  c.activation = ExpertActivation::kSwiGlu;
   c.routed_expert_hidden_size = c.hidden_size;
   c.layers.assign(c.num_layers, LayerSpec{});
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -335,11 +335,11 @@ Status ParseKimiK3(const Fields& f, ModelConfig& c) {
   MOESHARD_RETURN_IF_ERROR(ParseNoauxRouting(f, c));
   MOESHARD_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "situ"));
   if (act == "situ") {
-    c.activation = Activation::kSitu;
+    c.activation = ExpertActivation::kSitu;
     MOESHARD_ASSIGN_OR_RETURN(c.situ_beta, f.Double("activation_situ_beta", 4.0));
     MOESHARD_ASSIGN_OR_RETURN(c.situ_linear_beta, f.Double("activation_situ_linear_beta", 25.0));
   } else if (act == "silu") {
-    c.activation = Activation::kSwiGlu;
+    c.activation = ExpertActivation::kSwiGlu;
   } else {
     return f.Error("hidden_act", "\"situ\" or \"silu\"", "\"" + act + "\"");
   }
@@ -415,7 +415,7 @@ Status ParseQwen3Moe(const Fields& f, ModelConfig& c) {
   }
   MOESHARD_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "silu"));
   if (act != "silu") return f.Error("hidden_act", "\"silu\"", "\"" + act + "\"");
-  c.activation = Activation::kSwiGlu;
+  c.activation = ExpertActivation::kSwiGlu;
   c.scoring = ScoringFunc::kSoftmax;
   c.routing = RoutingMethod::kSoftmaxTopK;
   c.routed_expert_hidden_size = c.hidden_size;
@@ -439,7 +439,7 @@ Status ParseMixtral(const Fields& f, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.sliding_window, f.Int("sliding_window", 0));
   MOESHARD_ASSIGN_OR_RETURN(std::string act, f.String("hidden_act", "silu"));
   if (act != "silu") return f.Error("hidden_act", "\"silu\"", "\"" + act + "\"");
-  c.activation = Activation::kSwiGlu;
+  c.activation = ExpertActivation::kSwiGlu;
   c.scoring = ScoringFunc::kSoftmax;
   c.routing = RoutingMethod::kSoftmaxTopK;
   c.norm_topk_prob = true;  // Mixtral renormalises the top-2
@@ -462,7 +462,7 @@ Status ParseGptOss(const Fields& f, ModelConfig& c) {
                             f.IntAlias({"num_experts_per_tok", "experts_per_token"}, std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.sliding_window, f.Int("sliding_window", 0));
   MOESHARD_ASSIGN_OR_RETURN(c.swiglu_limit, f.Double("swiglu_limit", 7.0));
-  c.activation = Activation::kSwiGluOai;
+  c.activation = ExpertActivation::kSwiGluOai;
   c.scoring = ScoringFunc::kSoftmax;
   c.routing = RoutingMethod::kTopKThenSoftmax;
   c.norm_topk_prob = true;

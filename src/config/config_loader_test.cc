@@ -57,7 +57,7 @@ TEST(ConfigTest, KimiK3) {
   EXPECT_TRUE(c.latent_moe);
   EXPECT_EQ(c.routed_expert_hidden_size, 3584);
   EXPECT_TRUE(c.latent_moe_use_norm);
-  EXPECT_EQ(c.activation, Activation::kSitu);
+  EXPECT_EQ(c.activation, ExpertActivation::kSitu);
   EXPECT_DOUBLE_EQ(c.situ_beta, 4.0);
   EXPECT_DOUBLE_EQ(c.situ_linear_beta, 25.0);
   EXPECT_EQ(c.routing, RoutingMethod::kSigmoidGroupedTopK);
@@ -130,7 +130,7 @@ TEST(ConfigTest, QwenMixtralGptOss) {
   EXPECT_EQ(g.family, ModelFamily::kGptOss);
   EXPECT_EQ(g.num_experts, 128);
   EXPECT_EQ(g.num_experts_per_tok, 4);
-  EXPECT_EQ(g.activation, Activation::kSwiGluOai);
+  EXPECT_EQ(g.activation, ExpertActivation::kSwiGluOai);
   EXPECT_EQ(g.routing, RoutingMethod::kTopKThenSoftmax);
   EXPECT_TRUE(g.expert_bias);
   EXPECT_TRUE(g.gate_up_fused);

@@ -76,13 +76,13 @@ const char* AttentionKindName(AttentionKind kind) {
   return "?";
 }
 
-const char* ActivationName(Activation act) {
+const char* ExpertActivationName(ExpertActivation act) {
   switch (act) {
-    case Activation::kSwiGlu: return "swiglu";
-    case Activation::kSwiGluOai: return "swiglu-oai";
-    case Activation::kSitu: return "situ";
-    case Activation::kRelu2: return "relu2";
-    case Activation::kGeluTanh: return "gelu-tanh";
+    case ExpertActivation::kSwiGlu: return "swiglu";
+    case ExpertActivation::kSwiGluOai: return "swiglu-oai";
+    case ExpertActivation::kSitu: return "situ";
+    case ExpertActivation::kRelu2: return "relu2";
+    case ExpertActivation::kGeluTanh: return "gelu-tanh";
   }
   return "?";
 }

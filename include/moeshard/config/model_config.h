@@ -36,7 +36,7 @@ enum class RoutingMethod {
   kTopKThenSoftmax,      // top-k over logits, softmax over the k (gpt-oss)
 };
 
-enum class Activation {
+enum class ExpertActivation {
   kSwiGlu,     // silu(gate) * up
   kSwiGluOai,  // gpt-oss: clamp 7, alpha 1.702, (up + 1), interleaved gate/up
   kSitu,       // Kimi-K3: beta*tanh(gate/beta)*sigmoid(gate) * beta_lin*tanh(up/beta_lin)
@@ -140,7 +140,7 @@ struct ModelConfig {
   bool has_correction_bias = false;  // e_score_correction_bias (noaux_tc)
   bool expert_bias = false;          // gpt-oss experts have biases
   bool gate_up_fused = false;        // gpt-oss stores gate_up_proj fused, gate/up interleaved
-  Activation activation = Activation::kSwiGlu;
+  ExpertActivation activation = ExpertActivation::kSwiGlu;
   double situ_beta = 4.0;
   double situ_linear_beta = 25.0;
   double swiglu_limit = 7.0;
@@ -155,12 +155,12 @@ struct ModelConfig {
   int64_t num_moe_layers() const;
   int64_t num_dense_layers() const { return num_layers - num_moe_layers(); }
   int64_t num_layers_of(AttentionKind kind) const;
-  bool gated() const { return activation != Activation::kRelu2; }
+  bool gated() const { return activation != ExpertActivation::kRelu2; }
 };
 
 const char* ModelFamilyName(ModelFamily family);  // "deepseek_v3", "kimi_k3", ...
 const char* AttentionKindName(AttentionKind kind);
-const char* ActivationName(Activation act);
+const char* ExpertActivationName(ExpertActivation act);
 const char* QuantMethodName(QuantMethod method);
 const char* RoutingMethodName(RoutingMethod method);
 
