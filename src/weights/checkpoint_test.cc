@@ -3,6 +3,7 @@
 #include "moeshard/weights/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "moeshard/weights/safetensors_writer.h"
 #include "weights/test_util.h"
@@ -207,6 +208,29 @@ TEST(CheckpointOpenTest, WithoutAnIndexUsesEverySafetensorsFile) {
   WriteShard(dir / "c.safetensors", {"x"});
   ExpectError(Checkpoint::Open(dir.path().string()).status(), StatusCode::kDataLoss,
               {"tensor 'x'", "a.safetensors", "c.safetensors"});
+}
+
+TEST(CheckpointOpenTest, FollowsSymlinksLikeTheHuggingFaceCache) {
+  // snapshots/<rev>/<shard> -> ../../blobs/<hash>, as huggingface_hub lays out its cache.
+  ScratchDir dir;
+  std::filesystem::create_directories(dir.path() / "blobs");
+  std::filesystem::create_directories(dir.path() / "snapshots" / "rev");
+  WriteShard(dir / "blobs/1111", {"a"});
+  WriteShard(dir / "blobs/2222", {"b"});
+  std::filesystem::create_symlink("../../blobs/1111", dir.path() / "snapshots/rev/s1.safetensors");
+  std::filesystem::create_symlink("../../blobs/2222", dir.path() / "snapshots/rev/s2.safetensors");
+  testing_util::WriteText(dir.path() / "snapshots/rev" / std::string(kCheckpointIndexFileName),
+                          IndexJson({{"a", "s1.safetensors"}, {"b", "s2.safetensors"}}));
+  auto ckpt = Checkpoint::Open((dir.path() / "snapshots/rev").string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_EQ((*ckpt)->tensors().size(), 2u);
+}
+
+TEST(CheckpointOpenTest, RejectsAFifoWithoutBlocking) {
+  ScratchDir dir;
+  ASSERT_EQ(::mkfifo((dir / "pipe.safetensors").c_str(), 0600), 0);
+  auto r = SafetensorsFile::Open(dir / "pipe.safetensors");
+  ExpectError(r.status(), StatusCode::kInvalidArgument, {"expected a regular file"});
 }
 
 TEST(CheckpointOpenTest, OpensASingleFile) {

@@ -102,8 +102,10 @@ Result<SafetensorsHeader> OpenAndParse(const std::string& path, int fd, int64_t*
   return ParseSafetensorsHeader(prefix, *file_size, path);
 }
 
+// O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then rejects it. It has no
+// effect on regular files.
 Result<int> OpenReadOnly(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const std::string msg =

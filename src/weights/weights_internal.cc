@@ -76,7 +76,7 @@ uint64_t LoadLittleEndian64(const uint8_t* p) {
 }
 
 Result<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const std::string msg = fmt::format("read: '{}': {}", path, std::strerror(err));

@@ -7,6 +7,8 @@
 #
 # ctest: each target runs for MOESHARD_FUZZ_SECONDS (default 20) over its committed seed corpus
 # (src/weights/fuzz/corpus/<target>/, read-only; new inputs go to the build tree), label `fuzz`.
+# -timeout=60, not 10: on a loaded 2-core machine a 10 s per-input limit fired once on an input
+# that runs in 11 ms (see docs/RELIABILITY.md); a real hang still fails the test.
 # Long runs: see docs/RELIABILITY.md.
 if(NOT MOESHARD_ENABLE_FUZZ)
   return()
@@ -85,7 +87,7 @@ foreach(name safetensors_header checkpoint_index)
   if(MOESHARD_BUILD_TESTS)
     file(MAKE_DIRECTORY ${_fuzz_dir}/${name}_new)
     add_test(NAME weights_fuzz_${name}
-      COMMAND ${_bin} -max_total_time=${MOESHARD_FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048
+      COMMAND ${_bin} -max_total_time=${MOESHARD_FUZZ_SECONDS} -timeout=60 -rss_limit_mb=2048
               -print_final_stats=1 ${_fuzz_dir}/${name}_new
               ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus/${name})
     set_tests_properties(weights_fuzz_${name} PROPERTIES LABELS fuzz TIMEOUT 180)
