@@ -216,6 +216,15 @@ Status WriteFileAtomically(const std::string& path,
     return InvalidArgumentError(fmt::format("write: '{}': rename from '{}' failed: {}",
                                             Printable(path), Printable(tmp), std::strerror(err)));
   }
+  // Make the rename itself durable (best effort: the file is complete either way).
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
+  }
   return Status::Ok();
 }
 
