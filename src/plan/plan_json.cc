@@ -23,7 +23,7 @@ json TensorShardToJson(const TensorShard& t) {
   if (t.shard_dim >= 0) {
     j["shard"] = {{"dim", t.shard_dim}, {"begin", t.shard_begin}, {"end", t.shard_end}};
   }
-  if (!t.layers.empty()) j["layers"] = t.layers;
+  if (!t.layers.empty()) j["layers"] = t.layers.vec();
   return j;
 }
 

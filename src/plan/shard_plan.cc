@@ -179,7 +179,7 @@ int64_t Bytes(DType dtype, const std::vector<int64_t>& shape) {
 TensorShard MakeShard(std::string name, TensorCategory cat, DType dtype,
                       std::vector<int64_t> logical, std::vector<int64_t> local,
                       std::vector<int64_t> padded, int shard_dim, int64_t begin, int64_t end,
-                      const std::vector<int64_t>& layers) {
+                      const LayerSet& layers) {
   TensorShard s;
   s.name = std::move(name);
   s.category = cat;
@@ -206,9 +206,8 @@ std::string ReplaceSuffix(const std::string& name, const std::string& suffix) {
 }
 
 // Adds the shards of one non-routed logical tensor for one rank.
-void AddShards(const LogicalTensor& t, const ModelConfig& m, const ResolvedTopology& topo,
-               const RankCoords& rc, const std::vector<int64_t>& layers,
-               std::vector<TensorShard>& out) {
+Status AddShards(const LogicalTensor& t, const ModelConfig& m, const ResolvedTopology& topo,
+                 const RankCoords& rc, const LayerSet& layers, std::vector<TensorShard>& out) {
   const int64_t tp = topo.tp, r = rc.tp_rank;
   int dim = -1;
   int64_t begin = 0, end = 0;
@@ -243,7 +242,27 @@ void AddShards(const LogicalTensor& t, const ModelConfig& m, const ResolvedTopol
   if (dim >= 0 && begin == 0 && end == t.shape[dim]) dim = -1;
   if (t.quant == QuantMethod::kNone) {
     out.push_back(MakeShard(t.name, t.category, t.dtype, t.shape, local, local, dim, begin, end, layers));
-    return;
+    return Status::Ok();
+  }
+  if (dim >= 0) {
+    // A quantization scale group must not straddle two ranks: fp8 blocks along both dims,
+    // mxfp4 / int4 groups along the input dim.
+    int64_t group = 1;
+    if (t.quant == QuantMethod::kFp8Block) group = dim == 0 ? m.quant.block_out : m.quant.block_in;
+    if (t.quant == QuantMethod::kMxfp4 || t.quant == QuantMethod::kInt4) {
+      group = dim == 1 ? QuantGroupAlong(m.quant) : 1;
+    }
+    if ((end - begin) % group != 0) {
+      std::vector<int64_t> ok;
+      for (int64_t d = 1; d <= 64; d *= 2) {
+        if (t.shape[dim] % d == 0 && (t.shape[dim] / d) % group == 0) ok.push_back(d);
+      }
+      return InvalidArgumentError(fmt::format(
+          "plan: '{}' {} split {} ways by TP gives {} {}: expected a multiple of the {} group {} "
+          "(a scale block would straddle ranks; TP sizes that keep it whole: {})",
+          t.name, fmt::format("[{}]", fmt::join(t.shape, ", ")), tp, end - begin,
+          dim == 0 ? "rows" : "columns", QuantMethodName(t.quant), group, fmt::join(ok, ", ")));
+    }
   }
   const QuantStorage logical = internal::QuantizedLinear(t.quant, m.quant, t.shape, m.dtype);
   const QuantStorage q = internal::QuantizedLinear(t.quant, m.quant, local, m.dtype);
@@ -264,11 +283,12 @@ void AddShards(const LogicalTensor& t, const ModelConfig& m, const ResolvedTopol
     out.push_back(MakeShard(ReplaceSuffix(t.name, q.scale_suffix), t.category, q.scale_dtype,
                             logical.scale_shape, q.scale_shape, q.scale_shape, dim, sb, se, layers));
   }
+  return Status::Ok();
 }
 
 // Routed-expert tensors of one rank in the fused layout (see shard_plan.h).
 void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_slots_local,
-                      const std::vector<int64_t>& moe_layers, std::vector<TensorShard>& out) {
+                      const LayerSet& moe_layers, std::vector<TensorShard>& out) {
   if (moe_layers.empty() || num_slots_local == 0) return;
   const ModelConfig& m = plan.model;
   const int64_t E = m.num_experts, El = num_slots_local;
@@ -419,31 +439,47 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
   std::vector<std::vector<int64_t>> stage_layers(t.pp);
   for (int64_t s = 0; s < t.pp; ++s) stage_layers[s] = internal::StageLayers(model.num_layers, t.pp, s);
 
+  // Per stage: each logical tensor's layers on that stage, and the stage's MoE layers, shared
+  // by every rank of the stage.
+  std::vector<std::vector<LayerSet>> stage_tensor_layers(t.pp);
+  std::vector<LayerSet> stage_moe_layers(t.pp);
+  for (int64_t s = 0; s < t.pp; ++s) {
+    const std::vector<int64_t>& sl = stage_layers[s];
+    for (const LogicalTensor& lt : logical) {
+      std::vector<int64_t> layers;
+      std::set_intersection(lt.layers.begin(), lt.layers.end(), sl.begin(), sl.end(),
+                            std::back_inserter(layers));
+      stage_tensor_layers[s].push_back(LayerSet(std::move(layers)));
+    }
+    std::vector<int64_t> moe_layers;
+    for (int64_t l : sl) {
+      if (model.layers[l].moe) moe_layers.push_back(l);
+    }
+    stage_moe_layers[s] = LayerSet(std::move(moe_layers));
+  }
+
   for (int64_t rank = 0; rank < t.world; ++rank) {
     RankPlan rp;
     rp.coords = CoordsOf(t, rank);
-    rp.layers = stage_layers[rp.coords.pp_stage];
+    const int64_t stage = rp.coords.pp_stage;
+    rp.layers = stage_layers[stage];
     rp.expert_slots = ExpertSlotsOf(model.num_experts, plan.num_slots, t.moe_ep,
                                     rp.coords.moe_ep_rank, options.placement);
-    const bool first = rp.coords.pp_stage == 0, last = rp.coords.pp_stage == t.pp - 1;
-    for (const LogicalTensor& lt : logical) {
-      std::vector<int64_t> layers;
+    const bool first = stage == 0, last = stage == t.pp - 1;
+    rp.tensors.reserve(2 * logical.size() + 8);
+    for (size_t i = 0; i < logical.size(); ++i) {
+      const LogicalTensor& lt = logical[i];
       if (lt.where == Where::kLayers) {
-        std::set_intersection(lt.layers.begin(), lt.layers.end(), rp.layers.begin(),
-                              rp.layers.end(), std::back_inserter(layers));
-        if (layers.empty()) continue;
+        if (stage_tensor_layers[stage][i].empty()) continue;
       } else if ((lt.where == Where::kFirstStage && !first) ||
                  (lt.where == Where::kLastStage && !last)) {
         continue;
       }
-      AddShards(lt, model, t, rp.coords, layers, rp.tensors);
+      MOESHARD_RETURN_IF_ERROR(
+          AddShards(lt, model, t, rp.coords, stage_tensor_layers[stage][i], rp.tensors));
     }
-    std::vector<int64_t> moe_layers;
-    for (int64_t l : rp.layers) {
-      if (model.layers[l].moe) moe_layers.push_back(l);
-    }
-    AddRoutedExperts(plan, rp.coords, static_cast<int64_t>(rp.expert_slots.size()), moe_layers,
-                     rp.tensors);
+    AddRoutedExperts(plan, rp.coords, static_cast<int64_t>(rp.expert_slots.size()),
+                     stage_moe_layers[stage], rp.tensors);
     plan.ranks.push_back(std::move(rp));
   }
   return plan;

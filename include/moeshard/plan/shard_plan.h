@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,28 @@ struct DimLayout {
   int64_t padding() const { return padded_local - raw_local; }
 };
 
+// An immutable, shared list of layer indices: every rank of a stage holding a per-layer tensor
+// points at one copy (plans of 64 ranks x 93 layers stay cheap to build and copy).
+class LayerSet {
+ public:
+  LayerSet() = default;
+  explicit LayerSet(std::vector<int64_t> layers)
+      : layers_(std::make_shared<const std::vector<int64_t>>(std::move(layers))) {}
+  const std::vector<int64_t>& vec() const { return layers_ ? *layers_ : Empty(); }
+  size_t size() const { return vec().size(); }
+  bool empty() const { return vec().empty(); }
+  int64_t front() const { return vec().front(); }
+  std::vector<int64_t>::const_iterator begin() const { return vec().begin(); }
+  std::vector<int64_t>::const_iterator end() const { return vec().end(); }
+
+ private:
+  static const std::vector<int64_t>& Empty() {
+    static const std::vector<int64_t> empty;
+    return empty;
+  }
+  std::shared_ptr<const std::vector<int64_t>> layers_;
+};
+
 // One tensor as one rank holds it. For per-layer tensors, `name` has a "{layer}" placeholder
 // and the entry stands for `layers.size()` identical tensors.
 struct TensorShard {
@@ -96,7 +119,7 @@ struct TensorShard {
   int shard_dim = -1;                  // dimension split across ranks; -1: replicated
   int64_t shard_begin = 0;             // [begin, end) of shard_dim in logical coordinates
   int64_t shard_end = 0;
-  std::vector<int64_t> layers;  // layer indices on this rank; empty for non-layer tensors
+  LayerSet layers;  // layer indices on this rank; empty for non-layer tensors
   int64_t bytes = 0;            // padded bytes, all layers together
   int64_t padding_bytes = 0;    // bytes spent on padding, all layers together
 
