@@ -1,10 +1,13 @@
 #include <fmt/format.h>
 
+#include <chrono>
+#include <filesystem>
 #include <map>
 
 #include "cli/plan_report.h"
 #include "moeshard/base/units.h"
 #include "moeshard/config/config_loader.h"
+#include "moeshard/weights/checkpoint.h"
 
 namespace moeshard::cli {
 
@@ -13,7 +16,58 @@ Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memo
   MOESHARD_ASSIGN_OR_RETURN(in.model, LoadModelConfig(plan.model));
   MOESHARD_ASSIGN_OR_RETURN(in.plan_options, ToPlanOptions(plan));
   MOESHARD_ASSIGN_OR_RETURN(in.memory_options, ToMemoryOptions(memory));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(plan.model, ec)) {
+    bool has_weights = fs::exists(fs::path(plan.model) / "model.safetensors.index.json", ec);
+    for (const auto& e : fs::directory_iterator(plan.model, ec)) {
+      has_weights = has_weights || e.path().extension() == ".safetensors";
+    }
+    if (has_weights) {
+      // Headers only: a 1.5 TB checkpoint is sized from a few kilobytes per shard.
+      const auto start = std::chrono::steady_clock::now();
+      MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt,
+                                Checkpoint::Open(plan.model, SafetensorsAccess::kHeaderOnly));
+      for (const auto& [name, entry] : ckpt->tensors()) {
+        in.checkpoint_tensors.push_back(CheckpointTensorInfo{
+            name, entry.info->dtype, entry.info->shape, entry.info->num_bytes()});
+      }
+      in.checkpoint_shards = ckpt->num_shards();
+      in.header_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      in.checkpoint = plan.model;
+    }
+  }
   return in;
+}
+
+void ApplyCheckpointSizing(const ShardPlan& plan, PlanInputs& in) {
+  if (in.checkpoint.empty()) return;
+  const CheckpointSizing sizing = SizeFromCheckpoint(plan, in.checkpoint_tensors);
+  in.unplaced_tensors = sizing.unplaced;
+  in.memory_options.weight_bytes_override.clear();
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankPlan& r : plan.ranks) {
+    // Exact checkpoint bytes of the slices the rank holds, plus the padding the plan adds.
+    int64_t padding = 0;
+    for (const TensorShard& s : r.tensors) padding += s.padding_bytes;
+    const int64_t bytes = sizing.RankTotal(r.coords.rank) + padding;
+    in.memory_options.weight_bytes_override.push_back(bytes);
+    nlohmann::json cats;
+    for (size_t c = 0; c < kNumCategories; ++c) {
+      cats[TensorCategoryName(kAllCategories[c])] = sizing.rank_bytes[r.coords.rank][c];
+    }
+    ranks.push_back({{"rank", r.coords.rank}, {"weights_from_headers", bytes},
+                     {"weights_from_config", r.WeightBytes()}, {"by_category", cats}});
+  }
+  in.checkpoint_json = {{"path", in.checkpoint},
+                        {"shards", in.checkpoint_shards},
+                        {"tensors", sizing.num_tensors},
+                        {"bytes", sizing.total_bytes},
+                        {"placed_bytes", sizing.placed_bytes},
+                        {"header_seconds", in.header_seconds},
+                        {"unplaced", sizing.unplaced},
+                        {"ranks", ranks}};
 }
 
 namespace {
@@ -153,6 +207,25 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   out += fmt::format("{}(GiB; weights include quantization scales and padding)\n",
                      md ? "\n" : "  ");
   for (const std::string& n : plan.notes) out += fmt::format("note: {}\n", n);
+  if (!in.checkpoint.empty()) {
+    const nlohmann::json& c = in.checkpoint_json;
+    out += fmt::format(
+        "\ncheckpoint {}: {} tensors, {} in {} shard(s), headers read in {:.3f} s; per-rank "
+        "weights above are exact from the headers (config formulas for rank 0: {})\n",
+        in.checkpoint, c["tensors"].get<int64_t>(), FormatBytes(c["bytes"].get<int64_t>()),
+        c["shards"].get<int64_t>(), in.header_seconds,
+        FormatBytes(c["ranks"][0]["weights_from_config"].get<int64_t>()));
+    if (!in.unplaced_tensors.empty()) {
+      out += fmt::format("warning: {} checkpoint tensor(s) have no place in this plan:\n",
+                         in.unplaced_tensors.size());
+      for (size_t i = 0; i < in.unplaced_tensors.size() && i < 20; ++i) {
+        out += "  " + in.unplaced_tensors[i] + "\n";
+      }
+      if (in.unplaced_tensors.size() > 20) {
+        out += fmt::format("  ... and {} more (see --format json)\n", in.unplaced_tensors.size() - 20);
+      }
+    }
+  }
   if (mem.fits) {
     out += fmt::format("\nFITS: every rank holds its weights and {} x {} tokens of KV cache.\n",
                        mo.max_num_seqs, FormatCount(mem.max_model_len));

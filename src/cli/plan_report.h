@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/cli_common.h"
+#include "moeshard/plan/checkpoint_sizing.h"
 #include "moeshard/plan/memory.h"
 #include "moeshard/plan/shard_plan.h"
 
@@ -21,7 +22,14 @@ struct PlanInputs {
   std::string checkpoint;                      // directory, when --model named one with weights
   nlohmann::json checkpoint_json;              // what the headers said (sizes, unplaced tensors)
   std::vector<std::string> unplaced_tensors;   // checkpoint tensors the plan cannot place
+  std::vector<CheckpointTensorInfo> checkpoint_tensors;  // from the headers
+  int64_t checkpoint_shards = 0;
+  double header_seconds = 0;  // time to read every header
 };
+
+// With a checkpoint: sizes the plan from its headers, fills checkpoint_json and
+// unplaced_tensors, and makes the memory plan use the exact per-rank bytes.
+void ApplyCheckpointSizing(const ShardPlan& plan, PlanInputs& inputs);
 
 Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memory);
 

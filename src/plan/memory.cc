@@ -180,7 +180,8 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
     RankMemory rm;
     rm.rank = r.coords.rank;
     rm.budget = budget;
-    rm.weights = r.WeightBytes();
+    rm.weights = o.weight_bytes_override.empty() ? r.WeightBytes()
+                                                 : o.weight_bytes_override.at(r.coords.rank);
     rm.activations = ActivationBytes(plan, r, o);
     rm.overhead = o.overhead_bytes;
     rm.kv_cache = budget - rm.weights - rm.activations - rm.overhead;

@@ -48,6 +48,8 @@ struct MemoryOptions {
   int64_t max_num_seqs = 1;
   int64_t max_num_batched_tokens = 8192;  // sizes the activation workspace
   int64_t overhead_bytes = int64_t{2} << 30;  // CUDA context, NCCL buffers, graphs
+  // Per-rank weight bytes measured elsewhere (a checkpoint's headers); empty: the plan's.
+  std::vector<int64_t> weight_bytes_override;
 };
 
 struct RankMemory {
