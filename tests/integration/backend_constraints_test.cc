@@ -1,0 +1,70 @@
+// The plan's backend catalog entry for moeshard's own CPU kernels must state exactly the shape
+// constraints the kernels declare (include/moeshard/kernels/cpu_constraints.h), and a plan for
+// that backend must only produce shapes the kernels accept.
+#include <gtest/gtest.h>
+
+#include "moeshard/config/config_loader.h"
+#include "moeshard/kernels/cpu_constraints.h"
+#include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/plan/backend.h"
+#include "moeshard/plan/shard_plan.h"
+
+namespace moeshard {
+namespace {
+
+TEST(BackendConstraintsTest, CatalogMatchesKernels) {
+  Result<const BackendSpec*> b = FindBackend(kCpuBackendName);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->intermediate_align, kCpuIntermediateAlignment);
+  EXPECT_EQ((*b)->hidden_align, kCpuHiddenAlignment);
+  EXPECT_EQ((*b)->intermediate_align_small, 0);
+  for (QuantMethod q : {QuantMethod::kNone, QuantMethod::kFp8Block, QuantMethod::kMxfp4,
+                        QuantMethod::kInt4}) {
+    EXPECT_TRUE((*b)->Supports(q)) << QuantMethodName(q);
+  }
+  QuantizationConfig mx;
+  mx.method = QuantMethod::kMxfp4;
+  EXPECT_EQ(QuantGroupAlong(mx), kCpuMxfp4GroupSize);
+  QuantizationConfig fp8;
+  fp8.method = QuantMethod::kFp8Block;
+  fp8.block_out = fp8.block_in = 128;
+  EXPECT_EQ(QuantGroupAlong(fp8), kCpuFp8BlockSize);
+}
+
+TEST(BackendConstraintsTest, PlannedShapesAreAcceptedByTheKernels) {
+  // Every tiny preset at several topologies on moeshard-cpu: the padded per-rank expert shapes
+  // pass the kernels' own validation.
+  for (const char* preset : {"tiny-kimi-k3", "tiny-deepseek-v3", "tiny-qwen3-moe", "tiny-mixtral",
+                             "tiny-gpt-oss"}) {
+    const ModelConfig m = *LoadModelConfig(preset);
+    for (auto [tp, ep] : {std::pair{1, false}, {2, false}, {4, false}, {8, true}, {4, true}}) {
+      PlanOptions o;
+      o.topology.tp = tp;
+      o.topology.enable_ep = ep;
+      o.backend = kCpuBackendName;
+      Result<ShardPlan> p = BuildShardPlan(m, o);
+      ASSERT_TRUE(p.ok()) << preset << " tp" << tp << ": " << p.status().ToString();
+      ExpertWeights w;
+      switch (m.quant.method) {
+        case QuantMethod::kNone: w.format = WeightFormat::kBf16; break;
+        case QuantMethod::kFp8Block: w.format = WeightFormat::kFp8Block; break;
+        case QuantMethod::kMxfp4: w.format = WeightFormat::kMxfp4; break;
+        case QuantMethod::kInt4: w.format = WeightFormat::kInt4; break;
+      }
+      w.num_experts_local = static_cast<int64_t>(p->ranks[0].expert_slots.size());
+      w.hidden = p->hidden.padded_local;
+      w.intermediate = p->intermediate.padded_local;
+      w.gated = m.gated();
+      w.gate_up_interleaved = m.gate_up_fused;
+      std::vector<std::byte> dummy(1);
+      w.w13 = w.w2 = dummy.data();
+      if (w.format != WeightFormat::kBf16) w.w13_scales = w.w2_scales = dummy.data();
+      ActivationParams act;
+      EXPECT_TRUE(ValidateExpertWeights(w, act).ok())
+          << preset << " tp" << tp << ": " << ValidateExpertWeights(w, act).ToString();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeshard
