@@ -1,0 +1,69 @@
+// Numbers a deployer can check by hand, for every preset: per-rank routed-expert bytes with the
+// arithmetic written out.
+#include <gtest/gtest.h>
+
+#include "plan/plan_test_util.h"
+
+namespace moeshard {
+namespace {
+
+using testing::Opts;
+using testing::PlanOrDie;
+using testing::PresetOrDie;
+
+int64_t Routed(const char* preset, PlanOptions o, int64_t rank = 0) {
+  return PlanOrDie(PresetOrDie(preset), o).ranks[rank].BytesOf(TensorCategory::kRoutedExperts);
+}
+
+TEST(PresetNumbersTest, DeepseekV3Fp8Tp8Ep) {
+  // 256 experts / EP 8 = 32 per rank; 58 MoE layers. Per expert, fp8 (1 byte) weights plus one
+  // fp32 scale per 128 x 128 block:
+  //   gate_up [4096, 7168] = 29,360,128 B + scales [32, 56] * 4 = 7,168 B
+  //   down    [7168, 2048] = 14,680,064 B + scales [56, 16] * 4 = 3,584 B
+  const int64_t per_expert = 4096LL * 7168 + 32 * 56 * 4 + 7168LL * 2048 + 56 * 16 * 4;
+  EXPECT_EQ(per_expert, 44'050'944);
+  EXPECT_EQ(Routed("deepseek-v3", Opts(8, 1, true)), 32 * 58 * per_expert);
+}
+
+TEST(PresetNumbersTest, KimiK2Int4Tp8Ep) {
+  // 384 experts / 8 = 48 per rank; 60 MoE layers; int4 = half a byte, bf16 scale per 32:
+  //   gate_up [4096, 7168]: 4096 * 3584 + 4096 * 224 * 2;  down [7168, 2048]: 7168 * 1024 + 7168 * 64 * 2
+  const int64_t per_expert = 4096LL * 3584 + 4096 * 224 * 2 + 7168LL * 1024 + 7168 * 64 * 2;
+  EXPECT_EQ(per_expert, 24'772'608);
+  EXPECT_EQ(Routed("kimi-k2", Opts(8, 1, true)), 48 * 60 * per_expert);
+}
+
+TEST(PresetNumbersTest, Qwen3_30B_Bf16SingleGpu) {
+  // 48 layers x 128 experts x 3 matrices of 768 x 2048 in bf16 = 54 GiB on one GPU.
+  EXPECT_EQ(Routed("qwen3-30b-a3b", Opts(1)), 48LL * 128 * 3 * 768 * 2048 * 2);
+  EXPECT_EQ(48LL * 128 * 3 * 768 * 2048 * 2, 57'982'058'496);
+}
+
+TEST(PresetNumbersTest, Mixtral8x7bTp2) {
+  // 32 layers x 8 experts, each expert's 14336 columns split in two: 3 x 7168 x 4096 bf16.
+  EXPECT_EQ(Routed("mixtral-8x7b", Opts(2), 1), 32LL * 8 * 3 * 7168 * 4096 * 2);
+}
+
+TEST(PresetNumbersTest, GptOssMxfp4WithBiases) {
+  // On the plain CPU backend (no padding), per expert: gate_up [5760, 2880] MXFP4 = 5760 * 1440
+  // + scales 5760 * 90; down [2880, 2880] = 2880 * 1440 + 2880 * 90; bf16 biases 5760 + 2880.
+  const int64_t per_expert =
+      5760LL * 1440 + 5760 * 90 + 2880LL * 1440 + 2880 * 90 + (5760 + 2880) * 2;
+  EXPECT_EQ(per_expert, 13'236'480);
+  EXPECT_EQ(Routed("gpt-oss-120b", Opts(1, 1, false, "cpu")), 128LL * 36 * per_expert);  // 56.8 GiB
+  EXPECT_EQ(Routed("gpt-oss-20b", Opts(1, 1, false, "cpu")), 32LL * 24 * per_expert);
+  // Marlin pads H 2880 -> 3072 and I 2880 -> 2944: per expert gate_up [5888, 3072], down
+  // [3072, 2944], biases [5888] and [3072].
+  const int64_t marlin = 5888LL * 1536 + 5888 * 96 + 3072LL * 1472 + 3072 * 92 + (5888 + 3072) * 2;
+  EXPECT_EQ(Routed("gpt-oss-120b", Opts(1, 1, false, "marlin")), 128LL * 36 * marlin);
+}
+
+TEST(PresetNumbersTest, Qwen3_235B_Tp8NoEpAndEp) {
+  // 94 layers x 128 experts x 3 x 1536 x 4096 bf16 = 441 GiB in all, 1/8 on each rank either way.
+  const int64_t all = 94LL * 128 * 3 * 1536 * 4096 * 2;
+  EXPECT_EQ(Routed("qwen3-235b-a22b", Opts(8)), all / 8);
+  EXPECT_EQ(Routed("qwen3-235b-a22b", Opts(8, 1, true)), all / 8);
+}
+
+}  // namespace
+}  // namespace moeshard
