@@ -310,23 +310,21 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
     const QuantStorage raw = internal::QuantizedLinear(qm, m.quant, {out_raw, in_raw}, m.dtype);
     const QuantStorage pad = internal::QuantizedLinear(qm, m.quant, {out_pad, in_pad}, m.dtype);
     // Storage-unit begin/end along the split dim (dim 1 = out rows, dim 2 = in columns).
-    auto conv = [&](const std::vector<int64_t>& lshape, const std::vector<int64_t>& rshape) {
-      std::pair<int64_t, int64_t> be{begin, end};
-      if (shard_dim == 2) {
-        const int64_t per = rshape[1];
-        be = {begin / (end - begin) * per, begin / (end - begin) * per + per};
-      }
-      (void)lshape;
-      return be;
+    // Along the input dim (dim 2) packed weights and scales count bytes / groups, not elements:
+    // the rank's range is its shard index times its local storage width.
+    auto storage_range = [&](const std::vector<int64_t>& raw_shape) {
+      if (shard_dim != 2) return std::pair<int64_t, int64_t>{begin, end};
+      const int64_t shard_idx = begin / (end - begin);
+      return std::pair<int64_t, int64_t>{shard_idx * raw_shape[1], (shard_idx + 1) * raw_shape[1]};
     };
-    auto [wb, we] = conv(lg.weight_shape, raw.weight_shape);
+    auto [wb, we] = storage_range(raw.weight_shape);
     out.push_back(MakeShard(p + name + "_" + (qm == QuantMethod::kNone ? "weight" : lg.weight_suffix),
                             cat, raw.weight_dtype, {E, lg.weight_shape[0], lg.weight_shape[1]},
                             {El, raw.weight_shape[0], raw.weight_shape[1]},
                             {El, pad.weight_shape[0], pad.weight_shape[1]}, shard_dim, wb, we,
                             moe_layers));
     if (!raw.scale_shape.empty()) {
-      auto [sb, se] = conv(lg.scale_shape, raw.scale_shape);
+      auto [sb, se] = storage_range(raw.scale_shape);
       if (shard_dim == 1 && qm == QuantMethod::kFp8Block) {
         sb = begin / m.quant.block_out;
         se = CeilDiv(end, m.quant.block_out);
