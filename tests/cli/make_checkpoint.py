@@ -33,9 +33,13 @@ E = text.get("num_experts", text.get("num_local_experts"))
 for layer in range(text["num_hidden_layers"]):
     if any(t[0].startswith(f"model.layers.{layer}.mlp.gate.") or
            t[0].startswith(f"model.layers.{layer}.block_sparse_moe.gate.") for t in tensors):
+        mixtral = config.get("model_type") == "mixtral"
+        projs = ((("w1", [I, H]), ("w3", [I, H]), ("w2", [H, I])) if mixtral else
+                 (("gate_proj", [I, H]), ("up_proj", [I, H]), ("down_proj", [H, I])))
+        prefix = "block_sparse_moe" if mixtral else "mlp"
         for e in range(E):
-            for proj, shape in (("gate_proj", [I, H]), ("up_proj", [I, H]), ("down_proj", [H, I])):
-                tensors.append((f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", "BF16", shape))
+            for proj, shape in projs:
+                tensors.append((f"model.layers.{layer}.{prefix}.experts.{e}.{proj}.weight", "BF16", shape))
 tensors.append(("model.vision_tower.patch_embed.weight", "BF16", [4, 4]))
 
 def write(path, items):
