@@ -1,0 +1,125 @@
+#include "runtime/dense_ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moeshard::internal {
+namespace {
+
+// Eight independent partial sums, combined pairwise at the end: lets the compiler vectorise
+// the loop without -ffast-math, and fixes the summation order (it depends only on `n`).
+float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
+void DenseScratch::Reserve(int num_threads, int64_t cols) {
+  max_cols = std::max(max_cols, cols);
+  const size_t need = static_cast<size_t>(num_threads) * static_cast<size_t>(max_cols);
+  if (rows.size() < need) rows.resize(need);
+}
+
+void DequantizeRow(const DenseWeight& w, int64_t r, float* out) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case DenseFormat::kBf16: {
+      const bf16_t* p = static_cast<const bf16_t*>(w.data) + r * n;
+      for (int64_t c = 0; c < n; ++c) out[c] = Bf16ToFloat(p[c]);
+      return;
+    }
+    case DenseFormat::kF32: {
+      const float* p = static_cast<const float*>(w.data) + r * n;
+      std::copy(p, p + n, out);
+      return;
+    }
+    case DenseFormat::kFp8Block: {
+      const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * n;
+      const int64_t scale_cols = (n + w.block - 1) / w.block;
+      const float* s = static_cast<const float*>(w.scales) + (r / w.block) * scale_cols;
+      for (int64_t c = 0; c < n; ++c) out[c] = Fp8E4M3ToFloat(p[c]) * s[c / w.block];
+      return;
+    }
+    case DenseFormat::kMxfp4: {
+      const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * (n / 2);
+      const uint8_t* s = static_cast<const uint8_t*>(w.scales) + r * (n / w.group);
+      for (int64_t c = 0; c < n; ++c) {
+        const uint8_t code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
+        out[c] = Fp4E2M1ToFloat(code) * E8M0ToFloat(s[c / w.group]);
+      }
+      return;
+    }
+    case DenseFormat::kInt4: {
+      const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * (n / 2);
+      const bf16_t* s = static_cast<const bf16_t*>(w.scales) + r * (n / w.group);
+      for (int64_t c = 0; c < n; ++c) {
+        const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
+        out[c] = static_cast<float>(code - 8) * Bf16ToFloat(s[c / w.group]);
+      }
+      return;
+    }
+  }
+}
+
+void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {
+  MOESHARD_CHECK(a.w != nullptr && a.w->cols <= scratch.max_cols &&
+                     scratch.rows.size() >= static_cast<size_t>(ctx.num_threads()) *
+                                                static_cast<size_t>(scratch.max_cols),
+                 "Linear: scratch not reserved for {} columns", a.w ? a.w->cols : -1);
+  if (a.num_tokens == 0 || a.w->rows == 0) return;
+  struct Job {
+    const LinearArgs* a;
+    DenseScratch* s;
+  } job{&a, &scratch};
+  // Captures one pointer: std::function stores it inline (no allocation per call).
+  const Job* j = &job;
+  ctx.pool().ParallelFor(a.w->rows, 0, [j](int64_t begin, int64_t end, int thread_idx) {
+    const LinearArgs& a = *j->a;
+    float* row = j->s->rows.data() + static_cast<size_t>(thread_idx) * j->s->max_cols;
+    for (int64_t r = begin; r < end; ++r) {
+      DequantizeRow(*a.w, r, row);
+      const float b = a.bias ? a.bias[r] : 0.0f;
+      for (int64_t t = 0; t < a.num_tokens; ++t) {
+        const float v = Dot(a.x + t * a.x_stride, row, a.w->cols) + b;
+        float& y = a.y[t * a.y_stride + r];
+        y = a.accumulate ? y + v : v;
+      }
+    }
+  });
+}
+
+void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n,
+             const bf16_t* weight, float eps, float* y, int64_t y_stride) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* xr = x + t * x_stride;
+    float* yr = y + t * y_stride;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * Bf16ToFloat(weight[i]);
+  }
+}
+
+void GatedMlp(KernelContext& ctx, DenseScratch& scratch, const GatedMlpArgs& a) {
+  const int64_t s = a.gate->rows;
+  Linear(ctx, scratch,
+         LinearArgs{.w = a.gate, .x = a.x, .x_stride = a.x_stride, .num_tokens = a.num_tokens,
+                    .y = a.gate_buf, .y_stride = s});
+  Linear(ctx, scratch,
+         LinearArgs{.w = a.up, .x = a.x, .x_stride = a.x_stride, .num_tokens = a.num_tokens,
+                    .y = a.up_buf, .y_stride = s});
+  for (int64_t i = 0; i < a.num_tokens * s; ++i) {
+    a.gate_buf[i] = ApplyActivation(a.activation, a.gate_buf[i], a.up_buf[i]);
+  }
+  Linear(ctx, scratch,
+         LinearArgs{.w = a.down, .x = a.gate_buf, .x_stride = s, .num_tokens = a.num_tokens,
+                    .y = a.y, .y_stride = a.y_stride, .accumulate = a.accumulate});
+}
+
+}  // namespace moeshard::internal
