@@ -42,9 +42,13 @@ class AlignedBuffer {
   const std::byte* data() const { return data_.get(); }
   size_t size() const { return size_; }
   template <typename T>
-  T* as() { return reinterpret_cast<T*>(data_.get()); }
+  T* as() {
+    return reinterpret_cast<T*>(data_.get());
+  }
   template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(data_.get()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(data_.get());
+  }
 
  private:
   struct Free {
@@ -77,7 +81,12 @@ class RankWeights {
 
   // For loaders.
   explicit RankWeights(int64_t rank) : rank_(rank) {}
+  // The returned reference is valid until the next Add (unless Reserve made room).
   TensorBuffer& Add(TensorBuffer buffer);
+  void Reserve(size_t num_tensors) { tensors_.reserve(num_tensors); }
+  TensorBuffer* FindMutable(const std::string& name) {
+    return const_cast<TensorBuffer*>(static_cast<const RankWeights*>(this)->Find(name));
+  }
 
  private:
   int64_t rank_ = 0;

@@ -1,0 +1,50 @@
+// Layout-invariant dummy weights (`--load-format dummy`).
+//
+// Element i (flat index in the checkpoint tensor's storage order) of checkpoint tensor `name`
+// is a pure function of (seed, name, i):
+//
+//   key = SplitMix64(seed ^ SplitMix64(Fnv1a64(name)))          one per tensor
+//   k   = SplitMix64(key + (i >> 32))                          one per 2^32 elements
+//   h   = Mix32(Mix32(uint32(i) + uint32(k)) ^ uint32(k >> 32)) 32 hash bits per element
+//
+// mapped to a value by the tensor's DummyKind (from its name and dtype):
+//   kWeight      uniform in [-0.05, 0.05)      (vLLM tests use randn / 10)
+//   kNorm        1 + uniform in [-0.05, 0.05)  (RMSNorm gains)
+//   kBias        uniform in [-0.02, 0.02)
+//   kFp8         an e4m3 code of magnitude <= 8 (never NaN), so with ~1e-2 block scales the
+//                weights are ~+-0.08
+//   kNibbles     a random byte: two E2M1 (MXFP4) or int4 codes, every code valid
+//   kE8M0        2^-7, 2^-6 or 2^-5 (bytes 120..122): MXFP4 values up to 6 * 2^-5 = 0.19
+//   kScale       0.01 * (1 + uniform in [-0.5, 0.5)) (fp8 block scale_inv, int4 group scales)
+// Scales are hashed from their own flat index, i.e. from the logical block or group they cover,
+// so every topology agrees on them too. Because the value depends only on the logical position,
+// a rank generates exactly its slice, and any two layouts reassemble to the same model.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "moeshard/base/dtype.h"
+
+namespace moeshard {
+
+enum class DummyKind { kWeight, kNorm, kBias, kFp8, kNibbles, kE8M0, kScale };
+
+// The kind of a checkpoint tensor from its name and dtype (e.g. "...weight_scale_inv" -> kScale,
+// "...input_layernorm.weight" -> kNorm, an F8_E4M3 tensor -> kFp8).
+DummyKind DummyKindOf(std::string_view name, DType dtype);
+
+// The per-tensor hash key (first line above).
+uint64_t DummyTensorKey(uint64_t seed, std::string_view name);
+
+// Writes elements [first_idx, first_idx + dst.size() / element bytes) of the tensor with key
+// `key`, dtype `dtype` and kind `kind` into dst. REQUIRES: dtype has whole-byte elements and
+// dst.size() is a multiple of the element size.
+void FillDummy(uint64_t key, DType dtype, DummyKind kind, int64_t first_idx,
+               std::span<std::byte> dst);
+
+}  // namespace moeshard

@@ -1,0 +1,130 @@
+// Per-rank weight loading: fills the RankWeights of one rank of a ShardPlan from layout-invariant
+// dummy weights, a Hugging Face checkpoint, or a pre-sharded checkpoint written by `moeshard
+// shard`.
+//
+// Every rank tensor is filled through the same mapping (src/weights/checkpoint_map.h): a list
+// of 2-D windows of checkpoint tensors, each copied into the rank's padded buffer at offsets
+// computed from the unpadded (raw local) sizes. A checkpoint source reads exactly those windows
+// (row slices of column-parallel weights, strided column slices of row-parallel ones, whole
+// experts under EP, the rank's share of each scale tensor) and nothing else; the dummy source
+// generates exactly those windows from a counter-based hash of (seed, checkpoint tensor name,
+// flat storage index), so every topology holds the same logical model. Padding stays zero.
+//
+// Checkpoint naming per family (Kimi-K3 prefixes everything with "language_model."):
+//   DeepSeek-V3 / Kimi / Qwen3-MoE  model.layers.N.mlp.experts.E.{gate,up,down}_proj.<leaf>
+//   Mixtral                         model.layers.N.block_sparse_moe.experts.E.{w1,w3,w2}.weight
+//   gpt-oss (fused, interleaved)    model.layers.N.mlp.experts.{gate_up_proj,down_proj}
+//                                   [+ _blocks/_scales for MXFP4] and {..}_bias
+// with <leaf> = weight (bf16, fp8 e4m3), weight_scale_inv (fp8 128x128 block scales, F32),
+// weight_packed + weight_scale (compressed-tensors MXFP4 / int4). Other tensors carry the
+// plan's names; a tied lm_head reads model.embed_tokens.weight.
+//
+// Errors name the rank, the tensor, what was expected and what was found:
+//   [rank 3/8] load: 'model.layers.4.mlp.experts.17.down_proj.weight' in
+//   ckpt/model-00002.safetensors: shape [7168, 2048] does not match config [7168, 3072] (wrong
+//   config.json for this checkpoint?)
+//
+// Thread safety: a WeightLoader is immutable after Create; Load may run from several threads
+// (each call uses its own thread pool unless LoadOptions::pool is shared, which serialises).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moeshard/base/status.h"
+#include "moeshard/base/thread_pool.h"
+#include "moeshard/plan/shard_plan.h"
+#include "moeshard/weights/checkpoint.h"
+#include "moeshard/weights/rank_weights.h"
+
+namespace moeshard {
+
+struct LoadOptions {
+  enum class Source {
+    kDummy,       // layout-invariant hashed weights (--load-format dummy)
+    kCheckpoint,  // a Hugging Face safetensors checkpoint (single file, directory or index)
+    kPresharded,  // a directory written by `moeshard shard` (manifest.json + one file per rank)
+  };
+  Source source = Source::kDummy;
+  uint64_t seed = 0;                // kDummy
+  std::string checkpoint_dir = {};  // kCheckpoint, kPresharded
+  // kCheckpoint: an already open checkpoint (e.g. over in-memory files); used instead of
+  // opening checkpoint_dir. Must outlive the loader.
+  const Checkpoint* checkpoint = nullptr;
+  // Build only the first N MoE layers of the rank's pipeline stage (and the dense layers
+  // before them); -1: every layer. Non-layer tensors (embedding, head, final norm) are always
+  // built. Lets one rank of a multi-terabyte model be built in a few GiB.
+  int64_t max_moe_layers = -1;
+  // Worker threads for filling (0: hardware concurrency). Ignored when `pool` is set.
+  int num_threads = 0;
+  ThreadPool* pool = nullptr;
+  // Called with the number of bytes just filled (from worker threads; must be thread-safe).
+  std::function<void(int64_t bytes)> progress = {};
+};
+
+struct LoadStats {
+  int64_t num_tensors = 0;         // rank buffers allocated
+  int64_t bytes_allocated = 0;     // sum of the buffers' sizes (padded)
+  int64_t bytes_filled = 0;        // bytes written from the source (unpadded data)
+  int64_t bytes_read = 0;          // bytes read from checkpoint files (0 for dummy)
+  int64_t num_source_tensors = 0;  // distinct checkpoint tensors touched
+  std::map<TensorCategory, int64_t> bytes_by_category;  // allocated, per category
+};
+
+// A checkpoint tensor the model consists of, as the family stores it.
+struct SourceTensorSpec {
+  std::string name;  // e.g. "model.layers.3.mlp.experts.17.up_proj.weight"
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;  // storage shape (packed: bytes along the input dim)
+};
+
+// Every checkpoint tensor the plan's model reads, over all ranks and layers, sorted by name.
+Result<std::vector<SourceTensorSpec>> ExpectedCheckpointTensors(const ShardPlan& plan);
+
+// The decoder layers LoadRankWeights builds for `rank_plan` with `max_moe_layers` (see
+// LoadOptions), ascending.
+std::vector<int64_t> LayersToBuild(const ShardPlan& plan, const RankPlan& rank_plan,
+                                   int64_t max_moe_layers);
+
+// The plan's prediction of a rank's bytes per category, restricted to `layers` (every layer
+// tensor counts once per layer in the set; non-layer tensors always count). With all of the
+// rank's layers this equals RankPlan::BytesOf.
+std::map<TensorCategory, int64_t> PlannedBytesByCategory(const RankPlan& rank_plan,
+                                                         const std::vector<int64_t>& layers);
+
+class WeightLoader {
+ public:
+  // `plan` must outlive the loader.
+  // Opens the source (checkpoint headers, or the pre-sharded manifest, which must hold this
+  // very plan). Checkpoint tensors the plan cannot place are listed in unplaced_tensors().
+  static Result<std::unique_ptr<WeightLoader>> Create(const ShardPlan& plan,
+                                                      const LoadOptions& options);
+  ~WeightLoader();
+
+  // Allocates and fills the rank's tensors. REQUIRES: 0 <= rank < world.
+  Result<RankWeights> Load(int64_t rank, LoadStats* stats = nullptr) const;
+
+  // Checkpoint tensors no rank of the plan reads (e.g. DeepSeek's MTP layer), sorted.
+  const std::vector<std::string>& unplaced_tensors() const { return unplaced_; }
+  const ShardPlan& plan() const { return plan_; }
+  const LoadOptions& options() const { return options_; }
+
+ private:
+  WeightLoader(const ShardPlan& plan, const LoadOptions& options);
+  const ShardPlan& plan_;
+  LoadOptions options_;
+  std::unique_ptr<Checkpoint> owned_checkpoint_;
+  const Checkpoint* checkpoint_ = nullptr;
+  std::vector<std::string> unplaced_;
+};
+
+// One-shot convenience: WeightLoader::Create(plan, options) then Load(rank).
+Result<RankWeights> LoadRankWeights(const ShardPlan& plan, int64_t rank, const LoadOptions& options,
+                                    LoadStats* stats = nullptr);
+
+}  // namespace moeshard

@@ -1,0 +1,198 @@
+// Test helpers for per-rank loading (private): an independent, element-by-element reference of
+// what a rank's buffer must hold, computed from whole checkpoint tensors in memory.
+//
+// ReferenceRankTensor re-derives the fused expert layout and every family's naming from the
+// plan contract (shard_plan.h) with plain loops and none of the loader's window arithmetic, so
+// comparing it with the loader checks slicing, offsets from unpadded sizes and zero padding.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moeshard/plan/shard_plan.h"
+#include "moeshard/weights/checkpoint.h"
+#include "moeshard/weights/dummy_weights.h"
+#include "moeshard/weights/loader.h"
+
+namespace moeshard::testing_util {
+
+// A whole checkpoint tensor in memory.
+struct FullTensor {
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+using FullTensors = std::map<std::string, FullTensor>;
+
+inline int64_t NumElements(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// The whole dummy model: every expected tensor generated from index 0.
+inline FullTensors FullDummyTensors(const std::vector<SourceTensorSpec>& specs, uint64_t seed) {
+  FullTensors out;
+  for (const SourceTensorSpec& s : specs) {
+    FullTensor t{s.dtype, s.shape, {}};
+    t.bytes.resize(static_cast<size_t>(NumElements(s.shape) * DTypeBits(s.dtype) / 8));
+    FillDummy(DummyTensorKey(seed, s.name), s.dtype, DummyKindOf(s.name, s.dtype), 0, t.bytes);
+    out.emplace(s.name, std::move(t));
+  }
+  return out;
+}
+
+// Every tensor of an open checkpoint, read whole.
+inline FullTensors FullCheckpointTensors(const Checkpoint& ckpt) {
+  FullTensors out;
+  for (const auto& [name, e] : ckpt.tensors()) {
+    FullTensor t{e.info->dtype, e.info->shape, {}};
+    t.bytes.resize(static_cast<size_t>(e.info->num_bytes()));
+    if (!ckpt.ReadTensor(name, t.bytes).ok()) std::abort();
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+// Expected bytes (padded, padding zero) of plan tensor `s` at `layer` on `rank`. Throws
+// std::out_of_range (via map::at) when a checkpoint tensor is missing.
+inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t rank,
+                                                  const TensorShard& s, int64_t layer,
+                                                  const FullTensors& full) {
+  const ModelConfig& m = plan.model;
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
+  const int64_t es = DTypeBits(s.dtype) / 8;
+  std::vector<std::byte> out(static_cast<size_t>(NumElements(s.padded_shape) * es));
+  std::string name = s.name;
+  if (const size_t p = name.find("{layer}"); p != std::string::npos) {
+    name.replace(p, 7, std::to_string(layer));
+  }
+  const std::string prefix = m.family == ModelFamily::kKimiK3 ? "language_model." : "";
+  auto copy_elem = [&](const FullTensor& src, int64_t src_elem, int64_t dst_elem) {
+    std::memcpy(out.data() + dst_elem * es, src.bytes.data() + src_elem * es,
+                static_cast<size_t>(es));
+  };
+
+  const std::string experts = "model.layers.{layer}.mlp.experts.";
+  if (s.name.rfind(experts, 0) != 0) {
+    // Plain tensor: an N-d slice along shard_dim.
+    std::string src_name = prefix + name;
+    if (name == "lm_head.weight" && m.tie_word_embeddings)
+      src_name = prefix + "model.embed_tokens.weight";
+    const FullTensor& src = full.at(src_name);
+    const std::vector<int64_t>& L = s.local_shape;
+    const std::vector<int64_t>& G = src.shape;
+    std::vector<int64_t> idx(L.size(), 0);
+    const int64_t n = NumElements(L);
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t rem = k;
+      for (size_t d = L.size(); d-- > 0;) {
+        idx[d] = rem % L[d];
+        rem /= L[d];
+      }
+      int64_t flat = 0;
+      for (size_t d = 0; d < G.size(); ++d) {
+        const int64_t i = idx[d] + (static_cast<int>(d) == s.shard_dim ? s.shard_begin : 0);
+        flat = flat * G[d] + i;
+      }
+      copy_elem(src, flat, k);  // local == padded for non-expert tensors
+    }
+    return out;
+  }
+
+  const std::string suffix = s.name.substr(experts.size());
+  const bool w13 = suffix.rfind("w13_", 0) == 0;
+  const std::string leaf = suffix.substr(w13 ? 4 : 3);
+  const int64_t I = m.moe_intermediate_size, H = m.routed_expert_hidden_size;
+  const int64_t Ir = plan.intermediate.raw_local, Ip = plan.intermediate.padded_local;
+  const int64_t ib = rp.coords.moe_tp_rank * Ir;
+  const int64_t rows_p = s.padded_shape[1];
+  const int64_t cols_p = s.padded_shape.size() > 2 ? s.padded_shape[2] : 1;
+  auto dst_at = [&](int64_t slot, int64_t r, int64_t c) {
+    return (slot * rows_p + r) * cols_p + c;
+  };
+
+  for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
+    const int64_t e = rp.expert_slots[slot];
+    const auto sl = static_cast<int64_t>(slot);
+    if (m.gate_up_fused) {  // gpt-oss
+      const std::string base = fmt::format("model.layers.{}.mlp.experts.", layer);
+      if (leaf == "bias") {
+        const FullTensor& src = full.at(base + (w13 ? "gate_up_proj_bias" : "down_proj_bias"));
+        const int64_t n = w13 ? 2 * I : H;
+        for (int64_t j = 0; j < (w13 ? 2 * Ir : H); ++j) {
+          copy_elem(src, e * n + (w13 ? 2 * ib : 0) + j, sl * s.padded_shape[1] + j);
+        }
+      } else if (plan.expert_format == QuantMethod::kMxfp4) {
+        const bool sc = leaf == "weight_scale";
+        const int64_t unit = sc ? 32 : 2;
+        const FullTensor& src =
+            full.at(base + (w13 ? "gate_up_proj" : "down_proj") + (sc ? "_scales" : "_blocks"));
+        const int64_t out_rows = w13 ? 2 * I : H, in = w13 ? H : I;
+        const int64_t cols = in / unit;
+        if (w13) {
+          for (int64_t r = 0; r < 2 * Ir; ++r)
+            for (int64_t c = 0; c < cols; ++c)
+              copy_elem(src, (e * out_rows + 2 * ib + r) * cols + c, dst_at(sl, r, c));
+        } else {
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t c = 0; c < Ir / unit; ++c)
+              copy_elem(src, (e * out_rows + h) * cols + ib / unit + c, dst_at(sl, h, c));
+        }
+      } else {  // bf16, stored in-major [E, in, out]
+        const FullTensor& src = full.at(base + (w13 ? "gate_up_proj" : "down_proj"));
+        if (w13) {
+          for (int64_t r = 0; r < 2 * Ir; ++r)
+            for (int64_t c = 0; c < H; ++c)
+              copy_elem(src, (e * H + c) * 2 * I + 2 * ib + r, dst_at(sl, r, c));
+        } else {
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < Ir; ++i)
+              copy_elem(src, (e * I + ib + i) * H + h, dst_at(sl, h, i));
+        }
+      }
+      continue;
+    }
+    // Per-expert tensors.
+    auto src_name = [&](int proj) {
+      static const char* kMix[] = {"w1", "w3", "w2"};
+      static const char* kDs[] = {"gate_proj", "up_proj", "down_proj"};
+      if (m.family == ModelFamily::kMixtral) {
+        return fmt::format("model.layers.{}.block_sparse_moe.experts.{}.{}.{}", layer, e,
+                           kMix[proj], leaf);
+      }
+      return fmt::format("{}model.layers.{}.mlp.experts.{}.{}.{}", prefix, layer, e, kDs[proj],
+                         leaf);
+    };
+    const bool fp8_scale = leaf == "weight_scale_inv";
+    // Logical columns per storage element along the input dim, rows per storage row.
+    int64_t col_unit = 1, row_unit = 1;
+    if (leaf == "weight_packed") col_unit = 2;
+    if (leaf == "weight_scale")
+      col_unit = plan.expert_format == QuantMethod::kMxfp4 ? 32 : m.quant.group_size;
+    if (fp8_scale) col_unit = m.quant.block_in, row_unit = m.quant.block_out;
+    if (w13) {
+      for (int h = 0; h < 2; ++h) {
+        const FullTensor& src = full.at(src_name(h));
+        const int64_t cols = src.shape[1];
+        for (int64_t r = 0; r < Ir / row_unit; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            copy_elem(src, (ib / row_unit + r) * cols + c, dst_at(sl, (h * Ip) / row_unit + r, c));
+      }
+    } else {
+      const FullTensor& src = full.at(src_name(2));
+      const int64_t cols = src.shape[1];
+      for (int64_t r = 0; r < src.shape[0]; ++r)
+        for (int64_t c = 0; c < Ir / col_unit; ++c)
+          copy_elem(src, r * cols + ib / col_unit + c, dst_at(sl, r, c));
+    }
+  }
+  return out;
+}
+
+}  // namespace moeshard::testing_util
