@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cli_common.h"
 #include "cli/command.h"
 #include "moeshard/base/units.h"
 #include "moeshard/weights/checkpoint.h"
@@ -71,26 +72,6 @@ std::string Ranges(const std::vector<int64_t>& values) {
     if (!out.empty()) out += ',';
     out += k == i ? fmt::format("{}", values[i]) : fmt::format("{}-{}", values[i], values[k]);
     i = k + 1;
-  }
-  return out;
-}
-
-// Text table, columns padded; `right` marks right-aligned columns.
-std::string RenderTable(const std::vector<std::vector<std::string>>& rows,
-                        const std::vector<bool>& right) {
-  std::vector<size_t> width(rows.empty() ? 0 : rows[0].size(), 0);
-  for (const auto& r : rows) {
-    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
-  }
-  std::string out;
-  for (const auto& r : rows) {
-    out += "  ";
-    for (size_t c = 0; c < r.size(); ++c) {
-      const std::string pad(width[c] - r[c].size(), ' ');
-      out += right[c] ? pad + r[c] : r[c] + (c + 1 < r.size() ? pad : "");
-      if (c + 1 < r.size()) out += "  ";
-    }
-    out += '\n';
   }
   return out;
 }
@@ -185,15 +166,16 @@ int RunInspect(const InspectFlags& f) {
                                 FormatBytes(s.total_bytes));
   if (!f.summary_only && !entries.empty()) {
     const bool many_shards = ckpt.num_shards() > 1;
-    std::vector<std::vector<std::string>> rows;
-    rows.push_back({"tensor", "dtype", "shape", "bytes"});
-    if (many_shards) rows[0].push_back("shard");
+    std::vector<std::string> header = {"tensor", "dtype", "shape", "bytes"};
+    if (many_shards) header.push_back("shard");
+    Table table(header, {true, true, true, false, true});
     for (const auto* e : entries) {
-      rows.push_back({e->info->name, std::string(DTypeName(e->info->dtype)),
-                      ShapeText(e->info->shape), FormatCount(e->info->num_bytes())});
-      if (many_shards) rows.back().push_back(BaseName(e->file->path()));
+      std::vector<std::string> row = {e->info->name, std::string(DTypeName(e->info->dtype)),
+                                      ShapeText(e->info->shape), FormatCount(e->info->num_bytes())};
+      if (many_shards) row.push_back(BaseName(e->file->path()));
+      table.Row(std::move(row));
     }
-    out += "\n" + RenderTable(rows, {false, false, false, true, false});
+    out += "\n" + table.Text();
   }
 
   out += "\nstructure:\n";
@@ -219,12 +201,12 @@ int RunInspect(const InspectFlags& f) {
   out += fmt::format("  quantization      {}\n",
                      quant.empty() ? "none recognised" : fmt::format("{}", fmt::join(quant, ", ")));
   out += "\n";
-  std::vector<std::vector<std::string>> dtype_rows = {{"dtype", "tensors", "bytes", ""}};
+  Table dtypes({"dtype", "tensors", "bytes", ""}, {true});
   for (const auto& [d, b] : s.bytes_by_dtype) {
-    dtype_rows.push_back({std::string(DTypeName(d)), FormatCount(s.tensors_by_dtype.at(d)),
-                          FormatCount(b), FormatBytes(b)});
+    dtypes.Row({std::string(DTypeName(d)), FormatCount(s.tensors_by_dtype.at(d)), FormatCount(b),
+                FormatBytes(b)});
   }
-  out += RenderTable(dtype_rows, {false, true, true, true});
+  out += dtypes.Text();
   for (const std::string& w : ckpt.warnings()) out += fmt::format("\nwarning: {}\n", w);
   std::fputs(out.c_str(), stdout);
   return 0;
