@@ -70,7 +70,10 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 }
 
 // One run of n elements that does not cross a 2^32 index boundary.
-void FillRun(uint64_t key, DType dtype, DummyKind kind, uint64_t first, int64_t n, std::byte* dst) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void FillRun(uint64_t key, DType dtype,
+                                                                          DummyKind kind,
+                                                                          uint64_t first, int64_t n,
+                                                                          std::byte* dst) {
   const uint64_t k = SplitMix64(key + (first >> 32));
   const uint32_t k0 = static_cast<uint32_t>(k), k1 = static_cast<uint32_t>(k >> 32);
   const uint32_t lo = static_cast<uint32_t>(first);

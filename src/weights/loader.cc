@@ -327,7 +327,17 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
         RankTag(plan, rank), st.bytes_allocated));
   }
   st.num_tensors = static_cast<int64_t>(tensors.size());
+  int64_t data_bytes = 0;
+  for (const MappedTensor& t : tensors) data_bytes += t.data_bytes;
+  // Padding is done once allocated (zero): count it so progress sums to the allocation.
+  if (options_.progress && st.bytes_allocated > data_bytes) {
+    options_.progress(st.bytes_allocated - data_bytes);
+  }
 
+  if (!options_.fill) {
+    if (stats != nullptr) *stats = st;
+    return weights;
+  }
   std::unique_ptr<ThreadPool> own_pool;
   ThreadPool* pool = options_.pool;
   if (pool == nullptr) {

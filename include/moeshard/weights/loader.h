@@ -60,10 +60,16 @@ struct LoadOptions {
   // before them); -1: every layer. Non-layer tensors (embedding, head, final norm) are always
   // built. Lets one rank of a multi-terabyte model be built in a few GiB.
   int64_t max_moe_layers = -1;
+  // false: allocate (zeroed) and map every buffer -- each checkpoint window checked against its
+  // source and its buffer, the windows checked to cover exactly the unpadded bytes -- without
+  // generating or reading values. Proves allocation == plan for full-size models in
+  // milliseconds (`build --no-fill`); untouched zero pages cost no physical memory.
+  bool fill = true;
   // Worker threads for filling (0: hardware concurrency). Ignored when `pool` is set.
   int num_threads = 0;
   ThreadPool* pool = nullptr;
   // Called with the number of bytes just filled (from worker threads; must be thread-safe).
+  // The calls of one Load sum to the rank's allocated bytes (padding counts once allocated).
   std::function<void(int64_t bytes)> progress = {};
 };
 
