@@ -1,0 +1,79 @@
+// ShardedJob: one rank's part of a whole sharded run, as `moeshard run` and `moeshard bench
+// run` drive it: load the rank's weights, build the runtime, feed the DP rank's tokens, time
+// the layers, optionally verify against the single-rank reference, and gather a report.
+//
+// Tokens: without explicit inputs every DP (x PCP) rank -- a "unit" -- gets
+// tokens_per_unit[unit % size] tokens of DummyHiddenStates(input_seed, unit, ...). With explicit
+// inputs ([T_total, H]) the rows are split over the units in order (TokenChunk: the first
+// T_total % units get one more).
+//
+// Timing: `warmup` untimed forwards, then `iters` timed ones, each started after a world
+// barrier; a rank's time per layer is the mean over the timed iterations, and the job's time
+// per iteration is the slowest rank's.
+//
+// Verification: every rank computes the single-rank reference of its unit's tokens on a
+// communicator of its own (verify.h) and compares its final output with it; the report merges
+// the statistics of all ranks.
+//
+// Thread safety: RunShardedJob is COLLECTIVE over the world; one thread per rank.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "moeshard/base/status.h"
+#include "moeshard/comm/communicator.h"
+#include "moeshard/plan/shard_plan.h"
+#include "moeshard/runtime/verify.h"
+#include "moeshard/weights/loader.h"
+
+namespace moeshard {
+
+struct ShardedJobSpec {
+  const ShardPlan* plan = nullptr;
+  LoadOptions load;              // weight source; max_moe_layers is set from num_layers
+  int64_t num_layers = -1;       // the first N MoE layers of the stage; -1: all
+  std::vector<int64_t> tokens_per_unit = {16};  // without inputs; cycled over the units
+  uint64_t input_seed = 0;
+  // Optional explicit inputs (identical on every rank): [T_total, H] fp32, and optional
+  // [T_total, top_k] routing that bypasses the router.
+  const std::vector<float>* inputs = nullptr;
+  const std::vector<int32_t>* topk_ids = nullptr;
+  const std::vector<float>* topk_weights = nullptr;
+  DType io_dtype = DType::kBF16;  // the dtype of the hidden states handed to Forward
+  int warmup = 1;
+  int iters = 1;
+  bool verify = false;
+  Tolerance tolerance;
+  int kernel_threads = 1;        // threads of each rank's kernel context
+  bool collect_outputs = false;  // rank 0 receives every layer's output of every token
+};
+
+struct RankReport {
+  int64_t rank = 0;
+  int64_t num_tokens = 0;  // this rank's unit's T
+  std::map<TensorCategory, int64_t> measured_bytes;  // allocated by the loader
+  std::map<TensorCategory, int64_t> planned_bytes;   // the plan's prediction, same layers
+  int64_t workspace_bytes = 0;                       // the runtime's own buffers
+  std::vector<double> layer_seconds;                 // mean per timed iteration
+  double iter_seconds = 0;                           // mean forward time
+  double load_seconds = 0;
+  ErrorStats error;  // against the reference (count 0 without verification)
+};
+
+struct ShardedJobResult {
+  std::vector<int64_t> layers;     // the MoE layers run
+  int64_t total_tokens = 0;        // over all units
+  std::vector<RankReport> ranks;   // every rank's report (all ranks receive all)
+  double iter_seconds = 0;         // slowest rank's mean forward time
+  ErrorStats error;                // merged over ranks
+  // collect_outputs, rank 0 only: [num_layers, total_tokens, H] fp32, units in order.
+  std::vector<float> outputs;
+};
+
+// COLLECTIVE over `world` (size = the plan's world).
+Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator& world);
+
+}  // namespace moeshard
