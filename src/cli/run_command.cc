@@ -308,6 +308,224 @@ int RunRun(const RunFlags& f) {
   return report_ok ? 0 : 1;
 }
 
+// ---- bench run ----------------------------------------------------------------------------------
+// Sharded overhead: the same layer work (same model, same total tokens) on 1 rank and on N
+// ranks, as ratios. Registered as `moeshard bench run` by bench_command.cc.
+
+struct BenchRunFlags {
+  std::string model = "tiny-kimi-k3";
+  std::vector<int64_t> ranks = {2, 4};
+  std::vector<std::string> modes = {"ep", "tp", "dp-ep"};
+  int64_t tokens = 256;
+  int64_t layers = -1;
+  int iters = 5;
+  int warmup = 2;
+  std::string backend = "moeshard-cpu";
+  std::string json;
+  uint64_t seed = 0;
+};
+
+struct BenchRow {
+  std::string mode;
+  int64_t ranks = 1;
+  std::string topology;
+  int kernel_threads = 1;
+  double seconds = 0;
+};
+
+Result<Topology> BenchTopology(const std::string& mode, int64_t n) {
+  if (mode == "ep") return Topology{.tp = n, .enable_ep = true};
+  if (mode == "tp") return Topology{.tp = n};
+  if (mode == "dp-ep") return Topology{.dp = n, .enable_ep = true};
+  if (mode == "dp-tp") return Topology{.dp = n};
+  return InvalidArgumentError(fmt::format(
+      "bench run: '--modes {}': expected ep (-tp N -ep), tp (-tp N), dp-ep (-dp N -ep) or dp-tp "
+      "(-dp N)",
+      mode));
+}
+
+// The slowest rank's mean forward time of `topology` on `world` (or a fresh local job when
+// world is null).
+Result<double> BenchOne(const ModelConfig& model, const Topology& topology,
+                        const BenchRunFlags& f, int kernel_threads, Communicator* world) {
+  PlanOptions o;
+  o.topology = topology;
+  o.backend = f.backend;
+  MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan, BuildShardPlan(model, o));
+  const int64_t units = plan.topology.dp * plan.topology.pcp;
+  if (f.tokens % units != 0) {
+    return InvalidArgumentError(fmt::format(
+        "bench run: '--tokens {}': expected a multiple of the {} DP ranks of {}", f.tokens, units,
+        plan.topology.Label()));
+  }
+  ShardedJobSpec spec;
+  spec.plan = &plan;
+  spec.load.seed = f.seed;
+  spec.num_layers = f.layers;
+  spec.tokens_per_unit = {f.tokens / units};
+  spec.input_seed = f.seed;
+  spec.warmup = f.warmup;
+  spec.iters = f.iters;
+  spec.kernel_threads = kernel_threads;
+  double seconds = 0;
+  auto body = [&](Communicator& w) -> Status {
+    MOESHARD_ASSIGN_OR_RETURN(ShardedJobResult r, RunShardedJob(spec, w));
+    if (w.rank() == 0) seconds = r.iter_seconds;
+    return Status::Ok();
+  };
+  if (world != nullptr) {
+    MOESHARD_RETURN_IF_ERROR(body(*world));
+  } else {
+    MOESHARD_RETURN_IF_ERROR(
+        RunLocalRanks(static_cast<int>(plan.topology.world), LocalCommOptions{}, body));
+  }
+  return seconds;
+}
+
+std::string CpuName() {
+  std::FILE* in = std::fopen("/proc/cpuinfo", "r");
+  if (in == nullptr) return "unknown";
+  char line[512];
+  std::string name = "unknown";
+  while (std::fgets(line, sizeof(line), in) != nullptr) {
+    std::string l(line);
+    if (l.rfind("model name", 0) == 0) {
+      name = l.substr(l.find(':') + 2);
+      if (!name.empty() && name.back() == '\n') name.pop_back();
+      break;
+    }
+  }
+  std::fclose(in);
+  return name;
+}
+
+Status ReportBench(const BenchRunFlags& f, const std::string& comm, const BenchRow& base,
+                   const std::vector<BenchRow>& rows) {
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  fmt::print(
+      "sharded overhead: {} layers of {}, {} tokens in all per iteration, {} warm-up + {} "
+      "timed iterations, comm {}\nmachine: {}, {} cores; every configuration uses all cores "
+      "(kernel threads per rank = max(1, cores / ranks)); more ranks than cores oversubscribe\n\n",
+      f.layers < 0 ? std::string("all MoE") : std::to_string(f.layers), f.model, f.tokens,
+      f.warmup, f.iters, comm, CpuName(), hw);
+  fmt::print("| mode | ranks | topology | threads/rank | ms/iter | ratio t_N/t_1 | efficiency "
+             "t_1/t_N | tokens/s |\n|---|--:|---|--:|--:|--:|--:|--:|\n");
+  auto line = [&](const BenchRow& r) {
+    fmt::print("| {} | {} | {} | {} | {:.3f} | {:.2f} | {:.0f}% | {:.0f} |\n", r.mode, r.ranks,
+               r.topology, r.kernel_threads, r.seconds * 1e3, r.seconds / base.seconds,
+               100.0 * base.seconds / r.seconds, static_cast<double>(f.tokens) / r.seconds);
+  };
+  line(base);
+  for (const BenchRow& r : rows) line(r);
+  if (f.json.empty()) return Status::Ok();
+  std::string j = fmt::format(
+      "{{\n  \"machine\": {{\"cpu\": \"{}\", \"cores\": {}}},\n  \"model\": \"{}\",\n  "
+      "\"tokens\": {},\n  \"layers\": {},\n  \"comm\": \"{}\",\n  \"iters\": {},\n  "
+      "\"baseline_seconds\": {},\n  \"results\": [\n",
+      CpuName(), hw, f.model, f.tokens, f.layers, comm, f.iters, base.seconds);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const BenchRow& r = rows[i];
+    j += fmt::format(
+        "    {{\"mode\": \"{}\", \"ranks\": {}, \"topology\": \"{}\", \"threads_per_rank\": {}, "
+        "\"seconds\": {}, \"ratio\": {}, \"efficiency\": {}}}{}\n",
+        r.mode, r.ranks, r.topology, r.kernel_threads, r.seconds, r.seconds / base.seconds,
+        base.seconds / r.seconds, i + 1 < rows.size() ? "," : "");
+  }
+  j += "  ]\n}\n";
+  MOESHARD_RETURN_IF_ERROR(WriteFileAtomic(f.json, j));
+  fmt::print("wrote {}\n", f.json);
+  return Status::Ok();
+}
+
+Status RunBenchRun(const BenchRunFlags& f) {
+  MOESHARD_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(f.model));
+  const int hw = std::max(1u, std::thread::hardware_concurrency());
+  if (!LaunchedUnderMpi()) {
+    BenchRow base{"1 rank", 1, "TP1", hw, 0};
+    MOESHARD_ASSIGN_OR_RETURN(base.seconds, BenchOne(model, Topology{}, f, hw, nullptr));
+    // The same single rank on one core: separates the kernels' own thread scaling from the
+    // cost of sharding.
+    BenchRow one{"1 rank, 1 thread", 1, "TP1", 1, 0};
+    MOESHARD_ASSIGN_OR_RETURN(one.seconds, BenchOne(model, Topology{}, f, 1, nullptr));
+    std::vector<BenchRow> rows = {one};
+    for (const std::string& mode : f.modes) {
+      for (int64_t n : f.ranks) {
+        MOESHARD_ASSIGN_OR_RETURN(Topology t, BenchTopology(mode, n));
+        MOESHARD_ASSIGN_OR_RETURN(ResolvedTopology rt, ResolveTopology(t, model));
+        const int threads = std::max(1, hw / static_cast<int>(n));
+        BenchRow row{mode, n, rt.Label(), threads, 0};
+        MOESHARD_ASSIGN_OR_RETURN(row.seconds, BenchOne(model, t, f, threads, nullptr));
+        rows.push_back(row);
+      }
+    }
+    return ReportBench(f, "local", base, rows);
+  }
+  // Under mpirun: the baseline on rank 0 alone (the others wait in a sleeping barrier), then
+  // every mode at the job's size.
+  MOESHARD_ASSIGN_OR_RETURN(auto session, MpiSession::Init(nullptr, nullptr));
+  RunMpiRank(*session, MpiCommOptions{}, [&](Communicator& world) -> Status {
+    const int n = world.size();
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int per_node = local != nullptr ? std::max(1, std::atoi(local)) : n;
+    MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(world.rank(), 0));
+    BenchRow base{"1 rank", 1, "TP1", hw, 0};
+    if (world.rank() == 0) {
+      MOESHARD_ASSIGN_OR_RETURN(base.seconds, BenchOne(model, Topology{}, f, hw, solo.get()));
+    }
+    BenchRow one{"1 rank, 1 thread", 1, "TP1", 1, 0};
+    if (world.rank() == 0) {
+      MOESHARD_ASSIGN_OR_RETURN(one.seconds, BenchOne(model, Topology{}, f, 1, solo.get()));
+    }
+    MOESHARD_RETURN_IF_ERROR(world.Barrier());
+    std::vector<BenchRow> rows = {one};
+    for (const std::string& mode : f.modes) {
+      MOESHARD_ASSIGN_OR_RETURN(Topology t, BenchTopology(mode, n));
+      MOESHARD_ASSIGN_OR_RETURN(ResolvedTopology rt, ResolveTopology(t, model));
+      const int threads = std::max(1, hw / per_node);
+      BenchRow row{mode, n, rt.Label(), threads, 0};
+      MOESHARD_ASSIGN_OR_RETURN(row.seconds, BenchOne(model, t, f, threads, &world));
+      rows.push_back(row);
+    }
+    if (world.rank() == 0) return ReportBench(f, fmt::format("mpi ({} processes)", n), base, rows);
+    return Status::Ok();
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Declared in bench_command.cc, which lists it among the bench suites.
+CommandRunner SetupBenchRun(CLI::App* bench) {
+  CLI::App* sub = bench->add_subcommand(
+      "run",
+      "sharded overhead: the same MoE layers and total tokens on 1 rank and on N ranks (local "
+      "threads, or the mpirun job's processes), as ratios");
+  auto f = std::make_shared<BenchRunFlags>();
+  AddModelFlag(sub, &f->model, /*required=*/false);
+  sub->add_option("--ranks", f->ranks, "rank counts to compare with 1 (local; default 2,4)")
+      ->delimiter(',');
+  sub->add_option("--modes", f->modes, "ep (-tp N -ep), tp (-tp N), dp-ep, dp-tp (default ep,tp,dp-ep)")
+      ->delimiter(',');
+  sub->add_option("--tokens", f->tokens, "tokens per iteration in all (default 256)");
+  sub->add_option("--layers", f->layers, "the first N MoE layers (default all)");
+  sub->add_option("--iters", f->iters, "timed iterations (default 5)");
+  sub->add_option("--warmup", f->warmup, "untimed iterations (default 2)");
+  sub->add_option("--moe-backend", f->backend, "plan backend (default moeshard-cpu)");
+  sub->add_option("--seed", f->seed, "dummy weights and inputs seed");
+  sub->add_option("--json", f->json, "also write the results as JSON");
+  return [sub, f]() -> int {
+    if (!sub->parsed()) return -1;
+    const Status s = RunBenchRun(*f);
+    if (!s.ok()) {
+      std::fprintf(stderr, "moeshard bench run: error: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  };
+}
+
+namespace {
+
 MOESHARD_REGISTER_COMMAND(
     run, CommandSpec{
              .name = "run",
