@@ -233,7 +233,11 @@ CommandRunner SetupKernels(CLI::App* bench) {
 // Each suite adds its sub-app to `bench` and returns a runner that returns -1 when its sub-app
 // was not selected.
 using SuiteSetup = CommandRunner (*)(CLI::App* bench);
-constexpr SuiteSetup kSuites[] = {SetupKernels};
+}  // namespace
+// `bench run` (sharded runtime overhead) lives with `moeshard run` in run_command.cc.
+CommandRunner SetupBenchRun(CLI::App* bench);
+namespace {
+constexpr SuiteSetup kSuites[] = {SetupKernels, SetupBenchRun};
 
 MOESHARD_REGISTER_COMMAND(
     bench,
