@@ -57,9 +57,9 @@ Result<Inputs> ReadInputs(const std::string& path, const ModelConfig& m) {
   MOESHARD_ASSIGN_OR_RETURN(const TensorInfo* h, file->Get("hidden_states"));
   if (h->shape.size() != 2 || h->shape[1] != m.hidden_size ||
       (h->dtype != DType::kBF16 && h->dtype != DType::kF32)) {
-    return InvalidArgumentError(fmt::format(
-        "{}: 'hidden_states': expected BF16 or F32 [T, {}], got {} [{}]", where, m.hidden_size,
-        DTypeName(h->dtype), fmt::join(h->shape, ", ")));
+    return InvalidArgumentError(
+        fmt::format("{}: 'hidden_states': expected BF16 or F32 [T, {}], got {} [{}]", where,
+                    m.hidden_size, DTypeName(h->dtype), fmt::join(h->shape, ", ")));
   }
   const int64_t T = h->shape[0];
   std::vector<std::byte> raw(h->num_bytes());
@@ -91,15 +91,17 @@ Result<Inputs> ReadInputs(const std::string& path, const ModelConfig& m) {
     }
     in.ids.resize(T * m.num_experts_per_tok);
     in.weights.resize(in.ids.size());
-    MOESHARD_RETURN_IF_ERROR(file->ReadTensor(
-        *ids, {reinterpret_cast<std::byte*>(in.ids.data()), in.ids.size() * 4}));
+    MOESHARD_RETURN_IF_ERROR(
+        file->ReadTensor(*ids, {reinterpret_cast<std::byte*>(in.ids.data()), in.ids.size() * 4}));
     MOESHARD_RETURN_IF_ERROR(file->ReadTensor(
         *w, {reinterpret_cast<std::byte*>(in.weights.data()), in.weights.size() * 4}));
   }
   return in;
 }
 
-std::string Mib(int64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 20)); }
+std::string Mib(int64_t bytes) {
+  return fmt::format("{:.2f}", static_cast<double>(bytes) / (1 << 20));
+}
 
 // Rank 0's report. Returns false when something does not hold (memory != plan, verification).
 bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const ShardedJobResult& r,
@@ -107,20 +109,21 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
   bool ok = true;
   fmt::print("moeshard run: {} on {} (world {}), backend {}, comm {}\n", plan.model.name,
              plan.topology.Label(), plan.topology.world, plan.backend.name, comm);
-  fmt::print("  MoE layers [{}], {} tokens in all ({} DP ranks holding [{}]), {} warm-up + {} timed "
-             "iterations\n",
-             fmt::join(r.layers, ", "), r.total_tokens, plan.topology.dp * plan.topology.pcp,
-             [&] {
-               std::vector<int64_t> t;
-               for (const RankReport& rr : r.ranks) {
-                 if (plan.ranks[rr.rank].coords.tp_rank == 0) t.push_back(rr.num_tokens);
-               }
-               return fmt::format("{}", fmt::join(t, ", "));
-             }(),
-             spec.warmup, spec.iters);
+  fmt::print(
+      "  MoE layers [{}], {} tokens in all ({} DP ranks holding [{}]), {} warm-up + {} timed "
+      "iterations\n",
+      fmt::join(r.layers, ", "), r.total_tokens, plan.topology.dp * plan.topology.pcp,
+      [&] {
+        std::vector<int64_t> t;
+        for (const RankReport& rr : r.ranks) {
+          if (plan.ranks[rr.rank].coords.tp_rank == 0) t.push_back(rr.num_tokens);
+        }
+        return fmt::format("{}", fmt::join(t, ", "));
+      }(),
+      spec.warmup, spec.iters);
   fmt::print("  intermediate {} -> raw {} -> padded {}; expert hidden {} -> padded {}\n\n",
-             plan.intermediate.logical, plan.intermediate.raw_local,
-             plan.intermediate.padded_local, plan.hidden.logical, plan.hidden.padded_local);
+             plan.intermediate.logical, plan.intermediate.raw_local, plan.intermediate.padded_local,
+             plan.hidden.logical, plan.hidden.padded_local);
 
   // Memory: measured (allocated by the loader) next to the plan, per category with bytes.
   std::vector<TensorCategory> cats;
@@ -151,9 +154,10 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
     row.push_back(Mib(rr.workspace_bytes));
     mem.Row(row);
   }
-  fmt::print("memory per rank, MiB (measured = allocated by the loader; plan = the ShardPlan's "
-             "prediction for the layers built):\n{}\n",
-             mem.Text());
+  fmt::print(
+      "memory per rank, MiB (measured = allocated by the loader; plan = the ShardPlan's "
+      "prediction for the layers built):\n{}\n",
+      mem.Text());
 
   // Time per layer: the slowest rank's mean.
   std::vector<double> slow(r.layers.size(), 0.0);
@@ -189,15 +193,15 @@ Status WriteOutputs(const std::string& path, const ShardPlan& plan, const Sharde
                  {"topology", plan.topology.Label()},
                  {"backend", plan.backend.name},
                  {"layers", fmt::format("{}", fmt::join(r.layers, ","))},
-                 {"layer", "out = x + latent_up(routed(norm(x))) + shared(norm(x)); see "
-                           "include/moeshard/runtime/moe_runtime.h"}});
+                 {"layer",
+                  "out = x + latent_up(routed(norm(x))) + shared(norm(x)); see "
+                  "include/moeshard/runtime/moe_runtime.h"}});
   const int64_t H = plan.model.hidden_size, T = r.total_tokens;
   for (size_t l = 0; l < r.layers.size(); ++l) {
     const float* p = r.outputs.data() + l * T * H;
-    MOESHARD_RETURN_IF_ERROR(w.Add(fmt::format("layers.{}.hidden_states", r.layers[l]),
-                                   DType::kF32, {T, H},
-                                   {reinterpret_cast<const std::byte*>(p),
-                                    static_cast<size_t>(T * H * 4)}));
+    MOESHARD_RETURN_IF_ERROR(
+        w.Add(fmt::format("layers.{}.hidden_states", r.layers[l]), DType::kF32, {T, H},
+              {reinterpret_cast<const std::byte*>(p), static_cast<size_t>(T * H * 4)}));
   }
   return w.Finish(path);
 }
@@ -228,8 +232,8 @@ int RunRun(const RunFlags& f) {
                                                : LoadOptions::Source::kPresharded;
     spec.load.checkpoint_dir = f.checkpoint;
   } else {
-    return fail(InvalidArgumentError(fmt::format(
-        "run: '--load-format {}': expected dummy, safetensors or presharded", format)));
+    return fail(InvalidArgumentError(
+        fmt::format("run: '--load-format {}': expected dummy, safetensors or presharded", format)));
   }
   spec.load.seed = f.seed;
   spec.num_layers = f.layers;
@@ -245,8 +249,8 @@ int RunRun(const RunFlags& f) {
   } else if (f.dtype == "f32" || f.dtype == "fp32") {
     spec.io_dtype = DType::kF32;
   } else {
-    return fail(InvalidArgumentError(
-        fmt::format("run: '--dtype {}': expected bf16 or f32", f.dtype)));
+    return fail(
+        InvalidArgumentError(fmt::format("run: '--dtype {}': expected bf16 or f32", f.dtype)));
   }
   Inputs inputs;
   if (!f.input.empty()) {
@@ -271,8 +275,8 @@ int RunRun(const RunFlags& f) {
     report_ok = PrintReport(*plan, spec, r, comm);
     if (!f.output.empty()) {
       MOESHARD_RETURN_IF_ERROR(WriteOutputs(f.output, *plan, r));
-      fmt::print("wrote {} ({} layers x [{}, {}] F32)\n", f.output, r.layers.size(),
-                 r.total_tokens, plan->model.hidden_size);
+      fmt::print("wrote {} ({} layers x [{}, {}] F32)\n", f.output, r.layers.size(), r.total_tokens,
+                 plan->model.hidden_size);
     }
     std::fflush(stdout);
     return Status::Ok();
@@ -286,9 +290,9 @@ int RunRun(const RunFlags& f) {
     auto session = MpiSession::Init(nullptr, nullptr);
     if (!session.ok()) return fail(session.status());
     if ((*session)->world_size() != world) {
-      return fail(InvalidArgumentError(fmt::format(
-          "run: 'mpirun -np': expected {} processes for {}, got {}", world,
-          plan->topology.Label(), (*session)->world_size())));
+      return fail(InvalidArgumentError(
+          fmt::format("run: 'mpirun -np': expected {} processes for {}, got {}", world,
+                      plan->topology.Label(), (*session)->world_size())));
     }
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int per_node = local != nullptr ? std::max(1, std::atoi(local)) : world;
@@ -299,8 +303,7 @@ int RunRun(const RunFlags& f) {
     return (*session)->world_rank() == 0 && !report_ok ? 1 : 0;
   }
   if (comm != "local") {
-    return fail(InvalidArgumentError(
-        fmt::format("run: '--comm {}': expected local or mpi", comm)));
+    return fail(InvalidArgumentError(fmt::format("run: '--comm {}': expected local or mpi", comm)));
   }
   spec.kernel_threads = f.threads > 0 ? f.threads : std::max(1, hw / world);
   const Status s = RunLocalRanks(world, LocalCommOptions{}, per_rank);
@@ -346,17 +349,17 @@ Result<Topology> BenchTopology(const std::string& mode, int64_t n) {
 
 // The slowest rank's mean forward time of `topology` on `world` (or a fresh local job when
 // world is null).
-Result<double> BenchOne(const ModelConfig& model, const Topology& topology,
-                        const BenchRunFlags& f, int kernel_threads, Communicator* world) {
+Result<double> BenchOne(const ModelConfig& model, const Topology& topology, const BenchRunFlags& f,
+                        int kernel_threads, Communicator* world) {
   PlanOptions o;
   o.topology = topology;
   o.backend = f.backend;
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan, BuildShardPlan(model, o));
   const int64_t units = plan.topology.dp * plan.topology.pcp;
   if (f.tokens % units != 0) {
-    return InvalidArgumentError(fmt::format(
-        "bench run: '--tokens {}': expected a multiple of the {} DP ranks of {}", f.tokens, units,
-        plan.topology.Label()));
+    return InvalidArgumentError(
+        fmt::format("bench run: '--tokens {}': expected a multiple of the {} DP ranks of {}",
+                    f.tokens, units, plan.topology.Label()));
   }
   ShardedJobSpec spec;
   spec.plan = &plan;
@@ -406,10 +409,11 @@ Status ReportBench(const BenchRunFlags& f, const std::string& comm, const BenchR
       "sharded overhead: {} layers of {}, {} tokens in all per iteration, {} warm-up + {} "
       "timed iterations, comm {}\nmachine: {}, {} cores; every configuration uses all cores "
       "(kernel threads per rank = max(1, cores / ranks)); more ranks than cores oversubscribe\n\n",
-      f.layers < 0 ? std::string("all MoE") : std::to_string(f.layers), f.model, f.tokens,
-      f.warmup, f.iters, comm, CpuName(), hw);
-  fmt::print("| mode | ranks | topology | threads/rank | ms/iter | ratio t_N/t_1 | efficiency "
-             "t_1/t_N | tokens/s |\n|---|--:|---|--:|--:|--:|--:|--:|\n");
+      f.layers < 0 ? std::string("all MoE") : std::to_string(f.layers), f.model, f.tokens, f.warmup,
+      f.iters, comm, CpuName(), hw);
+  fmt::print(
+      "| mode | ranks | topology | threads/rank | ms/iter | ratio t_N/t_1 | efficiency "
+      "t_1/t_N | tokens/s |\n|---|--:|---|--:|--:|--:|--:|--:|\n");
   auto line = [&](const BenchRow& r) {
     fmt::print("| {} | {} | {} | {} | {:.3f} | {:.2f} | {:.0f}% | {:.0f} |\n", r.mode, r.ranks,
                r.topology, r.kernel_threads, r.seconds * 1e3, r.seconds / base.seconds,
@@ -504,7 +508,8 @@ CommandRunner SetupBenchRun(CLI::App* bench) {
   AddModelFlag(sub, &f->model, /*required=*/false);
   sub->add_option("--ranks", f->ranks, "rank counts to compare with 1 (local; default 2,4)")
       ->delimiter(',');
-  sub->add_option("--modes", f->modes, "ep (-tp N -ep), tp (-tp N), dp-ep, dp-tp (default ep,tp,dp-ep)")
+  sub->add_option("--modes", f->modes,
+                  "ep (-tp N -ep), tp (-tp N), dp-ep, dp-tp (default ep,tp,dp-ep)")
       ->delimiter(',');
   sub->add_option("--tokens", f->tokens, "tokens per iteration in all (default 256)");
   sub->add_option("--layers", f->layers, "the first N MoE layers (default all)");

@@ -94,8 +94,8 @@ void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {
   });
 }
 
-void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n,
-             const bf16_t* weight, float eps, float* y, int64_t y_stride) {
+void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n, const bf16_t* weight,
+             float eps, float* y, int64_t y_stride) {
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* xr = x + t * x_stride;
     float* yr = y + t * y_stride;
@@ -109,17 +109,30 @@ void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n,
 void GatedMlp(KernelContext& ctx, DenseScratch& scratch, const GatedMlpArgs& a) {
   const int64_t s = a.gate->rows;
   Linear(ctx, scratch,
-         LinearArgs{.w = a.gate, .x = a.x, .x_stride = a.x_stride, .num_tokens = a.num_tokens,
-                    .y = a.gate_buf, .y_stride = s});
+         LinearArgs{.w = a.gate,
+                    .x = a.x,
+                    .x_stride = a.x_stride,
+                    .num_tokens = a.num_tokens,
+                    .y = a.gate_buf,
+                    .y_stride = s});
   Linear(ctx, scratch,
-         LinearArgs{.w = a.up, .x = a.x, .x_stride = a.x_stride, .num_tokens = a.num_tokens,
-                    .y = a.up_buf, .y_stride = s});
+         LinearArgs{.w = a.up,
+                    .x = a.x,
+                    .x_stride = a.x_stride,
+                    .num_tokens = a.num_tokens,
+                    .y = a.up_buf,
+                    .y_stride = s});
   for (int64_t i = 0; i < a.num_tokens * s; ++i) {
     a.gate_buf[i] = ApplyActivation(a.activation, a.gate_buf[i], a.up_buf[i]);
   }
   Linear(ctx, scratch,
-         LinearArgs{.w = a.down, .x = a.gate_buf, .x_stride = s, .num_tokens = a.num_tokens,
-                    .y = a.y, .y_stride = a.y_stride, .accumulate = a.accumulate});
+         LinearArgs{.w = a.down,
+                    .x = a.gate_buf,
+                    .x_stride = s,
+                    .num_tokens = a.num_tokens,
+                    .y = a.y,
+                    .y_stride = a.y_stride,
+                    .accumulate = a.accumulate});
 }
 
 }  // namespace moeshard::internal

@@ -28,8 +28,8 @@ struct DenseWeight {
   DenseFormat format = DenseFormat::kBf16;
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* data = nullptr;  // bf16/f32 [rows, cols]; fp8 u8 [rows, cols]; mxfp4/int4 u8
-                               // [rows, cols/2] (low nibble = even column)
+  const void* data = nullptr;    // bf16/f32 [rows, cols]; fp8 u8 [rows, cols]; mxfp4/int4 u8
+                                 // [rows, cols/2] (low nibble = even column)
   const void* scales = nullptr;  // fp8: f32 [ceil(rows/128), ceil(cols/128)]; mxfp4: u8 E8M0
                                  // [rows, cols/32]; int4: bf16 [rows, cols/group]
   int64_t group = 32;            // mxfp4 / int4 group along cols
@@ -53,8 +53,8 @@ struct LinearArgs {
   int64_t num_tokens = 0;
   float* y = nullptr;  // [num_tokens, y_stride] fp32, columns [0, w.rows) written
   int64_t y_stride = 0;
-  bool accumulate = false;       // y += instead of y =
-  const float* bias = nullptr;   // optional [w.rows] fp32
+  bool accumulate = false;      // y += instead of y =
+  const float* bias = nullptr;  // optional [w.rows] fp32
 };
 
 // y[t, r] (+)= sum_c x[t, c] * W[r, c] (+ bias[r]). REQUIRES: scratch reserved for w.cols.
@@ -62,8 +62,8 @@ void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& args);
 
 // y[t, :] = x[t, :] * rsqrt(mean(x[t, :]^2) + eps) * weight, over `n` columns (fp32 math,
 // sequential sum). x and y: [num_tokens, stride] fp32; may alias. weight: [n] bf16.
-void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n,
-             const bf16_t* weight, float eps, float* y, int64_t y_stride);
+void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n, const bf16_t* weight,
+             float eps, float* y, int64_t y_stride);
 
 // The gated MLP of the shared experts on the columns a rank holds:
 //   gate = x Wgᵀ, up = x Wuᵀ ([num_tokens, S_local]), h = act(gate, up), y (+)= h Wdᵀ.

@@ -31,8 +31,9 @@ Result<ExpertDispatcher> ExpertDispatcher::Create(Communicator& ep,
     }
     for (int p : o.owners[e]) {
       if (p < 0 || p >= ep.size()) {
-        return InvalidArgumentError(fmt::format(
-            "expert dispatch: 'owners[{}]': expected EP ranks in [0, {}), got {}", e, ep.size(), p));
+        return InvalidArgumentError(
+            fmt::format("expert dispatch: 'owners[{}]': expected EP ranks in [0, {}), got {}", e,
+                        ep.size(), p));
       }
     }
   }
@@ -67,8 +68,7 @@ int64_t ExpertDispatcher::WorkspaceBytes() const {
          b(recv_src_) + b(recv_rows_) + b(recv_out_) + b(back_rows_);
 }
 
-Status ExpertDispatcher::Dispatch(const bf16_t* rows, const int32_t* topk_ids,
-                                  int64_t num_tokens) {
+Status ExpertDispatcher::Dispatch(const bf16_t* rows, const int32_t* topk_ids, int64_t num_tokens) {
   const int64_t k = opt_.top_k;
   const int n = ep_->size();
   if (num_tokens < 0 || num_tokens > opt_.max_tokens) {
@@ -115,8 +115,7 @@ Status ExpertDispatcher::Dispatch(const bf16_t* rows, const int32_t* topk_ids,
   }
   num_tokens_ = num_tokens;
 
-  MOESHARD_RETURN_IF_ERROR(
-      ep_->AllToAll(send_counts_.data(), recv_counts_.data(), sizeof(size_t)));
+  MOESHARD_RETURN_IF_ERROR(ep_->AllToAll(send_counts_.data(), recv_counts_.data(), sizeof(size_t)));
   size_t total = 0;
   for (int p = 0; p < n; ++p) {
     recv_displs_[p] = total;

@@ -109,9 +109,9 @@ int64_t Bytes(const std::vector<T>& v) {
 struct MoeRuntime::Impl {
   struct Layer {
     int64_t layer = 0;
-    const bf16_t* pre_norm = nullptr;  // [H]
-    DenseWeight router;                // [E, H]
-    std::vector<float> router_bias;    // [E] or empty
+    const bf16_t* pre_norm = nullptr;        // [H]
+    DenseWeight router;                      // [E, H]
+    std::vector<float> router_bias;          // [E] or empty
     const float* correction_bias = nullptr;  // [E] or null
     DenseWeight latent_down, latent_up;      // [L, H], [H, L]
     const bf16_t* latent_norm = nullptr;     // [L] or null
@@ -141,20 +141,20 @@ struct MoeRuntime::Impl {
   std::vector<int32_t> global_to_local;  // [E]
 
   // Buffers (sizes: see Create).
-  std::vector<int64_t> all_tokens;                    // [world]
-  std::vector<size_t> mt_rows, mt_floats;             // [moe_tp]
-  std::vector<size_t> tp_rows, tp_floats;             // [tp]
-  std::vector<float> stream, xn;                      // [T_max, H]
-  std::vector<float> logits;                          // [C_max, E]
-  std::vector<int32_t> chunk_ids, union_ids;          // [C_max, k], [U_max, k]
-  std::vector<float> chunk_w, union_w;                // [C_max, k], [U_max, k]
-  std::vector<float> lat;                             // [C_max, L]
-  std::vector<bf16_t> chunk_rows, union_rows;         // [C_max, Lp], [U_max, Lp]
-  std::vector<float> union_out, chunk_out;            // [U_max, Lp], [C_max, Lp]
-  std::vector<float> ones;                            // [R_max]
-  std::vector<float> chunk_y;                         // [C_max, H]
-  std::vector<float> gate_buf, up_buf;                // [T_max or C_max, S_local]
-  std::vector<float> shared_partial, shared_chunk;    // [T_max, H], [C_max, H]
+  std::vector<int64_t> all_tokens;                  // [world]
+  std::vector<size_t> mt_rows, mt_floats;           // [moe_tp]
+  std::vector<size_t> tp_rows, tp_floats;           // [tp]
+  std::vector<float> stream, xn;                    // [T_max, H]
+  std::vector<float> logits;                        // [C_max, E]
+  std::vector<int32_t> chunk_ids, union_ids;        // [C_max, k], [U_max, k]
+  std::vector<float> chunk_w, union_w;              // [C_max, k], [U_max, k]
+  std::vector<float> lat;                           // [C_max, L]
+  std::vector<bf16_t> chunk_rows, union_rows;       // [C_max, Lp], [U_max, Lp]
+  std::vector<float> union_out, chunk_out;          // [U_max, Lp], [C_max, Lp]
+  std::vector<float> ones;                          // [R_max]
+  std::vector<float> chunk_y;                       // [C_max, H]
+  std::vector<float> gate_buf, up_buf;              // [T_max or C_max, S_local]
+  std::vector<float> shared_partial, shared_chunk;  // [T_max, H], [C_max, H]
 
   Status Init(const ShardPlan& p, const WeightViews& w, Communicator& wc, KernelContext& kc,
               const MoeRuntimeOptions& o);
@@ -194,14 +194,14 @@ Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, const std::str
       MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, get(*s));
       d.scales = sv->data;
       if (q.block_in != q.block_out && q.block_in > 0) {
-        return UnimplementedError(fmt::format(
-            "runtime: '{}': expected square fp8 blocks, got {}x{}", module, q.block_out,
-            q.block_in));
+        return UnimplementedError(
+            fmt::format("runtime: '{}': expected square fp8 blocks, got {}x{}", module, q.block_out,
+                        q.block_in));
       }
     } else {
-      return InvalidArgumentError(fmt::format(
-          "runtime: '{}': expected a BF16, F32 or F8_E4M3 weight, got {}",
-          LayerName(t->name, layer), DTypeName(v->dtype)));
+      return InvalidArgumentError(
+          fmt::format("runtime: '{}': expected a BF16, F32 or F8_E4M3 weight, got {}",
+                      LayerName(t->name, layer), DTypeName(v->dtype)));
     }
     return d;
   }
@@ -239,7 +239,7 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
                               w.Get(LayerName(t->name, layer), DType::kBF16, {H}));
     ly->pre_norm = v->as<bf16_t>();
   }
-  const std::string gate = m.family == ModelFamily::kMixtral ? pre + "block_sparse_moe.gate"
+  const std::string gate = m.family == ModelFamily::kMixtral  ? pre + "block_sparse_moe.gate"
                            : m.family == ModelFamily::kGptOss ? pre + "mlp.router"
                                                               : pre + "mlp.gate";
   MOESHARD_ASSIGN_OR_RETURN(ly->router, Dense(w, gate, layer, true));
@@ -286,8 +286,7 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
     MOESHARD_ASSIGN_OR_RETURN(ly->shared_down, Dense(w, sp + "down_proj", layer, true));
     ly->has_shared = true;
     if (ly->shared_gate.rows != S_local || ly->shared_up.rows != S_local ||
-        ly->shared_down.cols != S_local || ly->shared_gate.cols != H ||
-        ly->shared_down.rows != H) {
+        ly->shared_down.cols != S_local || ly->shared_gate.cols != H || ly->shared_down.rows != H) {
       return InvalidArgumentError(fmt::format(
           "runtime: 'shared experts' of layer {}: expected gate/up [{}, {}] and down [{}, {}]",
           layer, S_local, H, H, S_local));
@@ -310,8 +309,8 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
   }
   if (x.num_experts_local == 0) return Status::Ok();
   const std::string ep = pre + "mlp.experts.";
-  const bool packed = plan->expert_format == QuantMethod::kMxfp4 ||
-                      plan->expert_format == QuantMethod::kInt4;
+  const bool packed =
+      plan->expert_format == QuantMethod::kMxfp4 || plan->expert_format == QuantMethod::kInt4;
   const std::string wsuf = packed ? "_weight_packed" : "_weight";
   const std::string ssuf =
       plan->expert_format == QuantMethod::kFp8Block ? "_weight_scale_inv" : "_weight_scale";
@@ -327,8 +326,8 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
     if (plan->expert_format != QuantMethod::kNone) {
       const TensorShard* s = FindShard(rp, ep + proj + ssuf);
       if (s == nullptr) {
-        return NotFoundError(fmt::format("runtime: '{}': not in the plan",
-                                         LayerName(ep + proj + ssuf, layer)));
+        return NotFoundError(
+            fmt::format("runtime: '{}': not in the plan", LayerName(ep + proj + ssuf, layer)));
       }
       MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv,
                                 w.Get(LayerName(s->name, layer), s->dtype, s->padded_shape));
@@ -346,8 +345,8 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
     x.w13_bias = ly->w13_bias.data();
     x.w2_bias = ly->w2_bias.data();
   }
-  return ValidateExpertWeights(x, activation).WithContext(
-      fmt::format("runtime: routed experts of layer {}", layer));
+  return ValidateExpertWeights(x, activation)
+      .WithContext(fmt::format("runtime: routed experts of layer {}", layer));
 }
 
 Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communicator& wc,
@@ -396,7 +395,8 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
         "(drop the flag)");
   }
   if (m.num_shared_experts > 0) {
-    const TensorShard* t = FindShard(*rank_plan, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight");
+    const TensorShard* t =
+        FindShard(*rank_plan, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight");
     if (t == nullptr) {
       t = FindShard(*rank_plan, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight_packed");
     }
@@ -411,9 +411,9 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
   } else {
     for (int64_t l : o.layers) {
       if (std::find(stage_moe.begin(), stage_moe.end(), l) == stage_moe.end()) {
-        return InvalidArgumentError(fmt::format(
-            "runtime: 'layers': expected MoE layers of this stage ({}), got {}",
-            fmt::join(stage_moe, ", "), l));
+        return InvalidArgumentError(
+            fmt::format("runtime: 'layers': expected MoE layers of this stage ({}), got {}",
+                        fmt::join(stage_moe, ", "), l));
       }
     }
     layer_ids = o.layers;
@@ -431,8 +431,8 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
 
   // Sub-communicators (world rank = group rank for pp == 1).
   const int r = wc.rank();
-  MOESHARD_ASSIGN_OR_RETURN(tp_comm, wc.Split(static_cast<int>(r / tp),
-                                              static_cast<int>(coords.tp_rank)));
+  MOESHARD_ASSIGN_OR_RETURN(tp_comm,
+                            wc.Split(static_cast<int>(r / tp), static_cast<int>(coords.tp_rank)));
   MOESHARD_ASSIGN_OR_RETURN(moe_tp_comm, wc.Split(static_cast<int>(coords.moe_ep_rank),
                                                   static_cast<int>(coords.moe_tp_rank)));
   MOESHARD_ASSIGN_OR_RETURN(ep_comm, wc.Split(static_cast<int>(coords.moe_tp_rank),
@@ -503,11 +503,10 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
 int64_t MoeRuntime::Impl::WorkspaceBytes() const {
   int64_t b = Bytes(all_tokens) + Bytes(mt_rows) + Bytes(mt_floats) + Bytes(tp_rows) +
               Bytes(tp_floats) + Bytes(stream) + Bytes(xn) + Bytes(logits) + Bytes(chunk_ids) +
-              Bytes(union_ids) + Bytes(chunk_w) + Bytes(union_w) + Bytes(lat) +
-              Bytes(chunk_rows) + Bytes(union_rows) + Bytes(union_out) + Bytes(chunk_out) +
-              Bytes(ones) + Bytes(chunk_y) + Bytes(gate_buf) + Bytes(up_buf) +
-              Bytes(shared_partial) + Bytes(shared_chunk) + Bytes(global_to_local) +
-              Bytes(scratch.rows);
+              Bytes(union_ids) + Bytes(chunk_w) + Bytes(union_w) + Bytes(lat) + Bytes(chunk_rows) +
+              Bytes(union_rows) + Bytes(union_out) + Bytes(chunk_out) + Bytes(ones) +
+              Bytes(chunk_y) + Bytes(gate_buf) + Bytes(up_buf) + Bytes(shared_partial) +
+              Bytes(shared_chunk) + Bytes(global_to_local) + Bytes(scratch.rows);
   for (const Layer& l : layers) b += Bytes(l.router_bias) + Bytes(l.w13_bias) + Bytes(l.w2_bias);
   if (dispatcher) b += dispatcher->WorkspaceBytes();
   return b;
@@ -520,8 +519,8 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
   const float eps = static_cast<float>(plan->model.rms_norm_eps);
   // 1. Pre-MoE norm: the chunk, or all T tokens when TP-sharded shared experts need them.
   const TokenRange norm_range = shared_split ? TokenRange{0, T} : chunk;
-  internal::RmsNorm(stream.data() + norm_range.begin * H, H, norm_range.size(), H, ly.pre_norm,
-                    eps, xn.data() + norm_range.begin * H, H);
+  internal::RmsNorm(stream.data() + norm_range.begin * H, H, norm_range.size(), H, ly.pre_norm, eps,
+                    xn.data() + norm_range.begin * H, H);
   const float* xc = xn.data() + chunk.begin * H;  // [C, H]
 
   // 2. Routing of the chunk.
@@ -529,16 +528,15 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
     std::memcpy(chunk_ids.data(), given_ids + chunk.begin * k, C * k * sizeof(int32_t));
     std::memcpy(chunk_w.data(), given_w + chunk.begin * k, C * k * sizeof(float));
   } else if (C > 0) {
-    internal::Linear(kc, scratch,
-                     internal::LinearArgs{.w = &ly.router,
-                                          .x = xc,
-                                          .x_stride = H,
-                                          .num_tokens = C,
-                                          .y = logits.data(),
-                                          .y_stride = E,
-                                          .bias = ly.router_bias.empty()
-                                                      ? nullptr
-                                                      : ly.router_bias.data()});
+    internal::Linear(
+        kc, scratch,
+        internal::LinearArgs{.w = &ly.router,
+                             .x = xc,
+                             .x_stride = H,
+                             .num_tokens = C,
+                             .y = logits.data(),
+                             .y_stride = E,
+                             .bias = ly.router_bias.empty() ? nullptr : ly.router_bias.data()});
     RoutingParams rp = routing;
     rp.e_score_correction_bias = ly.correction_bias;
     MOESHARD_RETURN_IF_ERROR(Route(kc, rp,
@@ -581,10 +579,10 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
     for (int64_t i = 0; i < moe_tp; ++i) U += static_cast<int64_t>(mt_rows[i]);
     MOESHARD_RETURN_IF_ERROR(moe_tp_comm->AllGatherV(chunk_rows.data(), C, union_rows.data(),
                                                      mt_rows, {}, Lp * sizeof(bf16_t)));
-    MOESHARD_RETURN_IF_ERROR(moe_tp_comm->AllGatherV(chunk_ids.data(), C, union_ids.data(),
-                                                     mt_rows, {}, k * sizeof(int32_t)));
-    MOESHARD_RETURN_IF_ERROR(moe_tp_comm->AllGatherV(chunk_w.data(), C, union_w.data(), mt_rows,
-                                                     {}, k * sizeof(float)));
+    MOESHARD_RETURN_IF_ERROR(moe_tp_comm->AllGatherV(chunk_ids.data(), C, union_ids.data(), mt_rows,
+                                                     {}, k * sizeof(int32_t)));
+    MOESHARD_RETURN_IF_ERROR(
+        moe_tp_comm->AllGatherV(chunk_w.data(), C, union_w.data(), mt_rows, {}, k * sizeof(float)));
     urows = union_rows.data();
     uids = union_ids.data();
     uw = union_w.data();
@@ -710,8 +708,7 @@ MoeRuntime::~MoeRuntime() = default;
 
 Result<std::unique_ptr<MoeRuntime>> MoeRuntime::Create(const ShardPlan& plan,
                                                        const WeightViews& weights,
-                                                       Communicator& world,
-                                                       KernelContext& kernels,
+                                                       Communicator& world, KernelContext& kernels,
                                                        const MoeRuntimeOptions& options) {
   auto impl = std::make_unique<Impl>();
   MOESHARD_RETURN_IF_ERROR(impl->Init(plan, weights, world, kernels, options));
@@ -734,8 +731,8 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
         s.T_max, T));
   }
   if (a.x_dtype != DType::kF32 && a.x_dtype != DType::kBF16) {
-    return InvalidArgumentError(fmt::format("forward: 'x_dtype': expected F32 or BF16, got {}",
-                                            DTypeName(a.x_dtype)));
+    return InvalidArgumentError(
+        fmt::format("forward: 'x_dtype': expected F32 or BF16, got {}", DTypeName(a.x_dtype)));
   }
   if (T > 0 && (a.x == nullptr || a.out == nullptr)) {
     return InvalidArgumentError("forward: 'x/out': expected non-null pointers for T > 0");
@@ -747,9 +744,9 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
   if (a.topk_ids != nullptr) {
     for (int64_t i = 0; i < T * s.k; ++i) {
       if (a.topk_ids[i] < 0 || a.topk_ids[i] >= s.E) {
-        return InvalidArgumentError(fmt::format(
-            "forward: 'topk_ids[{}, {}]': expected an expert in [0, {}), got {}", i / s.k,
-            i % s.k, s.E, a.topk_ids[i]));
+        return InvalidArgumentError(
+            fmt::format("forward: 'topk_ids[{}, {}]': expected an expert in [0, {}), got {}",
+                        i / s.k, i % s.k, s.E, a.topk_ids[i]));
       }
     }
   }

@@ -28,8 +28,8 @@ struct Instance {
   std::unique_ptr<MoeRuntime> runtime;
 };
 
-Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec,
-             Communicator& comm, KernelContext& ctx, int64_t max_tokens, Instance* out) {
+Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Communicator& comm,
+             KernelContext& ctx, int64_t max_tokens, Instance* out) {
   LoadOptions lo = spec.load;
   lo.max_moe_layers = spec.num_layers;
   lo.num_threads = std::max(1, spec.kernel_threads);
@@ -55,9 +55,9 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   const int64_t H = plan.model.hidden_size;
   const int64_t k = plan.model.num_experts_per_tok;
   if (spec.iters < 1 || spec.warmup < 0) {
-    return InvalidArgumentError(fmt::format(
-        "run: '--iters': expected >= 1 timed iterations, got {} (warm-up {})", spec.iters,
-        spec.warmup));
+    return InvalidArgumentError(
+        fmt::format("run: '--iters': expected >= 1 timed iterations, got {} (warm-up {})",
+                    spec.iters, spec.warmup));
   }
   const RankCoords& rc = plan.ranks.at(rank).coords;
   const int64_t units = topo.dp * topo.pcp;
@@ -104,12 +104,12 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
     for (size_t i = 0; i < x32.size(); ++i) x16[i] = FloatToBf16(x32[i]);
     x = x16.data();
   } else if (spec.io_dtype != DType::kF32) {
-    return InvalidArgumentError(fmt::format("run: 'dtype': expected BF16 or F32, got {}",
-                                            DTypeName(spec.io_dtype)));
+    return InvalidArgumentError(
+        fmt::format("run: 'dtype': expected BF16 or F32, got {}", DTypeName(spec.io_dtype)));
   }
 
-  MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx,
-                            KernelContext::Create({.num_threads = std::max(1, spec.kernel_threads)}));
+  MOESHARD_ASSIGN_OR_RETURN(
+      KernelContext ctx, KernelContext::Create({.num_threads = std::max(1, spec.kernel_threads)}));
   Instance inst;
   const auto load_start = std::chrono::steady_clock::now();
   MOESHARD_RETURN_IF_ERROR(Build(plan, rank, spec, world, ctx, max_tokens, &inst));
@@ -143,8 +143,8 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   me.rank = rank;
   me.num_tokens = T;
   me.measured_bytes = inst.stats.bytes_by_category;
-  me.planned_bytes = PlannedBytesByCategory(
-      plan.ranks[rank], LayersToBuild(plan, plan.ranks[rank], spec.num_layers));
+  me.planned_bytes = PlannedBytesByCategory(plan.ranks[rank],
+                                            LayersToBuild(plan, plan.ranks[rank], spec.num_layers));
   me.workspace_bytes = rt.WorkspaceBytes();
   me.iter_seconds = iter_sum / spec.iters;
   me.load_seconds = load_seconds;
@@ -235,9 +235,8 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
     if (rank == 0) result.outputs.resize(nl * total * H);
     for (int64_t l = 0; l < nl; ++l) {
       const size_t send = rc.tp_rank == 0 ? static_cast<size_t>(T) : 0;
-      MOESHARD_RETURN_IF_ERROR(world.AllGatherV(layer_out.data() + l * T * H, send,
-                                                gathered.data(), counts, {},
-                                                H * sizeof(float)));
+      MOESHARD_RETURN_IF_ERROR(world.AllGatherV(layer_out.data() + l * T * H, send, gathered.data(),
+                                                counts, {}, H * sizeof(float)));
       if (rank == 0) {
         std::copy(gathered.begin(), gathered.end(), result.outputs.begin() + l * total * H);
       }

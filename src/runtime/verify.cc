@@ -29,8 +29,8 @@ void ErrorStats::Merge(const ErrorStats& o) {
 }
 
 std::string ErrorStats::Summary(const Tolerance& tol) const {
-  return fmt::format("max {:.3e} mean {:.3e} (max |ref| {:.3g}, limit {:.3e}{}): {}",
-                     max_abs_err, mean_abs_err(), max_abs_ref, limit(tol),
+  return fmt::format("max {:.3e} mean {:.3e} (max |ref| {:.3g}, limit {:.3e}{}): {}", max_abs_err,
+                     mean_abs_err(), max_abs_ref, limit(tol),
                      num_nonfinite > 0 ? fmt::format(", {} non-finite", num_nonfinite) : "",
                      Passes(tol) ? "ok" : "FAILED");
 }
@@ -48,8 +48,8 @@ ErrorStats CompareOutputs(std::span<const float> out, std::span<const float> ref
     const double err = std::fabs(static_cast<double>(out[i]) - static_cast<double>(ref[i]));
     s.sum_abs_err += err;
     if (err > s.max_abs_err || s.worst_index < 0) {
-      if (err > s.max_abs_err || s.worst_index < 0) s.worst_index = static_cast<int64_t>(i);
-      s.max_abs_err = std::max(s.max_abs_err, err);
+      s.worst_index = static_cast<int64_t>(i);
+      s.max_abs_err = err;
     }
     s.max_abs_ref = std::max(s.max_abs_ref, std::fabs(static_cast<double>(ref[i])));
   }
@@ -58,7 +58,8 @@ ErrorStats CompareOutputs(std::span<const float> out, std::span<const float> ref
 
 void DummyHiddenStates(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t hidden,
                        float* out) {
-  const uint64_t key = SplitMix64(seed ^ SplitMix64(0x68696464656eull + static_cast<uint64_t>(unit)));
+  const uint64_t key =
+      SplitMix64(seed ^ SplitMix64(0x68696464656eull + static_cast<uint64_t>(unit)));
   for (int64_t t = 0; t < num_tokens; ++t) {
     const uint64_t row = SplitMix64(key + static_cast<uint64_t>(t));
     for (int64_t h = 0; h < hidden; ++h) {

@@ -30,10 +30,10 @@ Result<const WeightView*> WeightViews::Get(std::string_view name, DType dtype,
 WeightViews ViewRankWeights(const RankWeights& weights) {
   WeightViews views;
   for (const TensorBuffer& t : weights.tensors()) {
-    views.Add(t.name, WeightView{.data = t.data.data(),
-                                 .dtype = t.dtype,
-                                 .shape = t.shape,
-                                 .num_bytes = t.data.size()});
+    views.Add(
+        t.name,
+        WeightView{
+            .data = t.data.data(), .dtype = t.dtype, .shape = t.shape, .num_bytes = t.data.size()});
   }
   return views;
 }

@@ -79,15 +79,15 @@ void CheckPreset(const std::string& preset) {
 
   const Status s = RunLocalRanks(1, {}, [&](Communicator& w) -> Status {
     MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create({.num_threads = 1}));
-    MOESHARD_ASSIGN_OR_RETURN(auto rt, MoeRuntime::Create(*plan, v, w, ctx,
-                                                          {.max_tokens = T, .layers = {layer}}));
+    MOESHARD_ASSIGN_OR_RETURN(
+        auto rt, MoeRuntime::Create(*plan, v, w, ctx, {.max_tokens = T, .layers = {layer}}));
     return rt->Forward({.x = x.data(), .num_tokens = T, .out = out.data()});
   });
   ASSERT_TRUE(s.ok()) << s.ToString();
 
   // The formula of moe_runtime.h, token by token.
   const std::string p = fmt::format("model.layers.{}.", layer);
-  const std::string gate = m.family == ModelFamily::kMixtral ? p + "block_sparse_moe.gate"
+  const std::string gate = m.family == ModelFamily::kMixtral  ? p + "block_sparse_moe.gate"
                            : m.family == ModelFamily::kGptOss ? p + "mlp.router"
                                                               : p + "mlp.gate";
   const double eps = m.rms_norm_eps;
@@ -115,8 +115,10 @@ void CheckPreset(const std::string& preset) {
   }
   std::vector<int32_t> ids(T * k);
   std::vector<float> tw(T * k);
-  ASSERT_TRUE(reference::Route(rp, {.router_logits = logits.data(), .num_tokens = T,
-                                    .topk_ids = ids.data(), .topk_weights = tw.data()})
+  ASSERT_TRUE(reference::Route(rp, {.router_logits = logits.data(),
+                                    .num_tokens = T,
+                                    .topk_ids = ids.data(),
+                                    .topk_weights = tw.data()})
                   .ok());
   // Experts over the plan's fused tensors (1 rank: every expert, no padding with moeshard-cpu).
   ExpertWeights ew;
@@ -142,7 +144,8 @@ void CheckPreset(const std::string& preset) {
       break;
     case QuantMethod::kMxfp4:
     case QuantMethod::kInt4:
-      ew.format = m.quant.method == QuantMethod::kMxfp4 ? WeightFormat::kMxfp4 : WeightFormat::kInt4;
+      ew.format =
+          m.quant.method == QuantMethod::kMxfp4 ? WeightFormat::kMxfp4 : WeightFormat::kInt4;
       ew.w13 = v.Find(xp + "w13_weight_packed")->data;
       ew.w2 = v.Find(xp + "w2_weight_packed")->data;
       ew.w13_scales = v.Find(xp + "w13_weight_scale")->data;

@@ -23,11 +23,11 @@ namespace {
 constexpr uint64_t kSeed = 1234;
 
 enum Expect : unsigned {
-  kPadded = 1,          // some routed dim padded beyond its raw local size
-  kUnpadded = 2,        // no routed padding
-  kUnevenExperts = 4,   // ranks hold different numbers of experts
-  kEmptyDpRank = 8,     // some DP rank holds no tokens
-  kHiddenPadded = 16,   // the experts' hidden (or latent) width padded
+  kPadded = 1,         // some routed dim padded beyond its raw local size
+  kUnpadded = 2,       // no routed padding
+  kUnevenExperts = 4,  // ranks hold different numbers of experts
+  kEmptyDpRank = 8,    // some DP rank holds no tokens
+  kHiddenPadded = 16,  // the experts' hidden (or latent) width padded
 };
 
 struct EquivSpec {
@@ -123,8 +123,8 @@ Status EquivalenceBody(const EquivSpec& c, Communicator& world) {
   if (!stats.Passes(tol)) {
     const int64_t t = stats.worst_index / H, h = stats.worst_index % H;
     return Fail(fmt::format("{} vs 1 rank: {}; worst at token {} column {}: {} vs {}",
-                            plan.topology.Label(), stats.Summary(tol), t, h,
-                            out[stats.worst_index], ref[stats.worst_index]));
+                            plan.topology.Label(), stats.Summary(tol), t, h, out[stats.worst_index],
+                            ref[stats.worst_index]));
   }
   if (std::getenv("MOESHARD_TEST_VERBOSE") != nullptr) {
     std::fprintf(stderr, "[rank %d] %s: %s\n", world.rank(), plan.topology.Label().c_str(),
@@ -227,12 +227,12 @@ Status DispatchBody(Communicator& world) {
       const int64_t u = static_cast<int64_t>(Bf16ToFloat(row[1]));
       const int32_t e = d.received_expert_ids()[i];
       if (src != d.received_source_ranks()[i] || Bf16ToFloat(row[2]) != u * 3 + src) {
-        return Fail(fmt::format("rank {}: row {} payload ({}, {}, {}) disagrees with source {}",
-                                me, i, src, u, Bf16ToFloat(row[2]),
-                                d.received_source_ranks()[i]));
+        return Fail(fmt::format("rank {}: row {} payload ({}, {}, {}) disagrees with source {}", me,
+                                i, src, u, Bf16ToFloat(row[2]), d.received_source_ranks()[i]));
       }
       for (int64_t j = 3; j < s.width; ++j) {
-        if (Bf16ToFloat(row[j]) != 7) return Fail(fmt::format("rank {}: row {} tail corrupt", me, i));
+        if (Bf16ToFloat(row[j]) != 7)
+          return Fail(fmt::format("rank {}: row {} tail corrupt", me, i));
       }
       got.insert({src, u, e});
       float* y = d.received_outputs() + i * 4;
@@ -253,8 +253,7 @@ Status DispatchBody(Communicator& world) {
         const int32_t e = ids[u * s.k + j];
         const auto& ow = s.owners[e];
         const float* y = d.CombinedRow(u, j);
-        const float want[4] = {static_cast<float>(me), static_cast<float>(u),
-                               static_cast<float>(e),
+        const float want[4] = {static_cast<float>(me), static_cast<float>(u), static_cast<float>(e),
                                static_cast<float>(ow[static_cast<size_t>(u) % ow.size()])};
         for (int h = 0; h < 4; ++h) {
           if (y[h] != want[h]) {
@@ -275,8 +274,7 @@ Status DispatchBody(Communicator& world) {
 
 // ---- the case list ----------------------------------------------------------------------------
 
-Topology Topo(int64_t tp, int64_t dp = 1, bool ep = false, int64_t moe_tp = 0,
-              int64_t moe_ep = 0) {
+Topology Topo(int64_t tp, int64_t dp = 1, bool ep = false, int64_t moe_tp = 0, int64_t moe_ep = 0) {
   Topology t;
   t.tp = tp;
   t.dp = dp;
@@ -300,10 +298,8 @@ std::vector<RuntimeCase> BuildCases() {
     cases.push_back({name, world, [spec](Communicator& w) { return EquivalenceBody(spec, w); }});
   };
   const std::vector<Family> families = {
-      {"tiny-kimi-k3", "kimi", "marlin", 2},
-      {"tiny-deepseek-v3", "deepseek", "", 2},
-      {"tiny-qwen3-moe", "qwen", "triton", 2},
-      {"tiny-mixtral", "mixtral", "aiter-ck", 2},
+      {"tiny-kimi-k3", "kimi", "marlin", 2},   {"tiny-deepseek-v3", "deepseek", "", 2},
+      {"tiny-qwen3-moe", "qwen", "triton", 2}, {"tiny-mixtral", "mixtral", "aiter-ck", 2},
       {"tiny-gpt-oss", "gptoss", "marlin", 2},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
@@ -317,19 +313,20 @@ std::vector<RuntimeCase> BuildCases() {
     };
     add(f.tag + "_1rank", spec(Topo(1)));
     for (int64_t n : {2, 4, 8}) {
-      add(fmt::format("{}_tp{}", f.tag, n), spec(Topo(n)));           // TP only
+      add(fmt::format("{}_tp{}", f.tag, n), spec(Topo(n)));              // TP only
       add(fmt::format("{}_tp{}_ep", f.tag, n), spec(Topo(n, 1, true)));  // EP only
       const int64_t dp = n == 2 ? 2 : n / 2, tp = n / dp;
-      EquivSpec dpep = spec(Topo(tp, dp, true));                          // DP x EP
+      EquivSpec dpep = spec(Topo(tp, dp, true));  // DP x EP
       dpep.tokens = uneven;
       dpep.expect |= kEmptyDpRank;
       add(fmt::format("{}_dp{}_tp{}_ep", f.tag, dp, tp), dpep);
-      EquivSpec dptp = spec(Topo(n / 2, 2));                              // DP x TP, no EP
+      EquivSpec dptp = spec(Topo(n / 2, 2));  // DP x TP, no EP
       dptp.tokens = uneven;
       dptp.expect |= kEmptyDpRank;
       add(fmt::format("{}_dp2_tp{}", f.tag, n / 2), dptp);
-      if (n >= 4) {                                                       // hybrid
-        add(fmt::format("{}_tp{}_moetp2_moeep{}", f.tag, n, n / 2), spec(Topo(n, 1, false, 2, n / 2)));
+      if (n >= 4) {  // hybrid
+        add(fmt::format("{}_tp{}_moetp2_moeep{}", f.tag, n, n / 2),
+            spec(Topo(n, 1, false, 2, n / 2)));
       }
     }
     if (!f.padded_backend.empty()) {

@@ -16,8 +16,7 @@ int main(int argc, char** argv) {
   }
   MpiCommOptions options;
   options.timeout = std::chrono::seconds(60);
-  RunMpiRank(**session, options, [&](Communicator& world) {
-    return runtime_test::BadRankBody(world, bad ? 1 : -1);
-  });
+  RunMpiRank(**session, options,
+             [&](Communicator& world) { return runtime_test::BadRankBody(world, bad ? 1 : -1); });
   return 0;
 }

@@ -2,6 +2,9 @@
 // rank threads, for the EP, TP and hybrid paths with shared experts and latent projections.
 // Counted by replacing the global operator new in this executable; only allocations made
 // while a rank thread has counting switched on (thread_local) are counted.
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,10 +14,6 @@
 #include <mutex>
 #include <new>
 #include <string>
-
-#include <cxxabi.h>
-#include <dlfcn.h>
-#include <execinfo.h>
 
 #include "moeshard/comm/local_comm.h"
 #include "moeshard/config/config_loader.h"
@@ -38,10 +37,10 @@ std::map<std::string, int64_t>* g_other_sites = nullptr;
 // The runtime layer's functions (namespaces and classes of include/moeshard/runtime and
 // src/runtime).
 bool IsRuntimeFunction(const std::string& name) {
-  for (const char* prefix : {"moeshard::MoeRuntime", "moeshard::ExpertDispatcher",
-                             "moeshard::internal::Linear", "moeshard::internal::RmsNorm",
-                             "moeshard::internal::GatedMlp", "moeshard::internal::Dequantize",
-                             "moeshard::TokenChunk"}) {
+  for (const char* prefix :
+       {"moeshard::MoeRuntime", "moeshard::ExpertDispatcher", "moeshard::internal::Linear",
+        "moeshard::internal::RmsNorm", "moeshard::internal::GatedMlp",
+        "moeshard::internal::Dequantize", "moeshard::TokenChunk"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
   return false;
@@ -125,8 +124,8 @@ Counts CountForwardAllocations(const std::string& preset, Topology topology) {
     std::vector<float> x(24 * model.hidden_size), out(x.size());
     DummyHiddenStates(7, unit, 24, model.hidden_size, x.data());
     std::vector<double> seconds(2);
-    ForwardArgs a{.x = x.data(), .num_tokens = 24, .out = out.data(),
-                  .layer_seconds = seconds.data()};
+    ForwardArgs a{
+        .x = x.data(), .num_tokens = 24, .out = out.data(), .layer_seconds = seconds.data()};
     MOESHARD_RETURN_IF_ERROR(rt->Forward(a));  // warm-up: kernel scratch grows here
     MOESHARD_RETURN_IF_ERROR(w.Barrier());
     if (w.rank() == 0) {
@@ -176,8 +175,13 @@ TEST(RuntimeSteadyStateTest, HybridForwardAllocatesNothing) {
 TEST(RuntimeSteadyStateTest, AttributionSeesRuntimeAllocations) {
   // The instrument works: buffers a runtime constructor allocates are attributed to the runtime.
   const Status s = RunLocalRanks(1, LocalCommOptions{}, [](Communicator& w) -> Status {
-    ExpertDispatcherOptions o{.num_experts = 2, .top_k = 1, .row_width = 4, .out_width = 4,
-                              .max_tokens = 4, .max_received_rows = 4, .owners = {{0}, {0}}};
+    ExpertDispatcherOptions o{.num_experts = 2,
+                              .top_k = 1,
+                              .row_width = 4,
+                              .out_width = 4,
+                              .max_tokens = 4,
+                              .max_received_rows = 4,
+                              .owners = {{0}, {0}}};
     g_runtime_allocations.store(0);
     t_counting = true;
     auto d = ExpertDispatcher::Create(w, o);

@@ -66,8 +66,8 @@ struct MoeRuntimeOptions {
 };
 
 struct ForwardArgs {
-  const void* x = nullptr;  // [num_tokens, hidden_size] row-major, dtype x_dtype: the unit's
-                            // tokens (identical on every attention-TP rank of the unit)
+  const void* x = nullptr;      // [num_tokens, hidden_size] row-major, dtype x_dtype: the unit's
+                                // tokens (identical on every attention-TP rank of the unit)
   DType x_dtype = DType::kF32;  // kF32 or kBF16
   int64_t num_tokens = 0;       // T of this unit, 0 <= T <= max_tokens (0 allowed)
   // Optional: bypass the router in every layer. [num_tokens, top_k] int32 global expert ids
@@ -89,8 +89,8 @@ class MoeRuntime {
   // world.rank() selects plan.ranks[rank]. Errors: a weight missing or of the wrong shape or
   // dtype (naming the tensor), unsupported options (naming the flag).
   static Result<std::unique_ptr<MoeRuntime>> Create(const ShardPlan& plan,
-                                                    const WeightViews& weights,
-                                                    Communicator& world, KernelContext& kernels,
+                                                    const WeightViews& weights, Communicator& world,
+                                                    KernelContext& kernels,
                                                     const MoeRuntimeOptions& options);
   ~MoeRuntime();
 

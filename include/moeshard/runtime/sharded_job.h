@@ -33,8 +33,8 @@ namespace moeshard {
 
 struct ShardedJobSpec {
   const ShardPlan* plan = nullptr;
-  LoadOptions load;              // weight source; max_moe_layers is set from num_layers
-  int64_t num_layers = -1;       // the first N MoE layers of the stage; -1: all
+  LoadOptions load;         // weight source; max_moe_layers is set from num_layers
+  int64_t num_layers = -1;  // the first N MoE layers of the stage; -1: all
   std::vector<int64_t> tokens_per_unit = {16};  // without inputs; cycled over the units
   uint64_t input_seed = 0;
   // Optional explicit inputs (identical on every rank): [T_total, H] fp32, and optional
@@ -53,7 +53,7 @@ struct ShardedJobSpec {
 
 struct RankReport {
   int64_t rank = 0;
-  int64_t num_tokens = 0;  // this rank's unit's T
+  int64_t num_tokens = 0;                            // this rank's unit's T
   std::map<TensorCategory, int64_t> measured_bytes;  // allocated by the loader
   std::map<TensorCategory, int64_t> planned_bytes;   // the plan's prediction, same layers
   int64_t workspace_bytes = 0;                       // the runtime's own buffers
@@ -64,11 +64,11 @@ struct RankReport {
 };
 
 struct ShardedJobResult {
-  std::vector<int64_t> layers;     // the MoE layers run
-  int64_t total_tokens = 0;        // over all units
-  std::vector<RankReport> ranks;   // every rank's report (all ranks receive all)
-  double iter_seconds = 0;         // slowest rank's mean forward time
-  ErrorStats error;                // merged over ranks
+  std::vector<int64_t> layers;    // the MoE layers run
+  int64_t total_tokens = 0;       // over all units
+  std::vector<RankReport> ranks;  // every rank's report (all ranks receive all)
+  double iter_seconds = 0;        // slowest rank's mean forward time
+  ErrorStats error;               // merged over ranks
   // collect_outputs, rank 0 only: [num_layers, total_tokens, H] fp32, units in order.
   std::vector<float> outputs;
 };

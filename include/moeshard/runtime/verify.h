@@ -27,11 +27,11 @@ struct Tolerance {
 };
 
 struct ErrorStats {
-  int64_t count = 0;        // elements compared
-  double max_abs_err = 0;   // max |out - ref|
-  double sum_abs_err = 0;   // sum |out - ref| (mean = sum / count)
-  double max_abs_ref = 0;   // max |ref|
-  int64_t worst_index = -1; // flat index of max_abs_err (first), -1 when count == 0
+  int64_t count = 0;          // elements compared
+  double max_abs_err = 0;     // max |out - ref|
+  double sum_abs_err = 0;     // sum |out - ref| (mean = sum / count)
+  double max_abs_ref = 0;     // max |ref|
+  int64_t worst_index = -1;   // flat index of max_abs_err (first), -1 when count == 0
   int64_t num_nonfinite = 0;  // elements of out that are NaN or infinite
 
   double mean_abs_err() const { return count > 0 ? sum_abs_err / static_cast<double>(count) : 0; }
@@ -51,8 +51,7 @@ ErrorStats CompareOutputs(std::span<const float> out, std::span<const float> ref
 
 // Deterministic hidden states: element (token t, column h) of DP unit `unit` is a hash of
 // (seed, unit, t, h) mapped to uniform [-1, 1). out: [num_tokens, hidden] fp32.
-void DummyHiddenStates(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t hidden,
-                       float* out);
+void DummyHiddenStates(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t hidden, float* out);
 
 // The plan options of the single-rank reference for `options`: the same backend, padding,
 // placement, redundant experts and modes, with every parallel size 1.
