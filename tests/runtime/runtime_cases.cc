@@ -28,6 +28,7 @@ enum Expect : unsigned {
   kUnevenExperts = 4,  // ranks hold different numbers of experts
   kEmptyDpRank = 8,    // some DP rank holds no tokens
   kHiddenPadded = 16,  // the experts' hidden (or latent) width padded
+  kRedundant = 32,     // some expert held by two EP ranks (EPLB)
 };
 
 struct EquivSpec {
@@ -38,6 +39,8 @@ struct EquivSpec {
   int64_t layers = 2;
   unsigned expect = kUnpadded;
   SharedExpertsMode shared = SharedExpertsMode::kSharded;
+  ExpertPlacement placement = ExpertPlacement::kLinear;
+  int64_t redundant_experts = 0;
 };
 
 Status Fail(const std::string& what) { return InternalError(what); }
@@ -48,6 +51,8 @@ Result<ShardPlan> PlanOf(const EquivSpec& c, const Topology& topology) {
   o.topology = topology;
   o.backend = c.backend;
   o.shared_experts = c.shared;
+  o.placement = c.placement;
+  o.num_redundant_experts = c.redundant_experts;
   return BuildShardPlan(model, o);
 }
 
@@ -61,6 +66,15 @@ Status CheckExpectations(const EquivSpec& c, const ShardPlan& plan) {
     std::set<size_t> sizes;
     for (const RankPlan& r : plan.ranks) sizes.insert(r.expert_slots.size());
     if (sizes.size() < 2) return Fail("case expects uneven expert division, plan is even");
+  }
+  if (c.expect & kRedundant) {
+    std::map<int64_t, std::set<int64_t>> holders;
+    for (const RankPlan& r : plan.ranks) {
+      for (int64_t e : r.expert_slots) holders[e].insert(r.coords.moe_ep_rank);
+    }
+    bool twice = false;
+    for (const auto& [e, ranks] : holders) twice |= ranks.size() > 1;
+    if (!twice) return Fail("case expects an expert on two EP ranks");
   }
   if (c.expect & kEmptyDpRank) {
     const int64_t units = plan.topology.dp * plan.topology.pcp;
@@ -359,6 +373,20 @@ std::vector<RuntimeCase> BuildCases() {
     s.backend = "marlin";
     s.expect = kPadded | kHiddenPadded;
     add("kimi_tp4_ep_hidden_padded", s);
+  }
+  // Round-robin placement, and EPLB redundant slots (an expert on two ranks: the dispatcher
+  // picks one owner per token).
+  {
+    EquivSpec s;
+    s.model = "tiny-kimi-k3";
+    s.topology = Topo(4, 1, true);
+    s.placement = ExpertPlacement::kRoundRobin;
+    add("kimi_tp4_ep_round_robin", s);
+    s.model = "tiny-mixtral";
+    s.placement = ExpertPlacement::kLinear;
+    s.redundant_experts = 4;
+    s.expect = kUnpadded | kRedundant;
+    add("mixtral_tp4_ep_redundant_experts", s);
   }
   // Replicated shared experts.
   {
