@@ -50,8 +50,7 @@ void ThreadPool::WorkerLoop(int thread_idx) {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t, int)>& fn) {
+void ThreadPool::RunParallel(int64_t n, int64_t grain, ChunkFnRef fn) {
   if (n <= 0) return;
   if (grain <= 0) grain = CeilDiv(n, num_threads_);
   if (num_threads_ == 1 || n <= grain) {

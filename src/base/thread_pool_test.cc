@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <array>
+#include <cstdlib>
+#include <new>
 #include <numeric>
 
 namespace moeshard {
@@ -39,6 +42,39 @@ TEST(ThreadPoolTest, ManyCallsFromSeveralThreads) {
   }
   for (auto& t : callers) t.join();
   EXPECT_EQ(total.load(), 3 * 100 * 50);
+}
+
+}  // namespace
+}  // namespace moeshard
+
+// Counts heap allocations made by this test binary, to check ParallelFor allocates nothing.
+namespace {
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+void* operator new(size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace moeshard {
+namespace {
+
+TEST(ThreadPoolTest, ParallelForDoesNotAllocate) {
+  ThreadPool pool(2);
+  std::array<int64_t, 8> big_capture{};  // larger than std::function's inline buffer
+  std::atomic<int64_t> sum{0};
+  pool.ParallelFor(64, 1, [&, big_capture](int64_t b, int64_t e, int) { sum += e - b + big_capture[0]; });
+  const int64_t before = g_allocations.load();
+  for (int i = 0; i < 100; ++i) {
+    pool.ParallelFor(64, 1, [&, big_capture](int64_t b, int64_t e, int) {
+      sum += e - b + big_capture[1];
+    });
+  }
+  EXPECT_EQ(g_allocations.load() - before, 0);
+  EXPECT_EQ(sum.load(), 101 * 64);
 }
 
 }  // namespace

@@ -15,9 +15,27 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace moeshard {
+
+// A non-owning reference to a callable `void(int64_t begin, int64_t end, int thread_idx)`.
+// Unlike std::function it never allocates, so a ParallelFor in a hot loop costs no heap
+// traffic whatever the lambda captures. The callable must outlive the reference.
+class ChunkFnRef {
+ public:
+  template <typename F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, ChunkFnRef>)
+  ChunkFnRef(F& fn)  // NOLINT(google-explicit-constructor): passed straight from call sites
+      : obj_(const_cast<void*>(static_cast<const void*>(&fn))),
+        call_([](void* obj, int64_t b, int64_t e, int t) { (*static_cast<F*>(obj))(b, e, t); }) {}
+  void operator()(int64_t b, int64_t e, int t) const { call_(obj_, b, e, t); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, int64_t, int64_t, int);
+};
 
 class ThreadPool {
  public:
@@ -33,10 +51,14 @@ class ThreadPool {
   // Calls fn(begin, end, thread_idx) over disjoint chunks covering [0, n), each at most `grain`
   // long (grain 0: n / num_threads rounded up). thread_idx is in [0, num_threads()), unique
   // among concurrently running chunks. Returns when every chunk has finished.
-  void ParallelFor(int64_t n, int64_t grain,
-                   const std::function<void(int64_t begin, int64_t end, int thread_idx)>& fn);
+  // Never allocates.
+  template <typename F>
+  void ParallelFor(int64_t n, int64_t grain, F&& fn) {
+    RunParallel(n, grain, ChunkFnRef(fn));
+  }
 
  private:
+  void RunParallel(int64_t n, int64_t grain, ChunkFnRef fn);
   void WorkerLoop(int thread_idx);
   void RunChunks(int thread_idx);
 
@@ -52,7 +74,7 @@ class ThreadPool {
   int workers_busy_ = 0;
 
   // The current job (valid while a generation is running).
-  const std::function<void(int64_t, int64_t, int)>* fn_ = nullptr;
+  const ChunkFnRef* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t grain_ = 1;
   std::atomic<int64_t> next_{0};
