@@ -28,3 +28,24 @@ function(moeshard_test name)
     PROPERTIES LABELS "${ARG_LABELS}"
     DISCOVERY_TIMEOUT 60)
 endfunction()
+
+# moeshard_mpi_command(<out-var> <num-procs> <executable> <args>...)
+#   The mpiexec command line for an MPI test, from CMake's MPIEXEC_* variables. Open MPI as root
+#   on a machine with fewer cores than ranks (CI containers) refuses both unless told, so its
+#   --allow-run-as-root --oversubscribe are added (other MPIs do not know these flags).
+function(moeshard_mpi_command out np exe)
+  if(NOT DEFINED MOESHARD_MPIEXEC_IS_OPENMPI)
+    execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE version ERROR_QUIET)
+    set(is_openmpi OFF)
+    if(version MATCHES "Open MPI|OpenRTE")
+      set(is_openmpi ON)
+    endif()
+    set(MOESHARD_MPIEXEC_IS_OPENMPI ${is_openmpi} CACHE INTERNAL "mpiexec is Open MPI")
+  endif()
+  set(extra)
+  if(MOESHARD_MPIEXEC_IS_OPENMPI)
+    set(extra --allow-run-as-root --oversubscribe)
+  endif()
+  set(${out} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS} ${extra}
+      ${exe} ${MPIEXEC_POSTFLAGS} ${ARGN} PARENT_SCOPE)
+endfunction()
