@@ -248,7 +248,9 @@ Status CheckBlocks(const char* what, std::span<const size_t> counts, std::span<c
     *extent = std::max(*extent, end);
   }
   if (check_overlap && !displs.empty()) {
-    std::vector<int> order(un);
+    // Reused per thread (each rank is one thread): no allocation in the steady state.
+    thread_local std::vector<int> order;
+    order.resize(un);
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
               [&](int a, int b) { return (*resolved)[a] < (*resolved)[b]; });
@@ -292,26 +294,54 @@ std::string RankPrefix(int world_rank, int world_size) {
 
 // Non-virtual conveniences of Communicator, expressed through the V-variants.
 
+namespace {
+// Per-peer counts for the equal-block forms: on the stack up to 256 ranks, so steady-state
+// collectives do not allocate (and nested collectives each have their own).
+class EqualCounts {
+ public:
+  EqualCounts(int num_ranks, size_t count) {
+    const size_t n = static_cast<size_t>(num_ranks);
+    if (n <= kInline) {
+      std::fill(inline_, inline_ + n, count);
+      span_ = std::span<const size_t>(inline_, n);
+    } else {
+      heap_.assign(n, count);
+      span_ = heap_;
+    }
+  }
+  EqualCounts(const EqualCounts&) = delete;
+  EqualCounts& operator=(const EqualCounts&) = delete;
+  std::span<const size_t> span() const { return span_; }
+
+ private:
+  static constexpr size_t kInline = 256;
+  size_t inline_[kInline];
+  std::vector<size_t> heap_;
+  std::span<const size_t> span_;
+};
+}  // namespace
+
 Status Communicator::ReduceScatterSum(const float* send, float* recv, size_t recv_count) {
-  std::vector<size_t> counts(static_cast<size_t>(size()), recv_count);
-  return ReduceScatterSumV(send, recv, counts);
+  const EqualCounts counts(size(), recv_count);
+  return ReduceScatterSumV(send, recv, counts.span());
 }
 
 Status Communicator::ReduceScatterSum(const bf16_t* send, bf16_t* recv, size_t recv_count) {
-  std::vector<size_t> counts(static_cast<size_t>(size()), recv_count);
-  return ReduceScatterSumV(send, recv, counts);
+  const EqualCounts counts(size(), recv_count);
+  return ReduceScatterSumV(send, recv, counts.span());
 }
 
 // The equal-block forms move each block as one element of block_bytes bytes, so MPI's int
 // counts never limit the block size.
 Status Communicator::AllGather(const void* send, void* recv, size_t num_bytes) {
   const size_t count = num_bytes > 0 ? 1 : 0;
-  std::vector<size_t> counts(static_cast<size_t>(size()), count);
-  return AllGatherV(send, count, recv, counts, {}, std::max<size_t>(num_bytes, 1));
+  const EqualCounts counts(size(), count);
+  return AllGatherV(send, count, recv, counts.span(), {}, std::max<size_t>(num_bytes, 1));
 }
 
 Status Communicator::AllToAll(const void* send, void* recv, size_t block_bytes) {
-  std::vector<size_t> counts(static_cast<size_t>(size()), block_bytes > 0 ? 1 : 0);
+  const EqualCounts equal(size(), block_bytes > 0 ? 1 : 0);
+  const std::span<const size_t> counts = equal.span();
   AllToAllVArgs args;
   args.elem_bytes = std::max<size_t>(block_bytes, 1);
   args.send = send;
