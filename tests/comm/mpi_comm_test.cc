@@ -4,6 +4,7 @@
 // through MpiSession::AbortJob with that rank's message, so a failure can never leave the other
 // ranks waiting in a collective.
 #include "moeshard/comm/mpi_comm.h"
+#include "tests/mpi_gtest_main.h"
 
 #include <gtest/gtest.h>
 
@@ -54,34 +55,6 @@ TEST(MpiCommTest, DetectsTheLauncher) {
 }  // namespace moeshard
 
 int main(int argc, char** argv) {
-  using namespace moeshard;
-  auto session = MpiSession::Init(&argc, &argv);
-  if (!session.ok()) {
-    std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
-    return 1;
-  }
-  g_session = session->get();
-  MpiCommOptions options;
-  options.timeout = std::chrono::seconds(60);
-  auto world = (*session)->World(options);
-  if (!world.ok()) (*session)->AbortJob(world.status());
-  g_world = world->get();
-
-  ::testing::InitGoogleTest(&argc, argv);
-  // One report per job: rank 0 prints, the others stay quiet unless a test fails on them.
-  if ((*session)->world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS();
-  // Any rank's gtest failure fails the job (exit code of rank 0 included).
-  float any_failed = failed != 0 ? 1.0f : 0.0f;
-  Status s = g_world->AllReduceSum(std::span<float>(&any_failed, 1));
-  if (!s.ok()) (*session)->AbortJob(s);
-  if (any_failed != 0.0f && failed == 0) {
-    std::fprintf(stderr, "[rank %d] another rank failed a test\n", (*session)->world_rank());
-    failed = 1;
-  }
-  world->reset();
-  return failed;
+  return moeshard::testing::RunMpiGtest(argc, argv, std::chrono::seconds(60),
+                                        &moeshard::g_session, &moeshard::g_world);
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "moeshard/comm/mpi_comm.h"
+#include "tests/mpi_gtest_main.h"
 #include "tests/runtime/runtime_cases.h"
 
 namespace moeshard {
@@ -51,32 +52,6 @@ TEST(RuntimeMpiJobTest, RunsEveryCaseOfItsSize) {
 }  // namespace moeshard
 
 int main(int argc, char** argv) {
-  using namespace moeshard;
-  auto session = MpiSession::Init(&argc, &argv);
-  if (!session.ok()) {
-    std::fprintf(stderr, "%s\n", session.status().ToString().c_str());
-    return 1;
-  }
-  g_session = session->get();
-  MpiCommOptions options;
-  options.timeout = std::chrono::seconds(120);
-  auto world = (*session)->World(options);
-  if (!world.ok()) (*session)->AbortJob(world.status());
-  g_world = world->get();
-
-  ::testing::InitGoogleTest(&argc, argv);
-  if ((*session)->world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS();
-  float any_failed = failed != 0 ? 1.0f : 0.0f;
-  Status s = g_world->AllReduceSum(std::span<float>(&any_failed, 1));
-  if (!s.ok()) (*session)->AbortJob(s);
-  if (any_failed != 0.0f && failed == 0) {
-    std::fprintf(stderr, "[rank %d] another rank failed a test\n", (*session)->world_rank());
-    failed = 1;
-  }
-  world->reset();
-  return failed;
+  return moeshard::testing::RunMpiGtest(argc, argv, std::chrono::seconds(120),
+                                        &moeshard::g_session, &moeshard::g_world);
 }
