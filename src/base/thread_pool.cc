@@ -1,16 +1,44 @@
 #include "moeshard/base/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "moeshard/base/check.h"
 #include "moeshard/base/math.h"
 
 namespace moeshard {
+namespace {
 
-ThreadPool::ThreadPool(int num_threads)
-    : num_threads_(num_threads > 0
-                       ? num_threads
-                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {
+constexpr int kDefaultSpinUs = 1000;
+
+int ResolveThreads(int num_threads) {
+  return num_threads > 0 ? num_threads
+                         : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+int ResolveSpin(int threads, int spin_us) {
+  if (spin_us >= 0) return spin_us;
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return threads <= hw ? kDefaultSpinUs : 0;
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, -1) {}
+
+ThreadPool::ThreadPool(int num_threads, int spin_us)
+    : num_threads_(ResolveThreads(num_threads)),
+      spin_us_(ResolveSpin(ResolveThreads(num_threads), spin_us)) {
   for (int i = 1; i < num_threads_; ++i) {
     workers_.emplace_back([this, i] { WorkerLoop(i); });
   }
@@ -19,10 +47,24 @@ ThreadPool::ThreadPool(int num_threads)
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true);
   }
   work_cv_.notify_all();
   for (auto& t : workers_) t.join();
+}
+
+template <typename Pred>
+bool ThreadPool::SpinUntil(Pred pred) const {
+  if (pred()) return true;
+  if (spin_us_ <= 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (pred()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return pred();
+  }
 }
 
 void ThreadPool::RunChunks(int thread_idx) {
@@ -36,16 +78,21 @@ void ThreadPool::RunChunks(int thread_idx) {
 void ThreadPool::WorkerLoop(int thread_idx) {
   uint64_t seen = 0;
   for (;;) {
-    {
+    auto ready = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!SpinUntil(ready)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      work_cv_.wait(lock, ready);
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
     RunChunks(thread_idx);
-    {
+    if (workers_busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // The caller may be asleep on done_cv_: notify under the mutex so the wake-up is not lost.
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--workers_busy_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -64,13 +111,16 @@ void ThreadPool::RunParallel(int64_t n, int64_t grain, ChunkFnRef fn) {
     n_ = n;
     grain_ = grain;
     next_.store(0, std::memory_order_relaxed);
-    workers_busy_ = static_cast<int>(workers_.size());
-    ++generation_;
+    workers_busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);  // publishes the job to spinning workers
   }
   work_cv_.notify_all();
   RunChunks(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return workers_busy_ == 0; });
+  auto done = [&] { return workers_busy_.load(std::memory_order_acquire) == 0; };
+  if (!SpinUntil(done)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, done);
+  }
   fn_ = nullptr;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
@@ -190,15 +191,27 @@ namespace {
 // Task granularity. Gate_up tasks cover kGateUpBlock intermediate indices (2x rows when gated),
 // down tasks kDownBlock output rows: small enough that decode (one token, 8 experts) yields
 // 100+ tasks to balance over the threads, large enough that per-task overhead (one atomic, one
-// epilogue) is noise. Both are multiples of the AVX-512 micro-kernel's 6 rows (3 gate/up pairs).
+// epilogue) is noise. Both are multiples of the AVX-512 micro-kernels' row tiles (6 and 12), and
+// kGateUpBlock is even so packed tasks write whole column pairs of the packed activations.
 constexpr int64_t kGateUpBlock = 48;
 constexpr int64_t kDownBlock = 96;
+
+// Experts with at least this many tokens take the packed path (bf16 weights): its token groups
+// of 16 waste at most 15 padded tokens, which the outer-product kernel's speed repays from about
+// one full group on; below it the dot-product kernels stream the weights at memory speed.
+constexpr int64_t kPackedMinTokens = 16;
 
 // Tokens per task: the bf16 input panel (tokens x K) is sized to stay in a 1 MiB L2 (half of
 // it), so each weight row fetched from memory is reused for all tokens of the block.
 int64_t TokenBlock(int64_t k) {
   const int64_t fit = (512 * 1024) / std::max<int64_t>(1, 2 * std::min(k, internal::kCpuKBlock));
   return std::clamp<int64_t>(fit / 4 * 4, 4, 128);
+}
+
+// The same for packed tasks, in whole groups of 16 (up to 256 tokens).
+int64_t PackedTokenBlock(int64_t k) {
+  const int64_t fit = (512 * 1024) / std::max<int64_t>(1, 2 * std::min<int64_t>(k, 1024));
+  return std::clamp<int64_t>(fit / internal::kPackedGroup, 1, 16) * internal::kPackedGroup;
 }
 
 }  // namespace
@@ -234,50 +247,98 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     return InvalidArgumentError("grouped gemm: 'x_sorted/y_sorted': expected non-null");
   }
 
+  using internal::kPackedGroup;
+  using internal::KernelScratch;
   const internal::CpuBackend& be =
       ctx.isa() == CpuIsa::kAvx512Bf16 ? internal::Avx512Backend() : internal::PortableBackend();
-  internal::KernelScratch& s = ctx.scratch();
+  KernelScratch& s = ctx.scratch();
   ThreadPool& pool = ctx.pool();
   const int64_t hidden = w.hidden;
   const int64_t inter = w.intermediate;
+  const int64_t* offsets = p.expert_offsets;
+  const int64_t rows_per_j = w.gated ? 2 : 1;
 
-  // Input rows in bf16, converted once (prefill reuses each row for many weight rows).
-  const bf16_t* x = static_cast<const bf16_t*>(p.x_sorted);
-  if (p.x_dtype == DType::kF32) {
-    bf16_t* xb = internal::KernelScratch::Grow(s.x_bf16, num_rows * hidden);
-    const float* xf = static_cast<const float*>(p.x_sorted);
-    pool.ParallelFor(num_rows, 0, [&](int64_t b, int64_t e, int) {
-      be.to_bf16(xf + b * hidden, (e - b) * hidden, xb + b * hidden);
-    });
-    x = xb;
+  // Which experts take the packed path, and where their packed inputs and activations live.
+  const int64_t x_group_stride = internal::PackedPairs(hidden) * kPackedGroup;
+  const int64_t h_group_stride = internal::PackedPairs(inter) * kPackedGroup;
+  int64_t* packed_base = KernelScratch::Grow(s.packed_base, num_experts);  // first group, or -1
+  int64_t total_groups = 0;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    const bool packed = w.format == WeightFormat::kBf16 && n >= kPackedMinTokens;
+    packed_base[e] = packed ? total_groups : -1;
+    if (packed) total_groups += CeilDiv(n, kPackedGroup);
   }
-  bf16_t* h = internal::KernelScratch::Grow(s.h, num_rows * inter);
+  uint32_t* x_packed = KernelScratch::Grow(s.x_packed, total_groups * x_group_stride);
+  uint32_t* h_packed = KernelScratch::Grow(s.h_packed, total_groups * h_group_stride);
+  bf16_t* h = KernelScratch::Grow(s.h, num_rows * inter);  // dot-path experts' activations
 
-  // Phase 1: gate_up + bias + activation -> h. Tasks: (expert, token block, j block).
+  // Pass 0: pack the packed experts' inputs (16 tokens per task) and round the other experts'
+  // fp32 inputs to bf16 (dot kernels reuse each row for many weight rows).
+  const bool convert = p.x_dtype == DType::kF32;
+  bf16_t* x_bf16 = convert ? KernelScratch::Grow(s.x_bf16, num_rows * hidden) : nullptr;
+  const size_t elem = p.x_dtype == DType::kF32 ? 4 : 2;
+  const uint8_t* x_bytes = static_cast<const uint8_t*>(p.x_sorted);
+  s.tasks.clear();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (packed_base[e] < 0 && !convert) continue;
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; r += kPackedGroup) {
+      s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, offsets[e + 1]),
+                         0, 0, packed_base[e] >= 0});
+    }
+  }
+  pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t ti = b; ti < e; ++ti) {
+      const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];
+      const void* src = x_bytes + static_cast<size_t>(t.row_begin * hidden) * elem;
+      if (t.packed) {
+        const int64_t g = packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
+        be.pack_group(src, p.x_dtype, hidden, t.row_end - t.row_begin, hidden,
+                            x_packed + g * x_group_stride);
+      } else {
+        be.to_bf16(static_cast<const float*>(src), (t.row_end - t.row_begin) * hidden,
+                   x_bf16 + t.row_begin * hidden);
+      }
+    }
+  });
+  const bf16_t* x = convert ? x_bf16 : static_cast<const bf16_t*>(p.x_sorted);
+
   const int64_t tb1 = TokenBlock(hidden);
   const int64_t tb2 = TokenBlock(inter);
-  const int64_t rows_per_j = w.gated ? 2 : 1;
+  const int64_t ptb1 = PackedTokenBlock(hidden);
+  const int64_t ptb2 = PackedTokenBlock(inter);
   for (auto& pt : s.per_thread) {
-    internal::KernelScratch::Grow(pt.tile,
-                                  std::max(tb1 * kGateUpBlock * rows_per_j, tb2 * kDownBlock));
-    internal::KernelScratch::Grow(
-        pt.work, std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
-    internal::KernelScratch::Grow(pt.rows, std::max(kGateUpBlock * rows_per_j, kDownBlock));
+    KernelScratch::Grow(pt.tile, std::max({tb1 * kGateUpBlock * rows_per_j, tb2 * kDownBlock,
+                                           ptb1 * kGateUpBlock * rows_per_j, ptb2 * kDownBlock}));
+    KernelScratch::Grow(pt.work,
+                        std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
+    KernelScratch::Grow(pt.rows, std::max(kGateUpBlock * rows_per_j, kDownBlock));
+    KernelScratch::Grow(pt.act, ptb1);
   }
-  auto make_tasks = [&](int64_t token_block, int64_t out_size, int64_t out_block) {
+  auto make_tasks = [&](int64_t token_block, int64_t packed_block, int64_t out_size,
+                        int64_t out_block) {
     s.tasks.clear();
     for (int64_t e = 0; e < num_experts; ++e) {
-      for (int64_t r = p.expert_offsets[e]; r < p.expert_offsets[e + 1]; r += token_block) {
+      const bool packed = packed_base[e] >= 0;
+      const int64_t tb = packed ? packed_block : token_block;
+      for (int64_t r = offsets[e]; r < offsets[e + 1]; r += tb) {
         for (int64_t o = 0; o < out_size; o += out_block) {
-          s.tasks.push_back({static_cast<int32_t>(e), r,
-                             std::min(r + token_block, p.expert_offsets[e + 1]), o,
-                             std::min(o + out_block, out_size)});
+          s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + tb, offsets[e + 1]), o,
+                             std::min(o + out_block, out_size), packed});
         }
       }
     }
   };
+  // A packed task's groups: the first one's index and the count.
+  auto task_groups = [&](const internal::GemmTask& t) {
+    return std::pair<int64_t, int64_t>{
+        packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup,
+        CeilDiv(t.row_end - t.row_begin, kPackedGroup)};
+  };
 
-  make_tasks(tb1, inter, kGateUpBlock);
+  // Phase 1: gate_up + bias + activation -> h (dot path) or h_packed (packed path).
+  // Tasks: (expert, token block, j block).
+  make_tasks(tb1, ptb1, inter, kGateUpBlock);
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
     auto& pt = s.per_thread[static_cast<size_t>(tid)];
     for (int64_t ti = b; ti < e; ++ti) {
@@ -299,6 +360,44 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
           rows[nj + j] = static_cast<int32_t>(inter + jj);
         }
       }
+      const float* bias = w.w13_bias == nullptr ? nullptr : w.w13_bias + t.expert * w.w13_rows();
+      float* tile = pt.tile.data();
+      if (t.packed) {
+        // tile[r][token]; activations written as column pairs of the packed h.
+        const auto [g0, ng] = task_groups(t);
+        const int64_t ldt = ng * kPackedGroup;
+        internal::PackedGemmArgs a;
+        a.w = &m;
+        a.row_idx = rows;
+        a.num_rows = nrows;
+        a.x = x_packed + g0 * x_group_stride;
+        a.group_stride = x_group_stride;
+        a.num_groups = ng;
+        a.out = tile;
+        a.ldo = ldt;
+        be.packed_gemm(a);
+        if (bias != nullptr) {
+          for (int64_t r = 0; r < nrows; ++r) {
+            for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
+          }
+        }
+        bf16_t* act = pt.act.data();
+        uint16_t* hp = reinterpret_cast<uint16_t*>(h_packed + g0 * h_group_stride);
+        for (int64_t j = 0; j < nj; ++j) {
+          const int64_t jj = t.out_begin + j;
+          be.activate(p.activation, w.gated ? tile + j * ldt : nullptr,
+                      tile + (w.gated ? nj + j : j) * ldt, ldt, act);
+          // Element (group g, pair jj / 2, token c, half jj % 2) of the packed activations.
+          uint16_t* dst = hp + (jj / 2) * kPackedGroup * 2 + jj % 2;
+          for (int64_t c = 0; c < ldt; ++c) {
+            const int64_t g = c / kPackedGroup;
+            const int64_t at = g * h_group_stride * 2 + (c % kPackedGroup) * 2;
+            dst[at] = act[c].bits;
+            if (jj == inter - 1 && inter % 2 != 0) dst[at + 1] = 0;  // odd I: zero pad column
+          }
+        }
+        continue;
+      }
       const int64_t ntok = t.row_end - t.row_begin;
       internal::DotRowsArgs a;
       a.w = &m;
@@ -307,13 +406,12 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       a.num_tokens = ntok;
       a.row_idx = rows;
       a.num_rows = nrows;
-      a.out = pt.tile.data();
+      a.out = tile;
       a.ldo = nrows;
       a.work = pt.work.data();
       be.dot_rows(a);
-      const float* bias = w.w13_bias == nullptr ? nullptr : w.w13_bias + t.expert * w.w13_rows();
       for (int64_t m_i = 0; m_i < ntok; ++m_i) {
-        float* o = pt.tile.data() + m_i * nrows;
+        float* o = tile + m_i * nrows;
         if (bias != nullptr) {
           for (int64_t r = 0; r < nrows; ++r) o[r] += bias[rows[r]];
         }
@@ -328,7 +426,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   });
 
   // Phase 2: down (+ bias) -> y_sorted. Tasks: (expert, token block, output-row block).
-  make_tasks(tb2, hidden, kDownBlock);
+  make_tasks(tb2, ptb2, hidden, kDownBlock);
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
     auto& pt = s.per_thread[static_cast<size_t>(tid)];
     for (int64_t ti = b; ti < e; ++ti) {
@@ -338,6 +436,30 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       int32_t* rows = pt.rows.data();
       for (int64_t r = 0; r < nr; ++r) rows[r] = static_cast<int32_t>(t.out_begin + r);
       const int64_t ntok = t.row_end - t.row_begin;
+      const float* bias = p.add_down_bias && w.w2_bias != nullptr
+                              ? w.w2_bias + t.expert * hidden + t.out_begin
+                              : nullptr;
+      float* y = p.y_sorted + t.row_begin * hidden + t.out_begin;
+      if (t.packed) {
+        const auto [g0, ng] = task_groups(t);
+        const int64_t ldt = ng * kPackedGroup;
+        internal::PackedGemmArgs a;
+        a.w = &m;
+        a.row_idx = rows;
+        a.num_rows = nr;
+        a.x = h_packed + g0 * h_group_stride;
+        a.group_stride = h_group_stride;
+        a.num_groups = ng;
+        a.out = pt.tile.data();
+        a.ldo = ldt;
+        be.packed_gemm(a);
+        for (int64_t m_i = 0; m_i < ntok; ++m_i) {
+          const float* col = pt.tile.data() + m_i;
+          float* o = y + m_i * hidden;
+          for (int64_t r = 0; r < nr; ++r) o[r] = col[r * ldt] + (bias ? bias[r] : 0.0f);
+        }
+        continue;
+      }
       internal::DotRowsArgs a;
       a.w = &m;
       a.x = h + t.row_begin * inter;
@@ -345,14 +467,13 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       a.num_tokens = ntok;
       a.row_idx = rows;
       a.num_rows = nr;
-      a.out = p.y_sorted + t.row_begin * hidden + t.out_begin;
+      a.out = y;
       a.ldo = hidden;
       a.work = pt.work.data();
       be.dot_rows(a);
-      if (p.add_down_bias && w.w2_bias != nullptr) {
-        const float* bias = w.w2_bias + t.expert * hidden + t.out_begin;
+      if (bias != nullptr) {
         for (int64_t m_i = 0; m_i < ntok; ++m_i) {
-          float* o = a.out + m_i * hidden;
+          float* o = y + m_i * hidden;
           for (int64_t r = 0; r < nr; ++r) o[r] += bias[r];
         }
       }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "kernels/kernels_test_util.h"
@@ -130,6 +131,7 @@ struct RunOptions {
   bool misalign = false;  // shift x, y and the weight data by one element off the vector width
   bool add_down_bias = true;
   int threads = 2;
+  KernelContext* ctx = nullptr;  // reuse this context (its scratch) instead of a fresh one
 };
 
 // Runs the backend on x and returns y; `ref` (when non-null) receives the reference result.
@@ -153,8 +155,8 @@ std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationP
   p.expert_offsets = offsets.data();
   p.y_sorted = y.data() + shift;
   p.add_down_bias = o.add_down_bias;
-  KernelContext ctx = MakeContext(isa, o.threads);
-  const Status s = GroupedExpertGemm(ctx, p);
+  KernelContext fresh = MakeContext(isa, o.threads);
+  const Status s = GroupedExpertGemm(o.ctx != nullptr ? *o.ctx : fresh, p);
   EXPECT_TRUE(s.ok()) << s.ToString();
   if (ref != nullptr) {
     ref->assign(static_cast<size_t>(rows * w.hidden), 0.0f);
@@ -193,7 +195,8 @@ Tolerance TolFor(WeightFormat f) {
   return f == WeightFormat::kBf16 ? Tolerance{2e-2, 1e-2} : Tolerance{2e-2, 5e-3};
 }
 
-void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, const RunOptions& o) {
+void CheckOffsets(const GemmCase& c, const std::vector<int64_t>& offsets, uint64_t seed,
+                  const RunOptions& o, const std::string& label) {
   const FloatWeights f = RandomWeights(c, seed);
   const OwnedExpertWeights ow = Encode(c, f);
   ShiftedWeights sw;
@@ -202,7 +205,6 @@ void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, cons
     sw = Shift(ow, 2);
     w = &sw.view;
   }
-  const std::vector<int64_t> offsets = Offsets(c.num_experts, tokens, k, seed + 7);
   // Long reductions get smaller inputs so gate/up stay of order 1.
   const float scale = kInputScale * static_cast<float>(std::min(
                                         1.0, std::sqrt(256.0 / static_cast<double>(c.hidden))));
@@ -216,10 +218,16 @@ void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, cons
     // check then catches any systematic error).
     ASSERT_GT(testing::MeanAbs(want), 0.02) << c.Name();
     EXPECT_TRUE(Close(got, want, TolFor(c.format),
-                      fmt::format("{} {} T{} k{}{}", CpuIsaName(isa), c.Name(), tokens, k,
-                                  o.misalign ? " misaligned" : ""),
+                      fmt::format("{} {} {}{}{}", CpuIsaName(isa), c.Name(), label,
+                                  o.misalign ? " misaligned" : "",
+                                  o.x_dtype == DType::kBF16 ? " x bf16" : ""),
                       seed));
   }
+}
+
+void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, const RunOptions& o) {
+  CheckOffsets(c, Offsets(c.num_experts, tokens, k, seed + 7), seed, o,
+               fmt::format("T{} k{}", tokens, k));
 }
 
 constexpr Activation kAllActivations[] = {Activation::kSwiGlu, Activation::kSwiGluOai,
@@ -233,6 +241,51 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
       CheckCase(c, tokens, 2, 100 + tokens, {});
     }
   }
+}
+
+// Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16, the
+// others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
+// H and I (each row ends in half a column pair), biases, fp32 and bf16 inputs, misalignment.
+TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
+  const std::vector<int64_t> counts = {0, 1, 15, 16, 17, 31, 33, 64};
+  std::vector<int64_t> offsets = {0};
+  for (int64_t n : counts) offsets.push_back(offsets.back() + n);
+  for (Activation act : kAllActivations) {
+    GemmCase c{.format = WeightFormat::kBf16,
+               .act = act,
+               .num_experts = 8,
+               .hidden = 67,
+               .inter = 37,
+               .interleaved = act == Activation::kSwiGluOai,
+               .bias = true};
+    CheckOffsets(c, offsets, 500, {}, "counts 0/1/15/16/17/31/33/64");
+    CheckOffsets(c, offsets, 501, {.x_dtype = DType::kBF16, .misalign = true},
+                 "counts 0/1/15/16/17/31/33/64");
+  }
+  // Scratch reused from another call must not leak into the padding of the next one: the first
+  // call's inputs are infinite, so its activations are NaN wherever it wrote them.
+  for (CpuIsa isa : TestIsas()) {
+    KernelContext ctx = MakeContext(isa, 2);
+    GemmCase big{.format = WeightFormat::kBf16, .num_experts = 8, .hidden = 67, .inter = 38};
+    const FloatWeights fb = RandomWeights(big, 503);
+    const OwnedExpertWeights wb = Encode(big, fb);
+    ActivationParams act;
+    const std::vector<float> xb(static_cast<size_t>(offsets.back() * big.hidden),
+                                std::numeric_limits<float>::infinity());
+    RunGemm(isa, wb.view, act, offsets, xb, {.ctx = &ctx}, nullptr);
+    GemmCase small = big;
+    small.inter = 37;
+    const FloatWeights fs = RandomWeights(small, 505);
+    const OwnedExpertWeights ws = Encode(small, fs);
+    const std::vector<float> xs = Randn(offsets.back() * small.hidden, 506, kInputScale);
+    std::vector<float> want;
+    const std::vector<float> got = RunGemm(isa, ws.view, act, offsets, xs, {.ctx = &ctx}, &want);
+    EXPECT_TRUE(Close(got, want, TolFor(small.format),
+                      fmt::format("{} reused scratch I38 then I37", CpuIsaName(isa)), 505));
+  }
+  // Reductions longer than one K block of the packed kernel (512 pairs), odd.
+  GemmCase c{.format = WeightFormat::kBf16, .num_experts = 2, .hidden = 1100 * 2 + 1, .inter = 96};
+  CheckOffsets(c, {0, 40, 73}, 502, {}, "counts 40/33, H 2201");
 }
 
 TEST(GroupedGemm, Bf16InputRowsAndTopKEqualsExperts) {

@@ -19,6 +19,7 @@ struct GemmTask {
   int64_t row_end = 0;
   int64_t out_begin = 0;  // first output index (intermediate j for gate_up, hidden for down)
   int64_t out_end = 0;
+  bool packed = false;  // packed (prefill) path: rows are whole groups of 16 from row_begin
 };
 
 struct KernelScratch {
@@ -32,13 +33,19 @@ struct KernelScratch {
   }
 
   std::vector<bf16_t> x_bf16;  // [num_rows, H] the grouped GEMM's input rounded to bf16
-  std::vector<bf16_t> h;       // [num_rows, I] activation output
+  std::vector<bf16_t> h;       // [num_rows, I] activation output (dot-path experts)
+  // Packed-path experts (layout: PackedGemmArgs in cpu/cpu_backend.h): first group per expert
+  // (-1: dot path), packed inputs and packed activations.
+  std::vector<int64_t> packed_base;
+  std::vector<uint32_t> x_packed;
+  std::vector<uint32_t> h_packed;
   std::vector<GemmTask> tasks;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
   struct PerThread {
     std::vector<float> tile;    // DotRows output tile
     std::vector<float> work;    // backend work space (portable: decoded rows)
     std::vector<int32_t> rows;  // row index list of the current task
+    std::vector<bf16_t> act;    // packed path: one activation row over the task's tokens
     std::vector<int32_t> aux;   // routing: group candidates
   };
   std::vector<PerThread> per_thread;

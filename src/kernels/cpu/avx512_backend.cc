@@ -21,7 +21,9 @@
 #endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "moeshard/base/math.h"
@@ -372,6 +374,176 @@ void DotRows(const DotRowsArgs& a) {
   }
 }
 
+// --- packed (prefill) micro-kernels ----------------------------------------------------------
+//
+// Outer-product form for many tokens: the tokens are packed in groups of 16 ([pair][16] uint32,
+// see PackedX in cpu_backend.h), so one vector holds the same column pair of 16 tokens, and each
+// weight row's pair is broadcast straight from its [out, in] row (no weight repacking):
+// acc[i][j] (16 tokens of group i, weight row j) += dpbf16(x_pack[i][kp], bcast(w[j][kp])).
+// MR x NR = 2 groups x 12 rows: 24 accumulators, and per pair 2 vector loads and 12 broadcasts
+// for 24 vdpbf16ps. There is no horizontal reduction: each accumulator is 16 finished outputs,
+// stored as out[row][token]. Tokens are padded to 16, so this form pays off from about a group
+// of tokens per expert; fewer tokens use the dot-product kernels above.
+
+constexpr int kPackedMr = 2;
+constexpr int kPackedNr = 12;
+// Column pairs per K block: a 12-row strip of 512 pairs is 24 KiB and stays in L1 while every
+// token tile of the call passes over it; the tiles' packed inputs (64 KiB per 32 tokens) come
+// from L2.
+constexpr int64_t kPackedKBlockPairs = 512;
+
+inline uint32_t LoadPair(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Pairs [kp0, kp1) of rows w[0..NR) for groups x[0..MR); `half` adds pair kp1 with only its
+// even column (odd K). Writes or adds (accumulate) out[j * ldo + 16 * i + lane].
+template <int MR, int NR>
+void PackedTile(const uint8_t* const* w, const uint32_t* x, int64_t gstride, int64_t kp0,
+                int64_t kp1, bool half, float* out, int64_t ldo, bool accumulate) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  auto step = [&](int64_t kp, auto load_w) {
+    __m512bh xv[MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) xv[i] = AsBh(_mm512_loadu_si512(x + i * gstride + kp * 16));
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const __m512bh wv = AsBh(_mm512_set1_epi32(static_cast<int>(load_w(j, kp))));
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
+    }
+  };
+  auto full = [&](int j, int64_t kp) { return LoadPair(w[j] + 4 * kp); };
+  int64_t kp = kp0;
+  // One 64-byte line of every row per 16 pairs: prefetch each row a fixed distance ahead (the
+  // strip comes from memory on its first token tile).
+  for (; kp + 16 <= kp1; kp += 16) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + 4 * kp + kPrefetchBytes), _MM_HINT_T0);
+    }
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; ++u) step(kp + u, full);
+  }
+  for (; kp < kp1; ++kp) step(kp, full);
+  if (half) {
+    step(kp1, [&](int j, int64_t p) {
+      uint16_t v;
+      std::memcpy(&v, w[j] + 4 * p, 2);
+      return static_cast<uint32_t>(v);
+    });
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      float* o = out + j * ldo + 16 * i;
+      const __m512 v = accumulate ? _mm512_add_ps(acc[i][j], _mm512_loadu_ps(o)) : acc[i][j];
+      _mm512_storeu_ps(o, v);
+    }
+  }
+}
+
+using PackedTileFn = void (*)(const uint8_t* const*, const uint32_t*, int64_t, int64_t, int64_t,
+                              bool, float*, int64_t, bool);
+
+template <int MR, int... NRs>
+constexpr std::array<PackedTileFn, sizeof...(NRs)> PackedRow(std::integer_sequence<int, NRs...>) {
+  return {&PackedTile<MR, NRs + 1>...};
+}
+
+struct PackedTable {
+  using Seq = std::make_integer_sequence<int, kPackedNr>;
+  std::array<std::array<PackedTileFn, kPackedNr>, kPackedMr> fns = {PackedRow<1>(Seq{}),
+                                                                    PackedRow<2>(Seq{})};
+};
+
+void PackedGemm(const PackedGemmArgs& a) {
+  static constexpr PackedTable kTable;
+  const int64_t cols = a.w->cols;
+  const int64_t full_pairs = cols / 2;
+  const bool odd = cols % 2 != 0;
+  for (int64_t kp0 = 0; kp0 < PackedPairs(cols); kp0 += kPackedKBlockPairs) {
+    const int64_t kp1 = std::min(full_pairs, kp0 + kPackedKBlockPairs);
+    const bool half = odd && kp0 + kPackedKBlockPairs >= PackedPairs(cols);
+    for (int64_t r0 = 0; r0 < a.num_rows; r0 += kPackedNr) {
+      const int nr = static_cast<int>(std::min<int64_t>(kPackedNr, a.num_rows - r0));
+      const uint8_t* rows[kPackedNr];
+      for (int j = 0; j < nr; ++j) rows[j] = a.w->Row(a.row_idx[r0 + j]);
+      for (int64_t g = 0; g < a.num_groups; g += kPackedMr) {
+        const int mr = static_cast<int>(std::min<int64_t>(kPackedMr, a.num_groups - g));
+        kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+            rows, a.x + g * a.group_stride, a.group_stride, kp0, kp1, half,
+            a.out + r0 * a.ldo + 16 * g, a.ldo, kp0 > 0);
+      }
+    }
+  }
+}
+
+// 16 x 16 transpose of 32-bit elements: r[i] = row i in, r[k] = column k out.
+inline void Transpose16x16(__m512i r[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 16; i += 8) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+
+// 32 columns of 16 token rows at a time: each row's 32 bf16 are 16 pairs, so the 16 x 16
+// transpose of those pairs is exactly 16 packed [pair][token] vectors.
+void PackGroup(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, int64_t cols,
+               uint32_t* group) {
+  for (int64_t k0 = 0; k0 < cols; k0 += 32) {
+    const int64_t nk = std::min<int64_t>(32, cols - k0);
+    const __mmask32 m = TailMask32(nk);
+    __m512i r[16];
+    for (int64_t t = 0; t < 16; ++t) {
+      if (t >= num_tokens) {
+        r[t] = _mm512_setzero_si512();
+      } else if (x_dtype == DType::kF32) {
+        const float* row = static_cast<const float*>(x) + t * ldx + k0;
+        const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m), row);
+        const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m >> 16), row + 16);
+        const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
+        r[t] = reinterpret_cast<const __m512i&>(b);
+      } else {
+        r[t] = _mm512_maskz_loadu_epi16(m, static_cast<const bf16_t*>(x) + t * ldx + k0);
+      }
+    }
+    Transpose16x16(r);
+    const int64_t pairs = (nk + 1) / 2;
+    for (int64_t i = 0; i < pairs; ++i) _mm512_storeu_si512(group + (k0 / 2 + i) * 16, r[i]);
+  }
+}
+
 // --- activations -------------------------------------------------------------------------------
 
 // exp(x): range reduction x = n ln2 + r, |r| <= ln2/2, degree-6 Taylor polynomial (relative
@@ -465,7 +637,8 @@ int64_t WorkFloats(int64_t, int64_t) { return 0; }
 }  // namespace
 
 const CpuBackend& Avx512Backend() {
-  static const CpuBackend backend{"avx512-bf16", DotRows, Activate, ToBf16, WorkFloats};
+  static const CpuBackend backend{"avx512-bf16", DotRows,    Activate,  ToBf16,
+                                  WorkFloats,    PackedGemm, PackGroup};
   return backend;
 }
 

@@ -1,9 +1,11 @@
 // The small interface each CPU instruction-set backend implements (private to kernels).
 //
 // The grouped GEMM driver (expert_gemm.cc) owns the task split and the epilogues' order; a
-// backend supplies the three inner pieces:
+// backend supplies the inner pieces:
 //   dot_rows  out[m, r] = sum_k x[m, k] * W[row_idx[r], k] for a block of tokens and weight rows,
-//             dequantising W inside the loop;
+//             dequantising W inside the loop (decode: few tokens per expert);
+//   packed_gemm  the same product for many tokens, with the tokens packed in groups of 16
+//             (PackedX below) and the result transposed, out[r, m] (prefill, bf16 weights);
 //   activate  h[i] = bf16(act(gate[i], up[i]));
 //   to_bf16   fp32 -> bf16, round to nearest even.
 // Backends: portable (plain C++, any CPU) and avx512 (AVX-512 BF16; only selected after a
@@ -50,6 +52,25 @@ struct DotRowsArgs {
   float* work = nullptr;  // backend work space of WorkFloats(...) floats
 };
 
+// Tokens packed for packed_gemm: groups of kPackedGroup tokens; group g is [KP][16] uint32 at
+// data + g * group_stride, where KP = ceil(K / 2) and element (kp, t) holds the bf16 pair
+// (x[t, 2kp], x[t, 2kp + 1]) with the even column in the low half (the pair order vdpbf16ps
+// multiplies with a weight row's consecutive pair). Tokens past the last real one and the odd
+// column past an odd K are zero.
+inline constexpr int64_t kPackedGroup = 16;
+inline int64_t PackedPairs(int64_t k) { return (k + 1) / 2; }
+
+struct PackedGemmArgs {
+  const MatrixRef* w = nullptr;      // bf16 only
+  const int32_t* row_idx = nullptr;  // [num_rows] rows of w
+  int64_t num_rows = 0;
+  const uint32_t* x = nullptr;  // packed tokens (see above), K = w->cols
+  int64_t group_stride = 0;     // uint32 elements between groups (>= KP * 16)
+  int64_t num_groups = 0;
+  float* out = nullptr;  // out[r * ldo + t] for r < num_rows, t < 16 * num_groups
+  int64_t ldo = 0;
+};
+
 struct CpuBackend {
   const char* name;
   void (*dot_rows)(const DotRowsArgs& args);
@@ -58,6 +79,11 @@ struct CpuBackend {
   void (*to_bf16)(const float* src, int64_t n, bf16_t* dst);
   // Floats of DotRowsArgs::work needed for a block of `num_tokens` tokens and `cols` columns.
   int64_t (*work_floats)(int64_t num_tokens, int64_t cols);
+  void (*packed_gemm)(const PackedGemmArgs& args);
+  // Packs `num_tokens` (<= 16) rows of x ([num_tokens, ldx], fp32 (rounded to nearest even) or
+  // bf16, `cols` used) into one group of KP * 16 uint32, zero-filling the missing tokens.
+  void (*pack_group)(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, int64_t cols,
+                     uint32_t* group);
 };
 
 const CpuBackend& PortableBackend();

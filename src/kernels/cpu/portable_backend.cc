@@ -75,6 +75,44 @@ void DotRows(const DotRowsArgs& a) {
   }
 }
 
+// Packed product (layout: cpu_backend.h): pairs unpacked to fp32, summed in pair order.
+void PackedGemm(const PackedGemmArgs& a) {
+  const int64_t cols = a.w->cols;
+  const int64_t pairs = PackedPairs(cols);
+  for (int64_t r = 0; r < a.num_rows; ++r) {
+    const bf16_t* wr = reinterpret_cast<const bf16_t*>(a.w->Row(a.row_idx[r]));
+    for (int64_t g = 0; g < a.num_groups; ++g) {
+      const uint32_t* xg = a.x + g * a.group_stride;
+      float acc[kPackedGroup] = {};
+      for (int64_t kp = 0; kp < pairs; ++kp) {
+        const float w0 = Bf16ToFloat(wr[2 * kp]);
+        const float w1 = 2 * kp + 1 < cols ? Bf16ToFloat(wr[2 * kp + 1]) : 0.0f;
+        for (int64_t t = 0; t < kPackedGroup; ++t) {
+          const uint32_t v = xg[kp * kPackedGroup + t];
+          acc[t] += Bf16ToFloat(bf16_t{static_cast<uint16_t>(v & 0xffff)}) * w0 +
+                    Bf16ToFloat(bf16_t{static_cast<uint16_t>(v >> 16)}) * w1;
+        }
+      }
+      for (int64_t t = 0; t < kPackedGroup; ++t) a.out[r * a.ldo + g * kPackedGroup + t] = acc[t];
+    }
+  }
+}
+
+void PackGroup(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, int64_t cols,
+               uint32_t* group) {
+  const int64_t pairs = PackedPairs(cols);
+  auto bits = [&](int64_t t, int64_t c) -> uint32_t {
+    if (t >= num_tokens || c >= cols) return 0;
+    if (x_dtype == DType::kF32) return FloatToBf16(static_cast<const float*>(x)[t * ldx + c]).bits;
+    return static_cast<const bf16_t*>(x)[t * ldx + c].bits;
+  };
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    for (int64_t t = 0; t < kPackedGroup; ++t) {
+      group[kp * kPackedGroup + t] = bits(t, 2 * kp) | bits(t, 2 * kp + 1) << 16;
+    }
+  }
+}
+
 void Activate(const ActivationParams& act, const float* gate, const float* up, int64_t n,
               bf16_t* h) {
   for (int64_t i = 0; i < n; ++i) {
@@ -91,7 +129,8 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) { return (num_tokens + 1) *
 }  // namespace
 
 const CpuBackend& PortableBackend() {
-  static const CpuBackend backend{"portable", DotRows, Activate, ToBf16, WorkFloats};
+  static const CpuBackend backend{"portable", DotRows,    Activate, ToBf16,
+                                  WorkFloats, PackedGemm, PackGroup};
   return backend;
 }
 
