@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -273,15 +274,16 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   uint32_t* h_packed = KernelScratch::Grow(s.h_packed, total_groups * h_group_stride);
   bf16_t* h = KernelScratch::Grow(s.h, num_rows * inter);  // dot-path experts' activations
 
-  // Pass 0: pack the packed experts' inputs (16 tokens per task) and round the other experts'
-  // fp32 inputs to bf16 (dot kernels reuse each row for many weight rows).
-  const bool convert = p.x_dtype == DType::kF32;
-  bf16_t* x_bf16 = convert ? KernelScratch::Grow(s.x_bf16, num_rows * hidden) : nullptr;
+  // Pass 0: pack the packed experts' inputs (16 tokens per task) and give the other experts
+  // contiguous bf16 rows (rounding fp32 inputs, gathering through x_rows): the dot kernels reuse
+  // each row for many weight rows.
+  const bool copy_rows = p.x_dtype == DType::kF32 || p.x_rows != nullptr;
+  bf16_t* x_bf16 = copy_rows ? KernelScratch::Grow(s.x_bf16, num_rows * hidden) : nullptr;
   const size_t elem = p.x_dtype == DType::kF32 ? 4 : 2;
   const uint8_t* x_bytes = static_cast<const uint8_t*>(p.x_sorted);
   s.tasks.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
-    if (packed_base[e] < 0 && !convert) continue;
+    if (packed_base[e] < 0 && !copy_rows) continue;
     for (int64_t r = offsets[e]; r < offsets[e + 1]; r += kPackedGroup) {
       s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, offsets[e + 1]),
                          0, 0, packed_base[e] >= 0});
@@ -290,18 +292,27 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int) {
     for (int64_t ti = b; ti < e; ++ti) {
       const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];
-      const void* src = x_bytes + static_cast<size_t>(t.row_begin * hidden) * elem;
+      int32_t src_rows[kPackedGroup];
+      for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+        src_rows[r - t.row_begin] = p.x_rows != nullptr ? p.x_rows[r] : static_cast<int32_t>(r);
+      }
       if (t.packed) {
         const int64_t g = packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
-        be.pack_group(src, p.x_dtype, hidden, t.row_end - t.row_begin, hidden,
-                            x_packed + g * x_group_stride);
-      } else {
-        be.to_bf16(static_cast<const float*>(src), (t.row_end - t.row_begin) * hidden,
-                   x_bf16 + t.row_begin * hidden);
+        be.pack_group(p.x_sorted, p.x_dtype, hidden, src_rows, t.row_end - t.row_begin, hidden,
+                      x_packed + g * x_group_stride);
+        continue;
+      }
+      for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+        const uint8_t* src = x_bytes + static_cast<size_t>(src_rows[r - t.row_begin] * hidden) * elem;
+        if (p.x_dtype == DType::kF32) {
+          be.to_bf16(reinterpret_cast<const float*>(src), hidden, x_bf16 + r * hidden);
+        } else {
+          std::memcpy(x_bf16 + r * hidden, src, static_cast<size_t>(hidden) * 2);
+        }
       }
     }
   });
-  const bf16_t* x = convert ? x_bf16 : static_cast<const bf16_t*>(p.x_sorted);
+  const bf16_t* x = copy_rows ? x_bf16 : static_cast<const bf16_t*>(p.x_sorted);
 
   const int64_t tb1 = TokenBlock(hidden);
   const int64_t tb2 = TokenBlock(inter);
@@ -453,11 +464,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
         a.out = pt.tile.data();
         a.ldo = ldt;
         be.packed_gemm(a);
-        for (int64_t m_i = 0; m_i < ntok; ++m_i) {
-          const float* col = pt.tile.data() + m_i;
-          float* o = y + m_i * hidden;
-          for (int64_t r = 0; r < nr; ++r) o[r] = col[r * ldt] + (bias ? bias[r] : 0.0f);
-        }
+        be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);
         continue;
       }
       internal::DotRowsArgs a;

@@ -132,6 +132,7 @@ struct RunOptions {
   bool add_down_bias = true;
   int threads = 2;
   KernelContext* ctx = nullptr;  // reuse this context (its scratch) instead of a fresh one
+  bool gather = false;  // pass the rows in reverse order with x_rows mapping them back
 };
 
 // Runs the backend on x and returns y; `ref` (when non-null) receives the reference result.
@@ -144,6 +145,22 @@ std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationP
   std::copy(x.begin(), x.end(), xf.begin() + static_cast<std::ptrdiff_t>(shift));
   std::vector<bf16_t> xb(x.size() + shift);
   for (size_t i = 0; i < x.size(); ++i) xb[i + shift] = FloatToBf16(x[i]);
+  std::vector<int32_t> x_rows;
+  if (o.gather) {  // physical row rows-1-r holds grouped row r
+    std::vector<float> xr(xf.size());
+    std::vector<bf16_t> xbr(xb.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      x_rows.push_back(static_cast<int32_t>(rows - 1 - r));
+      for (int64_t c = 0; c < w.hidden; ++c) {
+        const size_t from = shift + static_cast<size_t>(r * w.hidden + c);
+        const size_t to = shift + static_cast<size_t>((rows - 1 - r) * w.hidden + c);
+        xr[to] = xf[from];
+        xbr[to] = xb[from];
+      }
+    }
+    xf = std::move(xr);
+    xb = std::move(xbr);
+  }
   const void* xp = o.x_dtype == DType::kF32 ? static_cast<const void*>(xf.data() + shift)
                                             : static_cast<const void*>(xb.data() + shift);
   std::vector<float> y(static_cast<size_t>(rows * w.hidden) + shift, -7.0f);
@@ -152,6 +169,7 @@ std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationP
   p.activation = act;
   p.x_sorted = xp;
   p.x_dtype = o.x_dtype;
+  p.x_rows = o.gather ? x_rows.data() : nullptr;
   p.expert_offsets = offsets.data();
   p.y_sorted = y.data() + shift;
   p.add_down_bias = o.add_down_bias;
@@ -218,9 +236,10 @@ void CheckOffsets(const GemmCase& c, const std::vector<int64_t>& offsets, uint64
     // check then catches any systematic error).
     ASSERT_GT(testing::MeanAbs(want), 0.02) << c.Name();
     EXPECT_TRUE(Close(got, want, TolFor(c.format),
-                      fmt::format("{} {} {}{}{}", CpuIsaName(isa), c.Name(), label,
+                      fmt::format("{} {} {}{}{}{}", CpuIsaName(isa), c.Name(), label,
                                   o.misalign ? " misaligned" : "",
-                                  o.x_dtype == DType::kBF16 ? " x bf16" : ""),
+                                  o.x_dtype == DType::kBF16 ? " x bf16" : "",
+                                  o.gather ? " gathered" : ""),
                       seed));
   }
 }
@@ -260,6 +279,9 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
                .bias = true};
     CheckOffsets(c, offsets, 500, {}, "counts 0/1/15/16/17/31/33/64");
     CheckOffsets(c, offsets, 501, {.x_dtype = DType::kBF16, .misalign = true},
+                 "counts 0/1/15/16/17/31/33/64");
+    CheckOffsets(c, offsets, 507, {.gather = true}, "counts 0/1/15/16/17/31/33/64");
+    CheckOffsets(c, offsets, 508, {.x_dtype = DType::kBF16, .gather = true},
                  "counts 0/1/15/16/17/31/33/64");
   }
   // Scratch reused from another call must not leak into the padding of the next one: the first

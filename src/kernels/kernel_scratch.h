@@ -54,7 +54,6 @@ struct KernelScratch {
   std::vector<int32_t> topk_ids;
   std::vector<float> topk_weights;
   TokenPermutation perm;
-  std::vector<bf16_t> x_sorted;
   std::vector<float> y_sorted;
 };
 

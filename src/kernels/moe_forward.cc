@@ -30,20 +30,15 @@ Status MoeExpertsForward(KernelContext& ctx, const MoeExpertsParams& p) {
   pp.expert_global_to_local = p.expert_global_to_local;
   pp.num_experts_local = w.num_experts_local;
   MOESHARD_RETURN_IF_ERROR(PermuteTokens(pp, &s.perm).WithContext("moe experts"));
+  // The grouped GEMM reads the tokens through the permutation (no sorted copy of the input).
   const int64_t rows = s.perm.num_rows();
-  bf16_t* x_sorted = internal::KernelScratch::Grow(s.x_sorted, rows * w.hidden);
   float* y_sorted = internal::KernelScratch::Grow(s.y_sorted, rows * w.hidden);
-  MOESHARD_RETURN_IF_ERROR(GatherTokens(ctx, s.perm,
-                                        GatherParams{.x = p.x,
-                                                     .x_dtype = p.x_dtype,
-                                                     .hidden = w.hidden,
-                                                     .x_sorted = x_sorted,
-                                                     .out_dtype = DType::kBF16}));
   GroupedGemmParams g;
   g.weights = &w;
   g.activation = p.activation;
-  g.x_sorted = x_sorted;
-  g.x_dtype = DType::kBF16;
+  g.x_sorted = p.x;
+  g.x_dtype = p.x_dtype;
+  g.x_rows = s.perm.sorted_token_idx.data();
   g.expert_offsets = s.perm.expert_offsets.data();
   g.y_sorted = y_sorted;
   g.add_down_bias = p.add_down_bias;

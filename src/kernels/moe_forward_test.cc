@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kernels/kernels_test_util.h"
 #include "moeshard/kernels/quantize.h"
 #include "moeshard/kernels/reference.h"
@@ -144,11 +146,13 @@ TEST(MoeForward, ExpertParallelPartialsSumToFullLayer) {
       const int64_t r13 = 2 * c.inter;
       const int64_t b13 = r13 * h * 2, b2 = h * c.inter * 2;  // bf16 bytes per expert
       OwnedExpertWeights local;
-      for (int32_t e = rank; e < c.num_experts; e += 2) {
-        local.w13.insert(local.w13.end(), layer.weights.w13.begin() + e * b13,
-                         layer.weights.w13.begin() + (e + 1) * b13);
-        local.w2.insert(local.w2.end(), layer.weights.w2.begin() + e * b2,
-                        layer.weights.w2.begin() + (e + 1) * b2);
+      local.w13 = AlignedBuffer(static_cast<size_t>(half * b13));
+      local.w2 = AlignedBuffer(static_cast<size_t>(half * b2));
+      for (int32_t e = rank, l = 0; e < c.num_experts; e += 2, ++l) {
+        std::memcpy(local.w13.data() + l * b13, layer.weights.w13.data() + e * b13,
+                    static_cast<size_t>(b13));
+        std::memcpy(local.w2.data() + l * b2, layer.weights.w2.data() + e * b2,
+                    static_cast<size_t>(b2));
       }
       local.view = layer.weights.view;
       local.view.num_experts_local = half;

@@ -133,8 +133,8 @@ void SetView(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
 void Allocate(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
   const int64_t r13 = s.gated ? 2 * s.intermediate : s.intermediate;
   const int64_t e = s.num_experts_local;
-  o.w13.resize(static_cast<size_t>(e * WeightDataBytes(s.format, r13, s.hidden)));
-  o.w2.resize(static_cast<size_t>(e * WeightDataBytes(s.format, s.hidden, s.intermediate)));
+  o.w13 = AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, r13, s.hidden)));
+  o.w2 = AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, s.hidden, s.intermediate)));
   o.w13_scales.resize(
       static_cast<size_t>(e * WeightScaleBytes(s.format, r13, s.hidden, s.int4_group_size)));
   o.w2_scales.resize(static_cast<size_t>(
@@ -162,9 +162,9 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& s, const float*
   const int64_t s2 = WeightScaleBytes(s.format, s.hidden, s.intermediate, s.int4_group_size);
   for (int64_t e = 0; e < s.num_experts_local; ++e) {
     QuantizeMatrix(s.format, w13 + e * r13 * s.hidden, r13, s.hidden, s.int4_group_size,
-                   o.w13.data() + e * d13, o.w13_scales.data() + e * s13);
+                   o.w13.as<uint8_t>() + e * d13, o.w13_scales.data() + e * s13);
     QuantizeMatrix(s.format, w2 + e * s.hidden * s.intermediate, s.hidden, s.intermediate,
-                   s.int4_group_size, o.w2.data() + e * d2, o.w2_scales.data() + e * s2);
+                   s.int4_group_size, o.w2.as<uint8_t>() + e * d2, o.w2_scales.data() + e * s2);
   }
   if (w13_bias != nullptr) o.w13_bias.assign(w13_bias, w13_bias + s.num_experts_local * r13);
   if (w2_bias != nullptr) o.w2_bias.assign(w2_bias, w2_bias + s.num_experts_local * s.hidden);
@@ -178,7 +178,7 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
   Allocate(o, s);
   // Data: 8 bytes per hash. bf16 lanes get a small value (|w| < 2^-4, random mantissa, never
   // NaN); fp8 bytes avoid the NaN code; MXFP4/int4 nibbles are any code.
-  auto fill = [&](std::vector<uint8_t>& buf, uint64_t stream, bool data) {
+  auto fill = [&](auto& buf, uint64_t stream, bool data) {
     const int64_t words = static_cast<int64_t>(buf.size()) / 8;
     ctx.pool().ParallelFor(words, 1 << 16, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {

@@ -101,6 +101,9 @@ struct GroupedGemmParams {
   ActivationParams activation;
   const void* x_sorted = nullptr;  // [num_rows, H] row-major, kF32 or kBF16, grouped by expert
   DType x_dtype = DType::kBF16;
+  // Optional gather: when set, grouped row r is row x_rows[r] of x_sorted (e.g. the unsorted
+  // tokens and TokenPermutation::sorted_token_idx), so no sorted copy of the input is made.
+  const int32_t* x_rows = nullptr;
   const int64_t* expert_offsets = nullptr;  // [E_local + 1], non-decreasing, [0] = 0;
                                             // num_rows = expert_offsets[E_local]
   float* y_sorted = nullptr;                // out: [num_rows, H] fp32, unweighted expert outputs

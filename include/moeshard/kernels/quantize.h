@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "moeshard/base/aligned_buffer.h"
 #include "moeshard/kernels/expert_gemm.h"
 
 namespace moeshard {
@@ -33,10 +34,11 @@ int64_t WeightScaleBytes(WeightFormat format, int64_t rows, int64_t cols, int64_
 void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t cols,
                     int64_t int4_group, uint8_t* data, uint8_t* scales);
 
-// Owns the buffers an ExpertWeights view points into. Moving keeps `view` valid (vectors'
-// heap storage does not move).
+// Owns the buffers an ExpertWeights view points into. Moving keeps `view` valid (the buffers'
+// storage does not move). The weight data live in huge-page advised AlignedBuffers.
 struct OwnedExpertWeights {
-  std::vector<uint8_t> w13, w13_scales, w2, w2_scales;
+  AlignedBuffer w13, w2;
+  std::vector<uint8_t> w13_scales, w2_scales;
   std::vector<float> w13_bias, w2_bias;
   ExpertWeights view;
 };

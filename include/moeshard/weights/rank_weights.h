@@ -25,38 +25,11 @@
 #include <string>
 #include <vector>
 
+#include "moeshard/base/aligned_buffer.h"
 #include "moeshard/base/status.h"
 #include "moeshard/plan/shard_plan.h"
 
 namespace moeshard {
-
-// A 64-byte aligned, zero-initialised byte buffer.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t num_bytes);
-  AlignedBuffer(AlignedBuffer&&) noexcept = default;
-  AlignedBuffer& operator=(AlignedBuffer&&) noexcept = default;
-
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
-  size_t size() const { return size_; }
-  template <typename T>
-  T* as() {
-    return reinterpret_cast<T*>(data_.get());
-  }
-  template <typename T>
-  const T* as() const {
-    return reinterpret_cast<const T*>(data_.get());
-  }
-
- private:
-  struct Free {
-    void operator()(std::byte* p) const;
-  };
-  std::unique_ptr<std::byte[], Free> data_;
-  size_t size_ = 0;
-};
 
 struct TensorBuffer {
   std::string name;  // concrete name, layer filled in

@@ -391,6 +391,8 @@ constexpr int kPackedNr = 12;
 // token tile of the call passes over it; the tiles' packed inputs (64 KiB per 32 tokens) come
 // from L2.
 constexpr int64_t kPackedKBlockPairs = 512;
+// Distance of the in-row L1 prefetch (the L2 prefetch of the next strip brings the lines close).
+constexpr int64_t kPackedPrefetchBytes = 1024;
 
 inline uint32_t LoadPair(const uint8_t* p) {
   uint32_t v;
@@ -401,8 +403,9 @@ inline uint32_t LoadPair(const uint8_t* p) {
 // Pairs [kp0, kp1) of rows w[0..NR) for groups x[0..MR); `half` adds pair kp1 with only its
 // even column (odd K). Writes or adds (accumulate) out[j * ldo + 16 * i + lane].
 template <int MR, int NR>
-void PackedTile(const uint8_t* const* w, const uint32_t* x, int64_t gstride, int64_t kp0,
-                int64_t kp1, bool half, float* out, int64_t ldo, bool accumulate) {
+void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num_next,
+                const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1, bool half,
+                float* out, int64_t ldo, bool accumulate) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
@@ -422,12 +425,20 @@ void PackedTile(const uint8_t* const* w, const uint32_t* x, int64_t gstride, int
   };
   auto full = [&](int j, int64_t kp) { return LoadPair(w[j] + 4 * kp); };
   int64_t kp = kp0;
-  // One 64-byte line of every row per 16 pairs: prefetch each row a fixed distance ahead (the
-  // strip comes from memory on its first token tile).
+  // One 64-byte line of every row per 16 pairs. The strip's first token tile streams it from
+  // memory: each row is prefetched a short distance ahead into L1, and the rows the caller will
+  // multiply next (`next`, addressed like w) are fetched into L2 alongside, so the next strip
+  // does not start on a cold miss per row.
   for (; kp + 16 <= kp1; kp += 16) {
+    if (num_next > 0) {
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[j] + 4 * kp + kPrefetchBytes), _MM_HINT_T0);
+      for (int j = 0; j < NR; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[j] + 4 * kp + kPackedPrefetchBytes),
+                     _MM_HINT_T0);
+      }
+      for (int64_t j = 0; j < num_next; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(next[j] + 4 * kp), _MM_HINT_T1);
+      }
     }
 #pragma GCC unroll 16
     for (int u = 0; u < 16; ++u) step(kp + u, full);
@@ -451,8 +462,9 @@ void PackedTile(const uint8_t* const* w, const uint32_t* x, int64_t gstride, int
   }
 }
 
-using PackedTileFn = void (*)(const uint8_t* const*, const uint32_t*, int64_t, int64_t, int64_t,
-                              bool, float*, int64_t, bool);
+using PackedTileFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t,
+                              const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t,
+                              bool);
 
 template <int MR, int... NRs>
 constexpr std::array<PackedTileFn, sizeof...(NRs)> PackedRow(std::integer_sequence<int, NRs...>) {
@@ -468,20 +480,36 @@ struct PackedTable {
 void PackedGemm(const PackedGemmArgs& a) {
   static constexpr PackedTable kTable;
   const int64_t cols = a.w->cols;
+  const int64_t pairs = PackedPairs(cols);
   const int64_t full_pairs = cols / 2;
   const bool odd = cols % 2 != 0;
-  for (int64_t kp0 = 0; kp0 < PackedPairs(cols); kp0 += kPackedKBlockPairs) {
+  const int64_t num_strips = CeilDiv(a.num_rows, int64_t{kPackedNr});
+  for (int64_t kp0 = 0; kp0 < pairs; kp0 += kPackedKBlockPairs) {
     const int64_t kp1 = std::min(full_pairs, kp0 + kPackedKBlockPairs);
-    const bool half = odd && kp0 + kPackedKBlockPairs >= PackedPairs(cols);
-    for (int64_t r0 = 0; r0 < a.num_rows; r0 += kPackedNr) {
+    const bool half = odd && kp0 + kPackedKBlockPairs >= pairs;
+    for (int64_t s = 0; s < num_strips; ++s) {
+      const int64_t r0 = s * kPackedNr;
       const int nr = static_cast<int>(std::min<int64_t>(kPackedNr, a.num_rows - r0));
       const uint8_t* rows[kPackedNr];
       for (int j = 0; j < nr; ++j) rows[j] = a.w->Row(a.row_idx[r0 + j]);
+      // What comes after this strip: the next strip of this K block, else the first strip of
+      // the next K block (addressed relative to this block's pairs).
+      const uint8_t* next[kPackedNr];
+      int64_t num_next = 0;
+      if (s + 1 < num_strips) {
+        num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
+        for (int64_t j = 0; j < num_next; ++j) next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
+      } else if (kp0 + kPackedKBlockPairs < pairs) {
+        num_next = std::min<int64_t>(kPackedNr, a.num_rows);
+        for (int64_t j = 0; j < num_next; ++j) {
+          next[j] = a.w->Row(a.row_idx[j]) + 4 * kPackedKBlockPairs;
+        }
+      }
       for (int64_t g = 0; g < a.num_groups; g += kPackedMr) {
         const int mr = static_cast<int>(std::min<int64_t>(kPackedMr, a.num_groups - g));
         kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
-            rows, a.x + g * a.group_stride, a.group_stride, kp0, kp1, half,
-            a.out + r0 * a.ldo + 16 * g, a.ldo, kp0 > 0);
+            rows, next, g == 0 ? num_next : 0, a.x + g * a.group_stride, a.group_stride, kp0, kp1,
+            half, a.out + r0 * a.ldo + 16 * g, a.ldo, kp0 > 0);
       }
     }
   }
@@ -519,8 +547,8 @@ inline void Transpose16x16(__m512i r[16]) {
 
 // 32 columns of 16 token rows at a time: each row's 32 bf16 are 16 pairs, so the 16 x 16
 // transpose of those pairs is exactly 16 packed [pair][token] vectors.
-void PackGroup(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, int64_t cols,
-               uint32_t* group) {
+void PackGroup(const void* x, DType x_dtype, int64_t ldx, const int32_t* rows,
+               int64_t num_tokens, int64_t cols, uint32_t* group) {
   for (int64_t k0 = 0; k0 < cols; k0 += 32) {
     const int64_t nk = std::min<int64_t>(32, cols - k0);
     const __mmask32 m = TailMask32(nk);
@@ -529,18 +557,43 @@ void PackGroup(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, in
       if (t >= num_tokens) {
         r[t] = _mm512_setzero_si512();
       } else if (x_dtype == DType::kF32) {
-        const float* row = static_cast<const float*>(x) + t * ldx + k0;
+        const float* row = static_cast<const float*>(x) + rows[t] * ldx + k0;
         const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m), row);
         const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m >> 16), row + 16);
         const __m512bh b = _mm512_cvtne2ps_pbh(hi, lo);
         r[t] = reinterpret_cast<const __m512i&>(b);
       } else {
-        r[t] = _mm512_maskz_loadu_epi16(m, static_cast<const bf16_t*>(x) + t * ldx + k0);
+        r[t] = _mm512_maskz_loadu_epi16(m, static_cast<const bf16_t*>(x) + rows[t] * ldx + k0);
       }
     }
     Transpose16x16(r);
     const int64_t pairs = (nk + 1) / 2;
     for (int64_t i = 0; i < pairs; ++i) _mm512_storeu_si512(group + (k0 / 2 + i) * 16, r[i]);
+  }
+}
+
+// 16 x 16 float blocks through Transpose16x16 (masked at the edges).
+void StoreTransposed(const float* tile, int64_t ldt, int64_t num_rows, int64_t num_tokens,
+                     const float* bias, float* y, int64_t ldy) {
+  for (int64_t r0 = 0; r0 < num_rows; r0 += 16) {
+    const int64_t nr = std::min<int64_t>(16, num_rows - r0);
+    const __mmask16 rmask = static_cast<__mmask16>((1u << nr) - 1u);
+    const __m512 b =
+        bias != nullptr ? _mm512_maskz_loadu_ps(rmask, bias + r0) : _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < num_tokens; t0 += 16) {
+      const int64_t nt = std::min<int64_t>(16, num_tokens - t0);
+      const __mmask16 tmask = static_cast<__mmask16>((1u << nt) - 1u);
+      __m512i v[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        v[i] = i < nr ? _mm512_castps_si512(_mm512_maskz_loadu_ps(tmask, tile + (r0 + i) * ldt + t0))
+                      : _mm512_setzero_si512();
+      }
+      Transpose16x16(v);
+      for (int64_t t = 0; t < nt; ++t) {
+        _mm512_mask_storeu_ps(y + (t0 + t) * ldy + r0, rmask,
+                              _mm512_add_ps(_mm512_castsi512_ps(v[t]), b));
+      }
+    }
   }
 }
 
@@ -638,7 +691,7 @@ int64_t WorkFloats(int64_t, int64_t) { return 0; }
 
 const CpuBackend& Avx512Backend() {
   static const CpuBackend backend{"avx512-bf16", DotRows,    Activate,  ToBf16,
-                                  WorkFloats,    PackedGemm, PackGroup};
+                                  WorkFloats,    PackedGemm, PackGroup, StoreTransposed};
   return backend;
 }
 

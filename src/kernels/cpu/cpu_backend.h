@@ -80,10 +80,15 @@ struct CpuBackend {
   // Floats of DotRowsArgs::work needed for a block of `num_tokens` tokens and `cols` columns.
   int64_t (*work_floats)(int64_t num_tokens, int64_t cols);
   void (*packed_gemm)(const PackedGemmArgs& args);
-  // Packs `num_tokens` (<= 16) rows of x ([num_tokens, ldx], fp32 (rounded to nearest even) or
-  // bf16, `cols` used) into one group of KP * 16 uint32, zero-filling the missing tokens.
-  void (*pack_group)(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, int64_t cols,
-                     uint32_t* group);
+  // Packs `num_tokens` (<= 16) rows of x (row t is x + rows[t] * ldx elements, fp32 rounded to
+  // nearest even or bf16, `cols` used) into one group of KP * 16 uint32, zero-filling the
+  // missing tokens.
+  void (*pack_group)(const void* x, DType x_dtype, int64_t ldx, const int32_t* rows,
+                     int64_t num_tokens, int64_t cols, uint32_t* group);
+  // y[t * ldy + r] = tile[r * ldt + t] (+ bias[r] when non-null) for r < num_rows,
+  // t < num_tokens: a packed task's transposed output back into token rows.
+  void (*store_transposed)(const float* tile, int64_t ldt, int64_t num_rows, int64_t num_tokens,
+                           const float* bias, float* y, int64_t ldy);
 };
 
 const CpuBackend& PortableBackend();

@@ -98,17 +98,27 @@ void PackedGemm(const PackedGemmArgs& a) {
   }
 }
 
-void PackGroup(const void* x, DType x_dtype, int64_t ldx, int64_t num_tokens, int64_t cols,
-               uint32_t* group) {
+void PackGroup(const void* x, DType x_dtype, int64_t ldx, const int32_t* rows,
+               int64_t num_tokens, int64_t cols, uint32_t* group) {
   const int64_t pairs = PackedPairs(cols);
   auto bits = [&](int64_t t, int64_t c) -> uint32_t {
     if (t >= num_tokens || c >= cols) return 0;
-    if (x_dtype == DType::kF32) return FloatToBf16(static_cast<const float*>(x)[t * ldx + c]).bits;
-    return static_cast<const bf16_t*>(x)[t * ldx + c].bits;
+    const int64_t i = rows[t] * ldx + c;
+    if (x_dtype == DType::kF32) return FloatToBf16(static_cast<const float*>(x)[i]).bits;
+    return static_cast<const bf16_t*>(x)[i].bits;
   };
   for (int64_t kp = 0; kp < pairs; ++kp) {
     for (int64_t t = 0; t < kPackedGroup; ++t) {
       group[kp * kPackedGroup + t] = bits(t, 2 * kp) | bits(t, 2 * kp + 1) << 16;
+    }
+  }
+}
+
+void StoreTransposed(const float* tile, int64_t ldt, int64_t num_rows, int64_t num_tokens,
+                     const float* bias, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      y[t * ldy + r] = tile[r * ldt + t] + (bias != nullptr ? bias[r] : 0.0f);
     }
   }
 }
@@ -130,7 +140,8 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) { return (num_tokens + 1) *
 
 const CpuBackend& PortableBackend() {
   static const CpuBackend backend{"portable", DotRows,    Activate, ToBf16,
-                                  WorkFloats, PackedGemm, PackGroup};
+                                  WorkFloats, PackedGemm, PackGroup,
+                                  StoreTransposed};
   return backend;
 }
 

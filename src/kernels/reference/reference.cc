@@ -266,7 +266,8 @@ Status GroupedExpertGemm(const GroupedGemmParams& p) {
     if (p.expert_offsets[e + 1] == p.expert_offsets[e]) continue;
     const DenseExpert d = Dequantize(w, e);
     for (int64_t r = p.expert_offsets[e]; r < p.expert_offsets[e + 1]; ++r) {
-      const std::vector<float> x = RowAsFloat(p.x_sorted, p.x_dtype, r, w.hidden);
+      const int64_t src = p.x_rows == nullptr ? r : p.x_rows[r];
+      const std::vector<float> x = RowAsFloat(p.x_sorted, p.x_dtype, src, w.hidden);
       ExpertOutput(w, d, p.activation, e, x.data(), p.add_down_bias, y.data());
       for (int64_t o = 0; o < w.hidden; ++o)
         p.y_sorted[r * w.hidden + o] = static_cast<float>(y[o]);
