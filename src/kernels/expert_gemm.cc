@@ -197,6 +197,12 @@ namespace {
 constexpr int64_t kGateUpBlock = 48;
 constexpr int64_t kDownBlock = 96;
 
+// Dot-path (decode) tasks restart their weight streams cold, so when many experts are touched
+// the blocks grow, up to kMaxBlockMultiple times, while every thread keeps at least
+// kMinTasksPerThread tasks to balance.
+constexpr int64_t kMaxBlockMultiple = 4;
+constexpr int64_t kMinTasksPerThread = 16;
+
 // Experts with at least this many tokens take the packed path (bf16 weights): its token groups
 // of 16 waste at most 15 padded tokens, which the outer-product kernel's speed repays from about
 // one full group on; below it the dot-product kernels stream the weights at memory speed.
@@ -318,24 +324,36 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   const int64_t tb2 = TokenBlock(inter);
   const int64_t ptb1 = PackedTokenBlock(hidden);
   const int64_t ptb2 = PackedTokenBlock(inter);
+  auto dot_block = [&](int64_t token_block, int64_t out_size, int64_t base) {
+    int64_t pairs = 0;  // (expert, token block) pairs on the dot path
+    for (int64_t e = 0; e < num_experts; ++e) {
+      if (packed_base[e] < 0) pairs += CeilDiv(offsets[e + 1] - offsets[e], token_block);
+    }
+    const int64_t units = pairs * CeilDiv(out_size, base);
+    return base * std::clamp<int64_t>(units / (kMinTasksPerThread * pool.num_threads()), 1,
+                                      kMaxBlockMultiple);
+  };
+  const int64_t gu_block = dot_block(tb1, inter, kGateUpBlock);
+  const int64_t down_block = dot_block(tb2, hidden, kDownBlock);
   for (auto& pt : s.per_thread) {
-    KernelScratch::Grow(pt.tile, std::max({tb1 * kGateUpBlock * rows_per_j, tb2 * kDownBlock,
+    KernelScratch::Grow(pt.tile, std::max({tb1 * gu_block * rows_per_j, tb2 * down_block,
                                            ptb1 * kGateUpBlock * rows_per_j, ptb2 * kDownBlock}));
     KernelScratch::Grow(pt.work,
                         std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
-    KernelScratch::Grow(pt.rows, std::max(kGateUpBlock * rows_per_j, kDownBlock));
+    KernelScratch::Grow(pt.rows, std::max(gu_block * rows_per_j, down_block));
     KernelScratch::Grow(pt.act, ptb1);
   }
   auto make_tasks = [&](int64_t token_block, int64_t packed_block, int64_t out_size,
-                        int64_t out_block) {
+                        int64_t dot_out_block, int64_t packed_out_block) {
     s.tasks.clear();
     for (int64_t e = 0; e < num_experts; ++e) {
       const bool packed = packed_base[e] >= 0;
       const int64_t tb = packed ? packed_block : token_block;
+      const int64_t ob = packed ? packed_out_block : dot_out_block;
       for (int64_t r = offsets[e]; r < offsets[e + 1]; r += tb) {
-        for (int64_t o = 0; o < out_size; o += out_block) {
+        for (int64_t o = 0; o < out_size; o += ob) {
           s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + tb, offsets[e + 1]), o,
-                             std::min(o + out_block, out_size), packed});
+                             std::min(o + ob, out_size), packed});
         }
       }
     }
@@ -349,7 +367,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
 
   // Phase 1: gate_up + bias + activation -> h (dot path) or h_packed (packed path).
   // Tasks: (expert, token block, j block).
-  make_tasks(tb1, ptb1, inter, kGateUpBlock);
+  make_tasks(tb1, ptb1, inter, gu_block, kGateUpBlock);
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
     auto& pt = s.per_thread[static_cast<size_t>(tid)];
     for (int64_t ti = b; ti < e; ++ti) {
@@ -437,7 +455,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   });
 
   // Phase 2: down (+ bias) -> y_sorted. Tasks: (expert, token block, output-row block).
-  make_tasks(tb2, ptb2, hidden, kDownBlock);
+  make_tasks(tb2, ptb2, hidden, down_block, kDownBlock);
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
     auto& pt = s.per_thread[static_cast<size_t>(tid)];
     for (int64_t ti = b; ti < e; ++ti) {

@@ -7,9 +7,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
+#include <new>
 
 #include "kernels/cpu/roofline_avx512.h"
+#include "moeshard/base/aligned_buffer.h"
 #include "moeshard/kernels/kernel_context.h"
 
 namespace moeshard {
@@ -51,9 +52,6 @@ class StartBarrier {
   std::atomic<int> arrived_{0};
 };
 
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
 
 }  // namespace
 
@@ -61,30 +59,37 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
   const int threads = ctx.num_threads();
   const int64_t chunk = std::max<int64_t>(256, buffer_bytes / threads / 4096 * 4096);
   const int64_t total = chunk * threads;
-  std::unique_ptr<uint8_t, FreeDeleter> buf(
-      static_cast<uint8_t*>(std::aligned_alloc(4096, static_cast<size_t>(total))));
-  if (!buf) {
+  // Huge-page advised like the weight buffers, so the measurement is not limited by TLB misses
+  // the kernels do not pay either.
+  AlignedBuffer buf;
+  try {
+    buf = AlignedBuffer(static_cast<size_t>(total));
+  } catch (const std::bad_alloc&) {
     return ResourceExhaustedError(
         fmt::format("bandwidth: cannot allocate {} bytes for the read buffer", total));
   }
   // Each thread first-touches the chunk it will read (NUMA-local pages).
   ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
-    std::memset(buf.get() + b * chunk, static_cast<int>(b + 1), static_cast<size_t>(chunk));
+    std::memset(buf.as<uint8_t>() + b * chunk, static_cast<int>(b + 1), static_cast<size_t>(chunk));
   });
   const bool avx512 = ctx.isa() == CpuIsa::kAvx512Bf16;
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
   StartBarrier barrier(threads);
+  const int patterns = avx512 ? internal::kReadPatterns : 1;
   for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
-    barrier.Reset();
-    const auto t0 = std::chrono::steady_clock::now();
-    ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
-      barrier.ArriveAndWait();
-      const uint8_t* p = buf.get() + b * chunk;
-      sink ^= avx512 ? internal::ReadStreamAvx512(p, chunk) : ReadStreamPortable(p, chunk);
-    });
-    const double s = Seconds(t0, std::chrono::steady_clock::now());
-    best = std::max(best, static_cast<double>(total) / s);
+    for (int pattern = 0; pattern < patterns; ++pattern) {
+      barrier.Reset();
+      const auto t0 = std::chrono::steady_clock::now();
+      ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
+        barrier.ArriveAndWait();
+        const uint8_t* p = buf.as<uint8_t>() + b * chunk;
+        sink ^= avx512 ? internal::ReadStreamAvx512(p, chunk, pattern)
+                       : ReadStreamPortable(p, chunk);
+      });
+      const double s = Seconds(t0, std::chrono::steady_clock::now());
+      best = std::max(best, static_cast<double>(total) / s);
+    }
   }
   if (sink.load() == 0x123456789abcdefull) std::fputc(' ', stderr);  // keep the reads alive
   return best;

@@ -17,7 +17,9 @@ namespace moeshard {
 class KernelContext;
 
 // Multi-threaded streaming read of a buffer of `buffer_bytes` (choose it far larger than the
-// last-level cache), best of `repetitions` passes. Returns bytes per second.
+// last-level cache; huge-page advised), best of `repetitions` passes of every read pattern
+// (AVX-512: one sequential stream, and four interleaved prefetched streams). Returns bytes per
+// second.
 Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions);
 
 // vdpbf16ps on registers only (independent accumulators, no memory traffic), all threads, best

@@ -33,12 +33,19 @@ namespace moeshard::internal {
 namespace {
 
 constexpr int kMaxMr = 4;
+// Sequential weight streams per thread in decode: the bandwidth probe (roofline_avx512.h) finds
+// 4 interleaved prefetched streams the best read pattern of these cores; 6 or more are slower.
+constexpr int kDecodeStreams = 4;
+// Token counts up to this take the streaming decode walk (the packed path starts at 16).
+constexpr int64_t kDecodeMaxTokens = 16;
+// K block of the decode walk with several token tiles: 4 rows and 4 tokens of 1024 bf16 each.
+constexpr int64_t kDecodeKBlock = 1024;
 
-// Software prefetch distance along each weight row. Hardware prefetchers stop at 4 KiB page
-// boundaries and track few streams; a decode tile streams 6 rows at once, so each row is
-// prefetched this far ahead (about 20 k-steps of 6 rows in flight: enough to cover DRAM latency
-// at the per-core bandwidth).
-constexpr int64_t kPrefetchBytes = 1024;
+// Software prefetch distance along each weight row (and on into the next row of a decode
+// stream). Hardware prefetchers track few streams; 2 KiB ahead on each of 4 streams keeps
+// enough lines in flight to cover DRAM latency at the per-core bandwidth (the same distance as
+// the bandwidth probe's best pattern).
+constexpr int64_t kPrefetchBytes = 2048;
 
 inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
@@ -230,7 +237,7 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
       for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        if constexpr (MR <= 2) d.Prefetch(j, k);
+        d.Prefetch(j, k);
         const __m512bh wv = d.Load(j, k);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
@@ -257,9 +264,7 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
       for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        if constexpr (MR <= 2) {
-          if (k % Dec::kValuesPerLine == 0) d.Prefetch(j, k);
-        }
+        if (k % Dec::kValuesPerLine == 0) d.Prefetch(j, k);
         const __m512bh wv = d.Load(j, k);
         const __m512 sc = d.Scale(j, k / 32);
 #pragma GCC unroll 8
@@ -285,9 +290,7 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
         for (int i = 0; i < MR; ++i) xv[i] = LoadX(x + i * ldx + k);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
-          if constexpr (MR <= 2) {
-            if (k % Dec::kValuesPerLine == 0) d.Prefetch(j, k);
-          }
+          if (k % Dec::kValuesPerLine == 0) d.Prefetch(j, k);
           const __m512bh wv = d.Load(j, k);
 #pragma GCC unroll 8
           for (int i = 0; i < MR; ++i) part[i][j] = _mm512_dpbf16_ps(part[i][j], xv[i], wv);
@@ -345,12 +348,45 @@ void DotRowsImpl(const DotRowsArgs& a) {
   static constexpr TileTable<Dec> kTable;
   const int64_t cols = a.w->cols;
   // K blocks: a whole multiple of the decoder's scale group.
-  int64_t kc = kCpuKBlock;
-  if (a.num_rows > 0) {
-    const Dec probe(*a.w, a.row_idx, 1);
-    const int64_t group = probe.GroupCols();
-    if (group > 0) kc = RoundUp(kc, group);
+  int64_t group = 0;
+  if (a.num_rows > 0) group = Dec(*a.w, a.row_idx, 1).GroupCols();
+  auto k_block = [&](int64_t kc) { return group > 0 ? RoundUp(kc, group) : kc; };
+  if (a.num_tokens <= kDecodeMaxTokens) {
+    // Decode (few tokens): memory-bound. The rows are cut into kDecodeStreams runs of
+    // consecutive list entries (consecutive weight rows: the driver lists row blocks in order)
+    // and each tile takes one row of every run, so the reads are kDecodeStreams long sequential
+    // streams whose prefetches run on into the next row. With one token tile K is not blocked;
+    // with more, K blocks keep the tile's rows and inputs in L1 for every token tile.
+    constexpr int kStreams = std::min(kDecodeStreams, Dec::kMaxNr);
+    const int64_t kc = a.num_tokens <= kMaxMr ? cols : k_block(kDecodeKBlock);
+    const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
+    for (int64_t s = 0; s < per; ++s) {
+      int32_t idx[kStreams];
+      int64_t col[kStreams];
+      int nr = 0;
+      for (int q = 0; q < kStreams; ++q) {
+        const int64_t pos = q * per + s;
+        if (pos >= a.num_rows) break;
+        idx[nr] = a.row_idx[pos];
+        col[nr++] = pos;
+      }
+      const Dec d(*a.w, idx, nr);
+      float tile[kDecodeMaxTokens * kStreams];
+      for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+        const int64_t k1 = std::min(cols, k0 + kc);
+        for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
+          kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+              d, a.x + m0 * a.ldx, a.ldx, k0, k1, tile + m0 * kStreams, kStreams, k0 > 0);
+        }
+      }
+      for (int64_t m = 0; m < a.num_tokens; ++m) {
+        for (int j = 0; j < nr; ++j) a.out[m * a.ldo + col[j]] = tile[m * kStreams + j];
+      }
+    }
+    return;
   }
+  const int64_t kc = k_block(kCpuKBlock);
   for (int64_t k0 = 0; k0 < cols; k0 += kc) {
     const int64_t k1 = std::min(cols, k0 + kc);
     for (int64_t r0 = 0; r0 < a.num_rows; r0 += Dec::kMaxNr) {
