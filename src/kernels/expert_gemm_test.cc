@@ -266,29 +266,30 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
 // others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
 // H and I (each row ends in half a column pair), biases, fp32 and bf16 inputs, misalignment.
 TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
-  const std::vector<int64_t> counts = {0, 1, 15, 16, 17, 31, 33, 64};
+  // Group tilings of the AVX-512 kernel (3 groups a tile, never 3 + 1): 1, 2, 3, 2+2, 3+2, 3+2+2.
+  const std::vector<int64_t> counts = {0, 1, 15, 16, 17, 31, 33, 64, 80, 112};
   std::vector<int64_t> offsets = {0};
   for (int64_t n : counts) offsets.push_back(offsets.back() + n);
   for (Activation act : kAllActivations) {
     GemmCase c{.format = WeightFormat::kBf16,
                .act = act,
-               .num_experts = 8,
+               .num_experts = 10,
                .hidden = 67,
                .inter = 37,
                .interleaved = act == Activation::kSwiGluOai,
                .bias = true};
-    CheckOffsets(c, offsets, 500, {}, "counts 0/1/15/16/17/31/33/64");
+    CheckOffsets(c, offsets, 500, {}, "counts 0/1/15/16/17/31/33/64/80/112");
     CheckOffsets(c, offsets, 501, {.x_dtype = DType::kBF16, .misalign = true},
-                 "counts 0/1/15/16/17/31/33/64");
-    CheckOffsets(c, offsets, 507, {.gather = true}, "counts 0/1/15/16/17/31/33/64");
+                 "counts 0/1/15/16/17/31/33/64/80/112");
+    CheckOffsets(c, offsets, 507, {.gather = true}, "counts 0/1/15/16/17/31/33/64/80/112");
     CheckOffsets(c, offsets, 508, {.x_dtype = DType::kBF16, .gather = true},
-                 "counts 0/1/15/16/17/31/33/64");
+                 "counts 0/1/15/16/17/31/33/64/80/112");
   }
   // Scratch reused from another call must not leak into the padding of the next one: the first
   // call's inputs are infinite, so its activations are NaN wherever it wrote them.
   for (CpuIsa isa : TestIsas()) {
     KernelContext ctx = MakeContext(isa, 2);
-    GemmCase big{.format = WeightFormat::kBf16, .num_experts = 8, .hidden = 67, .inter = 38};
+    GemmCase big{.format = WeightFormat::kBf16, .num_experts = 10, .hidden = 67, .inter = 38};
     const FloatWeights fb = RandomWeights(big, 503);
     const OwnedExpertWeights wb = Encode(big, fb);
     ActivationParams act;
