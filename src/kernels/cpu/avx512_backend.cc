@@ -38,8 +38,8 @@ constexpr int kMaxMr = 4;
 constexpr int kDecodeStreams = 4;
 // Token counts up to this take the streaming decode walk (the packed path starts at 16).
 constexpr int64_t kDecodeMaxTokens = 16;
-// K block of the decode walk with several token tiles: 4 rows and 4 tokens of 1024 bf16 each.
-constexpr int64_t kDecodeKBlock = 1024;
+// L1 budget of the decode walk's bf16 inputs (all its tokens).
+constexpr int64_t kDecodeXBytes = 16 * 1024;
 
 // Software prefetch distance along each weight row (and on into the next row of a decode
 // stream). Hardware prefetchers track few streams; 2 KiB ahead on each of 4 streams keeps
@@ -355,10 +355,14 @@ void DotRowsImpl(const DotRowsArgs& a) {
     // Decode (few tokens): memory-bound. The rows are cut into kDecodeStreams runs of
     // consecutive list entries (consecutive weight rows: the driver lists row blocks in order)
     // and each tile takes one row of every run, so the reads are kDecodeStreams long sequential
-    // streams whose prefetches run on into the next row. With one token tile K is not blocked;
-    // with more, K blocks keep the tile's rows and inputs in L1 for every token tile.
+    // streams whose prefetches run on into the next row. K blocks walk each row in order, so
+    // blocking does not break the streams; it keeps the inputs (and, for several token tiles,
+    // the rows' block) in L1.
     constexpr int kStreams = std::min(kDecodeStreams, Dec::kMaxNr);
-    const int64_t kc = a.num_tokens <= kMaxMr ? cols : k_block(kDecodeKBlock);
+    // K block: the inputs of all the tokens stay within kDecodeXBytes of L1 (one token: usually
+    // all of K), so the weight streams do not evict them.
+    const int64_t kc =
+        k_block(std::max<int64_t>(256, kDecodeXBytes / (2 * a.num_tokens) / 256 * 256));
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
     for (int64_t s = 0; s < per; ++s) {
       int32_t idx[kStreams];
