@@ -365,6 +365,25 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
         CeilDiv(t.row_end - t.row_begin, kPackedGroup)};
   };
 
+  // A packed task's product: tile[r][token] for its rows and its groups of `packed` (inputs
+  // with `group_stride`); returns the tile's row stride (the task's tokens padded to groups).
+  auto run_packed = [&](const internal::GemmTask& t, const internal::MatrixRef& m,
+                        const int32_t* rows, int64_t num_rows, const uint32_t* packed,
+                        int64_t group_stride, float* tile) {
+    const auto [g0, ng] = task_groups(t);
+    internal::PackedGemmArgs a;
+    a.w = &m;
+    a.row_idx = rows;
+    a.num_rows = num_rows;
+    a.x = packed + g0 * group_stride;
+    a.group_stride = group_stride;
+    a.num_groups = ng;
+    a.out = tile;
+    a.ldo = ng * kPackedGroup;
+    be.packed_gemm(a);
+    return a.ldo;
+  };
+
   // Phase 1: gate_up + bias + activation -> h (dot path) or h_packed (packed path).
   // Tasks: (expert, token block, j block).
   make_tasks(tb1, ptb1, inter, gu_block, kGateUpBlock);
@@ -393,18 +412,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       float* tile = pt.tile.data();
       if (t.packed) {
         // tile[r][token]; activations written as column pairs of the packed h.
-        const auto [g0, ng] = task_groups(t);
-        const int64_t ldt = ng * kPackedGroup;
-        internal::PackedGemmArgs a;
-        a.w = &m;
-        a.row_idx = rows;
-        a.num_rows = nrows;
-        a.x = x_packed + g0 * x_group_stride;
-        a.group_stride = x_group_stride;
-        a.num_groups = ng;
-        a.out = tile;
-        a.ldo = ldt;
-        be.packed_gemm(a);
+        const int64_t g0 = task_groups(t).first;
+        const int64_t ldt = run_packed(t, m, rows, nrows, x_packed, x_group_stride, tile);
         if (bias != nullptr) {
           for (int64_t r = 0; r < nrows; ++r) {
             for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
@@ -470,18 +479,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
                               : nullptr;
       float* y = p.y_sorted + t.row_begin * hidden + t.out_begin;
       if (t.packed) {
-        const auto [g0, ng] = task_groups(t);
-        const int64_t ldt = ng * kPackedGroup;
-        internal::PackedGemmArgs a;
-        a.w = &m;
-        a.row_idx = rows;
-        a.num_rows = nr;
-        a.x = h_packed + g0 * h_group_stride;
-        a.group_stride = h_group_stride;
-        a.num_groups = ng;
-        a.out = pt.tile.data();
-        a.ldo = ldt;
-        be.packed_gemm(a);
+        const int64_t ldt =
+            run_packed(t, m, rows, nr, h_packed, h_group_stride, pt.tile.data());
         be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);
         continue;
       }
