@@ -203,7 +203,7 @@ constexpr int64_t kDownBlock = 96;
 constexpr int64_t kMaxBlockMultiple = 4;
 constexpr int64_t kMinTasksPerThread = 16;
 
-// Experts with at least this many tokens take the packed path (bf16 weights): its token groups
+// Experts with at least this many tokens take the packed path (bf16 and MXFP4 weights): its token groups
 // of 16 waste at most 15 padded tokens, which the outer-product kernel's speed repays from about
 // one full group on; below it the dot-product kernels stream the weights at memory speed.
 constexpr int64_t kPackedMinTokens = 16;
@@ -272,7 +272,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   int64_t total_groups = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed = w.format == WeightFormat::kBf16 && n >= kPackedMinTokens;
+    const bool packed = internal::PackedFormat(w.format) && n >= kPackedMinTokens;
     packed_base[e] = packed ? total_groups : -1;
     if (packed) total_groups += CeilDiv(n, kPackedGroup);
   }
@@ -342,6 +342,10 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
                         std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
     KernelScratch::Grow(pt.rows, std::max(gu_block * rows_per_j, down_block));
     KernelScratch::Grow(pt.act, ptb1);
+    if (total_groups > 0) {
+      KernelScratch::Grow(pt.packed_work,
+                          internal::kPackedWorkBytesPerCol * std::max(hidden, inter));
+    }
   }
   auto make_tasks = [&](int64_t token_block, int64_t packed_block, int64_t out_size,
                         int64_t dot_out_block, int64_t packed_out_block) {
@@ -367,7 +371,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
 
   // A packed task's product: tile[r][token] for its rows and its groups of `packed` (inputs
   // with `group_stride`); returns the tile's row stride (the task's tokens padded to groups).
-  auto run_packed = [&](const internal::GemmTask& t, const internal::MatrixRef& m,
+  auto run_packed = [&](int tid, const internal::GemmTask& t, const internal::MatrixRef& m,
                         const int32_t* rows, int64_t num_rows, const uint32_t* packed,
                         int64_t group_stride, float* tile) {
     const auto [g0, ng] = task_groups(t);
@@ -380,6 +384,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     a.num_groups = ng;
     a.out = tile;
     a.ldo = ng * kPackedGroup;
+    a.work = s.per_thread[static_cast<size_t>(tid)].packed_work.data();
     be.packed_gemm(a);
     return a.ldo;
   };
@@ -413,7 +418,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       if (t.packed) {
         // tile[r][token]; activations written as column pairs of the packed h.
         const int64_t g0 = task_groups(t).first;
-        const int64_t ldt = run_packed(t, m, rows, nrows, x_packed, x_group_stride, tile);
+        const int64_t ldt = run_packed(tid, t, m, rows, nrows, x_packed, x_group_stride, tile);
         if (bias != nullptr) {
           for (int64_t r = 0; r < nrows; ++r) {
             for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
@@ -480,7 +485,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       float* y = p.y_sorted + t.row_begin * hidden + t.out_begin;
       if (t.packed) {
         const int64_t ldt =
-            run_packed(t, m, rows, nr, h_packed, h_group_stride, pt.tile.data());
+            run_packed(tid, t, m, rows, nr, h_packed, h_group_stride, pt.tile.data());
         be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);
         continue;
       }

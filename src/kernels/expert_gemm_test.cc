@@ -262,8 +262,8 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
   }
 }
 
-// Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16, the
-// others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
+// Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16 (bf16
+// and MXFP4 weights), the others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
 // H and I (each row ends in half a column pair), biases, fp32 and bf16 inputs, misalignment.
 TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   // Group tilings of the AVX-512 kernel (3 groups a tile, never 3 + 1): 1, 2, 3, 2+2, 3+2, 3+2+2.
@@ -285,6 +285,20 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
     CheckOffsets(c, offsets, 508, {.x_dtype = DType::kBF16, .gather = true},
                  "counts 0/1/15/16/17/31/33/64/80/112");
   }
+  // MXFP4 takes the packed path too (decoded a strip at a time, scale folded in exactly); the
+  // reference dequantises the same codes, and 1100-column rows span several K blocks.
+  for (Activation act : {Activation::kSwiGlu, Activation::kSwiGluOai}) {
+    GemmCase c{.format = WeightFormat::kMxfp4,
+               .act = act,
+               .num_experts = 10,
+               .hidden = 96,
+               .inter = 64,
+               .interleaved = act == Activation::kSwiGluOai,
+               .bias = true};
+    CheckOffsets(c, offsets, 509, {.gather = true}, "counts 0/1/15/16/17/31/33/64/80/112");
+  }
+  GemmCase m{.format = WeightFormat::kMxfp4, .num_experts = 2, .hidden = 1120 * 2, .inter = 96};
+  CheckOffsets(m, {0, 40, 73}, 510, {}, "counts 40/33, H 2240");
   // Scratch reused from another call must not leak into the padding of the next one: the first
   // call's inputs are infinite, so its activations are NaN wherever it wrote them.
   for (CpuIsa isa : TestIsas()) {

@@ -46,6 +46,7 @@ struct KernelScratch {
     std::vector<float> work;    // backend work space (portable: decoded rows)
     std::vector<int32_t> rows;  // row index list of the current task
     std::vector<bf16_t> act;    // packed path: one activation row over the task's tokens
+    std::vector<uint8_t> packed_work;  // packed path: decoded weight rows (PackedGemmArgs)
     std::vector<int32_t> aux;   // routing: group candidates
   };
   std::vector<PerThread> per_thread;

@@ -519,6 +519,48 @@ struct PackedTable {
       PackedRow<1>(Seq{}), PackedRow<2>(Seq{}), PackedRow<3>(Seq{})};
 };
 
+// Decodes columns [k0, k1) (multiples of 32) of MXFP4 rows row_idx[0..nr) into bf16 rows of
+// dst (row j at dst + j * cols * 2 bytes, columns in place) with the E8M0 scale folded in:
+// E2M1 -> fp32 by a 16-entry table, times the power-of-two scale (exact), -> bf16 (exact: two
+// significant bits; vcvtneps2bf16 flushes results below 2^-126 to zero). The next strip's raw
+// rows (next_idx[0..next_nr)) are prefetched for the same columns.
+void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const int32_t* next_idx,
+                      int next_nr, int64_t k0, int64_t k1, uint8_t* dst) {
+  const __m512 table = _mm512_loadu_ps(kFp4E2M1Values.data());
+  const float* e8m0 = E8M0Table().data();
+  const int64_t groups = m.cols / kCpuMxfp4GroupSize;
+  const __m512i nibble = _mm512_set1_epi32(0xf);
+  for (int j = 0; j < nr; ++j) {
+    if (j < next_nr) {
+      const uint8_t* nrow = m.Row(next_idx[j]);
+      for (int64_t b = k0 / 2; b < k1 / 2; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(nrow + b), _MM_HINT_T1);
+      }
+      _mm_prefetch(reinterpret_cast<const char*>(m.scales + next_idx[j] * groups + k0 / 32),
+                   _MM_HINT_T1);
+    }
+    const uint8_t* row = m.Row(row_idx[j]);
+    const uint8_t* scale = m.scales + row_idx[j] * groups;
+    uint8_t* out = dst + j * m.cols * 2;
+    for (int64_t k = k0; k < k1; k += 32) {
+      const __m512i d =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
+      const __m512 sc = _mm512_set1_ps(e8m0[scale[k / 32]]);
+      const __m512 even = _mm512_mul_ps(
+          _mm512_permutexvar_ps(_mm512_and_si512(d, nibble), table), sc);
+      const __m512 odd = _mm512_mul_ps(
+          _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(d, 4), nibble), table), sc);
+      const __m256bh eb = _mm512_cvtneps_pbh(even);
+      const __m256bh ob = _mm512_cvtneps_pbh(odd);
+      const __m512i pairs =
+          _mm512_or_si512(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(eb)),
+                          _mm512_slli_epi32(
+                              _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(ob)), 16));
+      _mm512_storeu_si512(out + 2 * k, pairs);
+    }
+  }
+}
+
 void PackedGemm(const PackedGemmArgs& a) {
   static constexpr PackedTable kTable;
   const int64_t cols = a.w->cols;
@@ -526,6 +568,9 @@ void PackedGemm(const PackedGemmArgs& a) {
   const int64_t full_pairs = cols / 2;
   const bool odd = cols % 2 != 0;
   const int64_t num_strips = CeilDiv(a.num_rows, int64_t{kPackedNr});
+  const bool decode = a.w->format == WeightFormat::kMxfp4;
+  uint8_t* work = static_cast<uint8_t*>(a.work);  // kPackedNr bf16 rows: 16 * cols bytes
+  static_assert(kPackedNr * 2 <= kPackedWorkBytesPerCol);
   for (int64_t kp0 = 0; kp0 < pairs; kp0 += kPackedKBlockPairs) {
     const int64_t kp1 = std::min(full_pairs, kp0 + kPackedKBlockPairs);
     const bool half = odd && kp0 + kPackedKBlockPairs >= pairs;
@@ -533,18 +578,29 @@ void PackedGemm(const PackedGemmArgs& a) {
       const int64_t r0 = s * kPackedNr;
       const int nr = static_cast<int>(std::min<int64_t>(kPackedNr, a.num_rows - r0));
       const uint8_t* rows[kPackedNr];
-      for (int j = 0; j < nr; ++j) rows[j] = a.w->Row(a.row_idx[r0 + j]);
-      // What comes after this strip: the next strip of this K block, else the first strip of
-      // the next K block (addressed relative to this block's pairs).
       const uint8_t* next[kPackedNr];
       int64_t num_next = 0;
-      if (s + 1 < num_strips) {
-        num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
-        for (int64_t j = 0; j < num_next; ++j) next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
-      } else if (kp0 + kPackedKBlockPairs < pairs) {
-        num_next = std::min<int64_t>(kPackedNr, a.num_rows);
-        for (int64_t j = 0; j < num_next; ++j) {
-          next[j] = a.w->Row(a.row_idx[j]) + 4 * kPackedKBlockPairs;
+      if (decode) {
+        // MXFP4: the strip's block decoded to bf16 in L1 (the tiles then need no prefetch).
+        const int next_nr =
+            static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr));
+        DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0,
+                         std::min(cols, 2 * (kp0 + kPackedKBlockPairs)), work);
+        for (int j = 0; j < nr; ++j) rows[j] = work + j * cols * 2;
+      } else {
+        for (int j = 0; j < nr; ++j) rows[j] = a.w->Row(a.row_idx[r0 + j]);
+        // What comes after this strip: the next strip of this K block, else the first strip of
+        // the next K block (addressed relative to this block's pairs).
+        if (s + 1 < num_strips) {
+          num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
+          for (int64_t j = 0; j < num_next; ++j) {
+            next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
+          }
+        } else if (kp0 + kPackedKBlockPairs < pairs) {
+          num_next = std::min<int64_t>(kPackedNr, a.num_rows);
+          for (int64_t j = 0; j < num_next; ++j) {
+            next[j] = a.w->Row(a.row_idx[j]) + 4 * kPackedKBlockPairs;
+          }
         }
       }
       for (int64_t g = 0; g < a.num_groups;) {

@@ -5,7 +5,8 @@
 //   dot_rows  out[m, r] = sum_k x[m, k] * W[row_idx[r], k] for a block of tokens and weight rows,
 //             dequantising W inside the loop (decode: few tokens per expert);
 //   packed_gemm  the same product for many tokens, with the tokens packed in groups of 16
-//             (PackedX below) and the result transposed, out[r, m] (prefill, bf16 weights);
+//             (PackedX below) and the result transposed, out[r, m] (prefill; bf16 and MXFP4
+//             weights, see PackedFormat);
 //   activate  h[i] = bf16(act(gate[i], up[i]));
 //   to_bf16   fp32 -> bf16, round to nearest even.
 // Backends: portable (plain C++, any CPU) and avx512 (AVX-512 BF16; only selected after a
@@ -60,8 +61,18 @@ struct DotRowsArgs {
 inline constexpr int64_t kPackedGroup = 16;
 inline int64_t PackedPairs(int64_t k) { return (k + 1) / 2; }
 
+// Weight formats packed_gemm takes. MXFP4 is decoded a strip at a time into bf16 with its E8M0
+// scale folded in, which is exact (an E2M1 value times a power of two has at most 2 significant
+// bits) except that weights below 2^-126 in magnitude flush to zero. fp8 and int4 scales are not
+// powers of two, so folding them would round: those formats stay on the dot path.
+inline bool PackedFormat(WeightFormat f) {
+  return f == WeightFormat::kBf16 || f == WeightFormat::kMxfp4;
+}
+// Bytes of PackedGemmArgs::work per weight column.
+inline constexpr int64_t kPackedWorkBytesPerCol = 32;
+
 struct PackedGemmArgs {
-  const MatrixRef* w = nullptr;      // bf16 only
+  const MatrixRef* w = nullptr;      // PackedFormat(w->format)
   const int32_t* row_idx = nullptr;  // [num_rows] rows of w
   int64_t num_rows = 0;
   const uint32_t* x = nullptr;  // packed tokens (see above), K = w->cols
@@ -69,6 +80,7 @@ struct PackedGemmArgs {
   int64_t num_groups = 0;
   float* out = nullptr;  // out[r * ldo + t] for r < num_rows, t < 16 * num_groups
   int64_t ldo = 0;
+  void* work = nullptr;  // kPackedWorkBytesPerCol * w->cols bytes (decoded weight rows)
 };
 
 struct CpuBackend {

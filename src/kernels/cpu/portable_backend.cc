@@ -75,18 +75,20 @@ void DotRows(const DotRowsArgs& a) {
   }
 }
 
-// Packed product (layout: cpu_backend.h): pairs unpacked to fp32, summed in pair order.
+// Packed product (layout: cpu_backend.h): each weight row decoded to fp32, the pairs summed in
+// pair order.
 void PackedGemm(const PackedGemmArgs& a) {
   const int64_t cols = a.w->cols;
   const int64_t pairs = PackedPairs(cols);
+  float* wf = static_cast<float*>(a.work);  // cols floats: within kPackedWorkBytesPerCol * cols
   for (int64_t r = 0; r < a.num_rows; ++r) {
-    const bf16_t* wr = reinterpret_cast<const bf16_t*>(a.w->Row(a.row_idx[r]));
+    DecodeRow(*a.w, a.row_idx[r], wf);
     for (int64_t g = 0; g < a.num_groups; ++g) {
       const uint32_t* xg = a.x + g * a.group_stride;
       float acc[kPackedGroup] = {};
       for (int64_t kp = 0; kp < pairs; ++kp) {
-        const float w0 = Bf16ToFloat(wr[2 * kp]);
-        const float w1 = 2 * kp + 1 < cols ? Bf16ToFloat(wr[2 * kp + 1]) : 0.0f;
+        const float w0 = wf[2 * kp];
+        const float w1 = 2 * kp + 1 < cols ? wf[2 * kp + 1] : 0.0f;
         for (int64_t t = 0; t < kPackedGroup; ++t) {
           const uint32_t v = xg[kp * kPackedGroup + t];
           acc[t] += Bf16ToFloat(bf16_t{static_cast<uint16_t>(v & 0xffff)}) * w0 +
