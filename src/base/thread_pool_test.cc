@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <array>
 #include <cstdlib>
 #include <new>
@@ -27,6 +30,29 @@ TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
       }
     }
   }
+}
+
+// Workers that spin between calls (and a caller that spins waiting for them) hand work over
+// correctly whatever the window, including calls that come after the window ran out.
+TEST(ThreadPoolTest, SpinWindowsHandOverEveryCall) {
+  for (int spin_us : {0, 50, 1000}) {
+    ThreadPool pool(2, spin_us);
+    EXPECT_EQ(pool.spin_us(), spin_us);
+    for (int call = 0; call < 200; ++call) {
+      if (call % 50 == 49) std::this_thread::sleep_for(std::chrono::microseconds(2 * spin_us + 100));
+      std::atomic<int64_t> total{0};
+      pool.ParallelFor(16, 1, [&](int64_t b, int64_t e, int) { total += e - b; });
+      ASSERT_EQ(total.load(), 16) << "spin " << spin_us << " call " << call;
+    }
+  }
+}
+
+// The default window: spin only when the pool fits the machine.
+TEST(ThreadPoolTest, DefaultSpinsOnlyWhenThePoolFitsTheCores) {
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_GT(ThreadPool(1).spin_us(), 0);
+  ThreadPool oversubscribed(std::max(2, hw) * 2);
+  EXPECT_EQ(oversubscribed.spin_us(), 0);
 }
 
 TEST(ThreadPoolTest, ManyCallsFromSeveralThreads) {
