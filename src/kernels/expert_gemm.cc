@@ -272,7 +272,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   int64_t total_groups = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed = internal::PackedFormat(w.format) && n >= kPackedMinTokens;
+    const bool packed =
+        be.packed_gemm != nullptr && internal::PackedFormat(w.format) && n >= kPackedMinTokens;
     packed_base[e] = packed ? total_groups : -1;
     if (packed) total_groups += CeilDiv(n, kPackedGroup);
   }

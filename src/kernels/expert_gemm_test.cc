@@ -263,7 +263,7 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
 }
 
 // Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16 (bf16
-// and MXFP4 weights), the others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
+// and MXFP4 weights, on backends that have it: AVX-512), the others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
 // H and I (each row ends in half a column pair), biases, fp32 and bf16 inputs, misalignment.
 TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   // Group tilings of the AVX-512 kernel (3 groups a tile, never 3 + 1): 1, 2, 3, 2+2, 3+2, 3+2+2.

@@ -91,6 +91,8 @@ struct CpuBackend {
   void (*to_bf16)(const float* src, int64_t n, bf16_t* dst);
   // Floats of DotRowsArgs::work needed for a block of `num_tokens` tokens and `cols` columns.
   int64_t (*work_floats)(int64_t num_tokens, int64_t cols);
+  // Optional (null: the backend has no packed path and every expert takes dot_rows; then
+  // pack_group and store_transposed are null too).
   void (*packed_gemm)(const PackedGemmArgs& args);
   // Packs `num_tokens` (<= 16) rows of x (row t is x + rows[t] * ldx elements, fp32 rounded to
   // nearest even or bf16, `cols` used) into one group of KP * 16 uint32, zero-filling the
