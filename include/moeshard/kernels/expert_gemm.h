@@ -24,7 +24,10 @@
 //
 // Numerics (optimised backends): the input rows and the intermediate activation are rounded to
 // bf16 (round to nearest even) and multiplied with the (exactly) dequantised weights, with
-// fp32 accumulation; weights are dequantised inside the inner loop, never copied whole.
+// fp32 accumulation; weights are dequantised inside the inner loop (AVX-512 prefill of MXFP4:
+// one 8-row strip at a time into L1, where weights below 2^-126 flush to zero), never copied
+// whole. The summation order differs between the decode and prefill kernels, so results agree
+// within rounding, not bit for bit, when an expert's token count crosses 16.
 //
 // Thread safety: one call at a time per KernelContext; parallel over the context's pool.
 #pragma once

@@ -1,18 +1,21 @@
-// AVX-512 backend: native bf16 dot products (vdpbf16ps, _mm512_dpbf16_ps) with register-blocked
-// micro-kernels, weights dequantised to bf16 32 values at a time inside the inner loop.
+// AVX-512 backend: native bf16 dot products (vdpbf16ps, _mm512_dpbf16_ps), weights dequantised
+// to bf16 32 values at a time inside the inner loop (or, for the packed path's MXFP4, one L1
+// strip at a time).
 //
 // This translation unit is compiled with -mavx512f/bw/vl/bf16 -mfma -mf16c; nothing here may run
 // before CpuSupportsAvx512Bf16() said yes (KernelContext only selects it then).
 //
-// Micro-kernel (dot-product form, because weights are [out, in] row-major like the inputs):
-// acc[i][j] (16 fp32 lanes) += dpbf16(x[i, k:k+32], w[j, k:k+32]), reduced horizontally at the
-// end. For bf16 weights MR x NR = 4 x 6: 24 accumulators + 4 input vectors + 1 weight vector =
-// 29 of the 32 zmm registers; each k-step issues 10 loads for 24 vdpbf16ps, and with a 4-6 cycle
-// latency and 2 issue ports 24 independent chains keep both ports busy. The driver sizes token
-// blocks so the input panel stays in L2 and walks tokens inside a 6-row weight strip, so each
-// weight row is streamed from memory once per token block (decode: exactly once).
-// Quantised formats need a second set of per-group partial sums before the fp32 scale FMA, so
-// they use MR x NR = 4 x 2 (16 accumulators).
+// Two forms (docs/PERFORMANCE.md has the measurements behind the choices):
+// - dot_rows, dot-product form, for few tokens per expert (decode) and for fp8/int4 weights:
+//   weights stay [out, in] row-major like the inputs, acc[i][j] (16 fp32 lanes) +=
+//   dpbf16(x[i, k:k+32], w[j, k:k+32]), reduced horizontally at the end. Up to 16 tokens the
+//   rows are walked as 4 sequential prefetched streams (the memory-bound decode walk); beyond,
+//   MR x NR = 4 x 6 tiles (24 accumulators + 4 inputs + 1 weight = 29 of 32 zmm) over K blocks
+//   that keep a 6-row strip in L1 while every token tile passes over it. Quantised formats need
+//   per-group partial sums before the fp32 scale FMA, so they use at most 4 x 4 (MXFP4, int4)
+//   or 4 x 2 (fp8) tiles.
+// - packed_gemm, outer-product form, for 16+ tokens per expert (bf16, MXFP4): see the section
+//   "packed (prefill) micro-kernels" below.
 // GCC 12's AVX-512 intrinsics initialise their "undefined" pass-through operands from
 // themselves (_mm256_undefined_pd etc.), which -Wuninitialized reports once inlined here.
 #if defined(__GNUC__) && !defined(__clang__)
