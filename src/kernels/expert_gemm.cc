@@ -293,7 +293,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     if (packed_base[e] < 0 && !copy_rows) continue;
     for (int64_t r = offsets[e]; r < offsets[e + 1]; r += kPackedGroup) {
       s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, offsets[e + 1]),
-                         0, 0, packed_base[e] >= 0});
+                         0, 0});
     }
   }
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int) {
@@ -303,7 +303,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       for (int64_t r = t.row_begin; r < t.row_end; ++r) {
         src_rows[r - t.row_begin] = p.x_rows != nullptr ? p.x_rows[r] : static_cast<int32_t>(r);
       }
-      if (t.packed) {
+      if (packed_base[t.expert] >= 0) {
         const int64_t g = packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
         be.pack_group(p.x_sorted, p.x_dtype, hidden, src_rows, t.row_end - t.row_begin, hidden,
                       x_packed + g * x_group_stride);
@@ -358,7 +358,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       for (int64_t r = offsets[e]; r < offsets[e + 1]; r += tb) {
         for (int64_t o = 0; o < out_size; o += ob) {
           s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + tb, offsets[e + 1]), o,
-                             std::min(o + ob, out_size), packed});
+                             std::min(o + ob, out_size)});
         }
       }
     }
@@ -416,7 +416,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       }
       const float* bias = w.w13_bias == nullptr ? nullptr : w.w13_bias + t.expert * w.w13_rows();
       float* tile = pt.tile.data();
-      if (t.packed) {
+      if (packed_base[t.expert] >= 0) {
         // tile[r][token]; activations written as column pairs of the packed h.
         const int64_t g0 = task_groups(t).first;
         const int64_t ldt = run_packed(tid, t, m, rows, nrows, x_packed, x_group_stride, tile);
@@ -484,7 +484,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
                               ? w.w2_bias + t.expert * hidden + t.out_begin
                               : nullptr;
       float* y = p.y_sorted + t.row_begin * hidden + t.out_begin;
-      if (t.packed) {
+      if (packed_base[t.expert] >= 0) {
         const int64_t ldt =
             run_packed(tid, t, m, rows, nr, h_packed, h_group_stride, pt.tile.data());
         be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);

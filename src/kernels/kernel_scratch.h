@@ -19,7 +19,8 @@ struct GemmTask {
   int64_t row_end = 0;
   int64_t out_begin = 0;  // first output index (intermediate j for gate_up, hidden for down)
   int64_t out_end = 0;
-  bool packed = false;  // packed (prefill) path: rows are whole groups of 16 from row_begin
+  // Packed-path experts (KernelScratch::packed_base >= 0): rows are whole groups of 16 from
+  // row_begin.
 };
 
 struct KernelScratch {
