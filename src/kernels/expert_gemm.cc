@@ -152,16 +152,6 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
 
 namespace internal {
 
-int64_t MatrixRef::RowBytes() const {
-  switch (format) {
-    case WeightFormat::kBf16: return cols * 2;
-    case WeightFormat::kFp8Block: return cols;
-    case WeightFormat::kMxfp4:
-    case WeightFormat::kInt4: return cols / 2;
-  }
-  return 0;
-}
-
 MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   MatrixRef m;
   m.format = w.format;

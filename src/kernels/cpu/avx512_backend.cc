@@ -45,10 +45,11 @@ constexpr int64_t kDecodeMaxTokens = 16;
 constexpr int64_t kDecodeXBytes = 16 * 1024;
 
 // Software prefetch distance along each weight row (and on into the next row of a decode
-// stream). Hardware prefetchers track few streams; 2 KiB ahead on each of 4 streams keeps
-// enough lines in flight to cover DRAM latency at the per-core bandwidth (the same distance as
-// the bandwidth probe's best pattern).
-constexpr int64_t kPrefetchBytes = 2048;
+// stream). The hardware prefetchers fetch the streams into L2; the software prefetch brings
+// each line into L1 this far ahead of its use. Measured on this VM's cores (one thread, the
+// decode walk over real expert rows, median of 200+ interleaved runs): 1 KiB streams 8-20 %
+// faster than 2 KiB, 512 B and 3 KiB are slower than 1 KiB.
+constexpr int64_t kPrefetchBytes = 1024;
 
 inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
@@ -64,6 +65,18 @@ inline float HSum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));        // + other 64 bits of the lane
   v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));        // + neighbouring float
   return _mm512_cvtss_f32(v);
+}
+
+// Horizontal sums of four vectors at once: [sum(a0), sum(a1), sum(a2), sum(a3)].
+inline __m128 HSum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  // Per 128-bit lane: [a0 0+2, a1 0+2, a0 1+3, a1 1+3], and the same for a2, a3.
+  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  // Per lane: partial sums of a0, a1, a2, a3; then the four lanes are added.
+  __m512 s = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, 0x44), _mm512_shuffle_ps(s01, s23, 0xEE));
+  s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0x4E));
+  s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0xB1));
+  return _mm512_castps512_ps128(s);
 }
 
 inline __m512bh LoadX(const bf16_t* p) { return AsBh(_mm512_loadu_si512(p)); }
@@ -321,8 +334,15 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
+    int j = 0;
+#pragma GCC unroll 2
+    for (; j + 4 <= NR; j += 4) {
+      __m128 v = HSum4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+      if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(out + i * ldo + j));
+      _mm_storeu_ps(out + i * ldo + j, v);
+    }
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
+    for (; j < NR; ++j) {
       const float v = HSum(acc[i][j]);
       out[i * ldo + j] = accumulate ? out[i * ldo + j] + v : v;
     }

@@ -34,7 +34,15 @@ struct MatrixRef {
   int64_t cols = 0;
   int64_t group = 32;  // kInt4 group size
 
-  int64_t RowBytes() const;
+  int64_t RowBytes() const {
+    switch (format) {
+      case WeightFormat::kBf16: return cols * 2;
+      case WeightFormat::kFp8Block: return cols;
+      case WeightFormat::kMxfp4:
+      case WeightFormat::kInt4: return cols / 2;
+    }
+    return 0;
+  }
   const uint8_t* Row(int64_t r) const { return data + r * RowBytes(); }
 };
 
