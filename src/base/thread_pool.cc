@@ -3,10 +3,6 @@
 #include <algorithm>
 #include <chrono>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include "moeshard/base/check.h"
 #include "moeshard/base/math.h"
 
@@ -24,12 +20,6 @@ int ResolveSpin(int threads, int spin_us) {
   if (spin_us >= 0) return spin_us;
   const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return threads <= hw ? kDefaultSpinUs : 0;
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#endif
 }
 
 }  // namespace

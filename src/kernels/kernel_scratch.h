@@ -41,6 +41,8 @@ struct KernelScratch {
   std::vector<uint32_t> x_packed;
   std::vector<uint32_t> h_packed;
   std::vector<GemmTask> tasks;
+  // Per expert: gate_up tasks not finished yet (atomically decremented; its down tasks wait).
+  std::vector<int32_t> gate_up_pending;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
   struct PerThread {
     std::vector<float> tile;    // DotRows output tile

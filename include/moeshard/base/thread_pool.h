@@ -18,6 +18,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -42,6 +46,13 @@ class ChunkFnRef {
   void (*call_)(void*, int64_t, int64_t, int);
 };
 
+// One iteration of a spin-wait loop (a pause hint on x86).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
 class ThreadPool {
  public:
   // num_threads counts the caller: 1 means run everything inline. 0 means
@@ -60,6 +71,8 @@ class ThreadPool {
   // Calls fn(begin, end, thread_idx) over disjoint chunks covering [0, n), each at most `grain`
   // long (grain 0: n / num_threads rounded up). thread_idx is in [0, num_threads()), unique
   // among concurrently running chunks. Returns when every chunk has finished.
+  // Chunks are claimed in increasing order, each by a thread that then runs it, so a chunk may
+  // wait (spin) for a chunk before it to finish: that chunk is already running.
   // Never allocates.
   template <typename F>
   void ParallelFor(int64_t n, int64_t grain, F&& fn) {

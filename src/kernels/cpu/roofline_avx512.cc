@@ -9,41 +9,52 @@
 #include <immintrin.h>
 
 namespace moeshard::internal {
+namespace {
 
-uint64_t ReadStreamAvx512(const uint8_t* p, int64_t bytes, int pattern) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  if (pattern == 0) {
-    for (int64_t i = 0; i < bytes; i += 256) {
-      a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
-      a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
-      a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
-      a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
-    }
-  } else {
-    static_assert(kReadStreams == 4);
-    const int64_t part = bytes / 256 * 64;  // bytes per stream, a multiple of 64
-    const uint8_t* s0 = p;
-    const uint8_t* s1 = p + part;
-    const uint8_t* s2 = p + 2 * part;
-    const uint8_t* s3 = p + 3 * part;
-    constexpr int64_t kAhead = 2048;
-    for (int64_t i = 0; i < part; i += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(s0 + i + kAhead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(s1 + i + kAhead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(s2 + i + kAhead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(s3 + i + kAhead), _MM_HINT_T0);
-      a0 = _mm512_xor_si512(a0, _mm512_load_si512(s0 + i));
-      a1 = _mm512_xor_si512(a1, _mm512_load_si512(s1 + i));
-      a2 = _mm512_xor_si512(a2, _mm512_load_si512(s2 + i));
-      a3 = _mm512_xor_si512(a3, _mm512_load_si512(s3 + i));
-    }
-  }
-  const __m512i x = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+uint64_t Fold(__m512i x) {
   alignas(64) uint64_t lanes[8];
   _mm512_store_si512(lanes, x);
   uint64_t r = 0;
   for (uint64_t v : lanes) r ^= v;
   return r;
+}
+
+// kReadStreams interleaved sequential streams, each prefetched `ahead` bytes into L1.
+template <int64_t kAhead>
+uint64_t ReadStreamsPrefetched(const uint8_t* p, int64_t bytes) {
+  static_assert(kReadStreams == 4);
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  const int64_t part = bytes / 256 * 64;  // bytes per stream, a multiple of 64
+  const uint8_t* s0 = p;
+  const uint8_t* s1 = p + part;
+  const uint8_t* s2 = p + 2 * part;
+  const uint8_t* s3 = p + 3 * part;
+  for (int64_t i = 0; i < part; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(s0 + i + kAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(s1 + i + kAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(s2 + i + kAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(s3 + i + kAhead), _MM_HINT_T0);
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512(s0 + i));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512(s1 + i));
+    a2 = _mm512_xor_si512(a2, _mm512_load_si512(s2 + i));
+    a3 = _mm512_xor_si512(a3, _mm512_load_si512(s3 + i));
+  }
+  return Fold(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)));
+}
+
+}  // namespace
+
+uint64_t ReadStreamAvx512(const uint8_t* p, int64_t bytes, int pattern) {
+  if (pattern == 1) return ReadStreamsPrefetched<2048>(p, bytes);
+  if (pattern == 2) return ReadStreamsPrefetched<1024>(p, bytes);
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < bytes; i += 256) {
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
+  }
+  return Fold(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)));
 }
 
 // 24 accumulators: vdpbf16ps has a latency of up to 6 cycles and up to 2 issue ports, so at

@@ -12,8 +12,9 @@ namespace moeshard::internal {
 //   1: kReadStreams interleaved sequential streams (the chunk cut in equal parts), each
 //      software-prefetched 2 KiB ahead, like the expert kernels' row strips. On the 2-core VM
 //      this gets up to 1.5x pattern 0 when the host's memory is busy.
+//   2: the same streams prefetched 1 KiB ahead (the decode kernels' distance).
 uint64_t ReadStreamAvx512(const uint8_t* p, int64_t bytes, int pattern);
-inline constexpr int kReadPatterns = 2;
+inline constexpr int kReadPatterns = 3;
 inline constexpr int kReadStreams = 4;
 
 // Runs `iterations` x 24 independent vdpbf16ps on registers; returns a data-dependent value.
