@@ -333,7 +333,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
                                            ptb1 * kGateUpBlock * rows_per_j, ptb2 * kDownBlock}));
     KernelScratch::Grow(pt.work, std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
     KernelScratch::Grow(pt.rows, std::max(gu_block * rows_per_j, down_block));
-    KernelScratch::Grow(pt.act, ptb1);
+    KernelScratch::Grow(pt.act, 2 * ptb1);
     if (total_groups > 0) {
       KernelScratch::Grow(pt.packed_work,
                           internal::kPackedWorkBytesPerCol * std::max(hidden, inter));
@@ -416,19 +416,27 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
           for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
         }
       }
-      bf16_t* act = pt.act.data();
-      uint16_t* hp = reinterpret_cast<uint16_t*>(h_packed + g0 * h_group_stride);
-      for (int64_t j = 0; j < nj; ++j) {
+      // Two activation rows (j, j + 1) at a time, interleaved into the packed h's column pairs
+      // (uint32 = low half j, high half j + 1; an odd I's last pair has a zero high half).
+      bf16_t* act0 = pt.act.data();
+      bf16_t* act1 = act0 + ldt;
+      uint32_t* hp = h_packed + g0 * h_group_stride;
+      for (int64_t j = 0; j < nj; j += 2) {
         const int64_t jj = t.out_begin + j;
-        be.activate(p.activation, w.gated ? tile + j * ldt : nullptr,
-                    tile + (w.gated ? nj + j : j) * ldt, ldt, act);
-        // Element (group g, pair jj / 2, token c, half jj % 2) of the packed activations.
-        uint16_t* dst = hp + (jj / 2) * kPackedGroup * 2 + jj % 2;
-        for (int64_t c = 0; c < ldt; ++c) {
-          const int64_t g = c / kPackedGroup;
-          const int64_t at = g * h_group_stride * 2 + (c % kPackedGroup) * 2;
-          dst[at] = act[c].bits;
-          if (jj == inter - 1 && inter % 2 != 0) dst[at + 1] = 0;  // odd I: zero pad column
+        for (int64_t q = 0; q < 2; ++q) {
+          bf16_t* act = q == 0 ? act0 : act1;
+          if (j + q == nj) {
+            std::fill(act, act + ldt, bf16_t{});
+            continue;
+          }
+          be.activate(p.activation, w.gated ? tile + (j + q) * ldt : nullptr,
+                      tile + (w.gated ? nj + j + q : j + q) * ldt, ldt, act);
+        }
+        for (int64_t c0 = 0; c0 < ldt; c0 += kPackedGroup) {
+          uint32_t* dst = hp + (c0 / kPackedGroup) * h_group_stride + (jj / 2) * kPackedGroup;
+          for (int64_t c = 0; c < kPackedGroup; ++c) {
+            dst[c] = uint32_t{act0[c0 + c].bits} | (uint32_t{act1[c0 + c].bits} << 16);
+          }
         }
       }
       return;
