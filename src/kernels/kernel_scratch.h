@@ -4,13 +4,35 @@
 // not allocate. Per-thread buffers are indexed by the ThreadPool's thread_idx.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/permute.h"
 
 namespace moeshard::internal {
+
+// Cache-line aligned storage for the scratch vectors the kernels stream through with 64-byte
+// vector loads and stores (std::allocator only guarantees 16 bytes: a row of y_sorted would
+// then straddle a line boundary with every full-vector store).
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  template <typename U>
+  bool operator==(const LineAllocator<U>&) const {
+    return true;
+  }
+};
+template <typename T>
+using LineVector = std::vector<T, LineAllocator<T>>;
 
 // One unit of work of the grouped GEMM's parallel loops.
 struct GemmTask {
@@ -27,25 +49,25 @@ struct KernelScratch {
   explicit KernelScratch(int num_threads) : per_thread(num_threads) {}
 
   // Grows v to at least n elements (never shrinks) and returns its data.
-  template <typename T>
-  static T* Grow(std::vector<T>& v, int64_t n) {
+  template <typename T, typename A>
+  static T* Grow(std::vector<T, A>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
     return v.data();
   }
 
-  std::vector<bf16_t> x_bf16;  // [num_rows, H] the grouped GEMM's input rounded to bf16
-  std::vector<bf16_t> h;       // [num_rows, I] activation output (dot-path experts)
+  LineVector<bf16_t> x_bf16;  // [num_rows, H] the grouped GEMM's input rounded to bf16
+  LineVector<bf16_t> h;       // [num_rows, I] activation output (dot-path experts)
   // Packed-path experts (layout: PackedGemmArgs in cpu/cpu_backend.h): first group per expert
   // (-1: dot path), packed inputs and packed activations.
   std::vector<int64_t> packed_base;
-  std::vector<uint32_t> x_packed;
-  std::vector<uint32_t> h_packed;
+  LineVector<uint32_t> x_packed;
+  LineVector<uint32_t> h_packed;
   std::vector<GemmTask> tasks;
   // Per expert: gate_up tasks not finished yet (atomically decremented; its down tasks wait).
   std::vector<int32_t> gate_up_pending;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
   struct PerThread {
-    std::vector<float> tile;    // DotRows output tile
+    LineVector<float> tile;     // DotRows output tile
     std::vector<float> work;    // backend work space (portable: decoded rows)
     std::vector<int32_t> rows;  // row index list of the current task
     std::vector<bf16_t> act;    // packed path: one activation row over the task's tokens
@@ -58,7 +80,7 @@ struct KernelScratch {
   std::vector<int32_t> topk_ids;
   std::vector<float> topk_weights;
   TokenPermutation perm;
-  std::vector<float> y_sorted;
+  LineVector<float> y_sorted;
 };
 
 }  // namespace moeshard::internal
