@@ -260,13 +260,17 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   const int64_t x_group_stride = internal::PackedPairs(hidden) * kPackedGroup;
   const int64_t h_group_stride = internal::PackedPairs(inter) * kPackedGroup;
   int64_t* packed_base = KernelScratch::Grow(s.packed_base, num_experts);  // first group, or -1
+  // A packed expert's last n % 16 tokens, when at most kPackedMaxRem, stay unpacked (PackedGemmArgs
+  // rem_x: dot products on the L1-hot strips) instead of filling a zero-padded group; 0 otherwise.
+  int64_t* packed_rem = KernelScratch::Grow(s.packed_rem, num_experts);
   int64_t total_groups = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
     const bool packed =
         be.packed_gemm != nullptr && internal::PackedFormat(w.format) && n >= kPackedMinTokens;
     packed_base[e] = packed ? total_groups : -1;
-    if (packed) total_groups += CeilDiv(n, kPackedGroup);
+    packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;
+    if (packed) total_groups += CeilDiv(n - packed_rem[e], kPackedGroup);
   }
   uint32_t* x_packed = KernelScratch::Grow(s.x_packed, total_groups * x_group_stride);
   uint32_t* h_packed = KernelScratch::Grow(s.h_packed, total_groups * h_group_stride);
@@ -282,9 +286,9 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   s.tasks.clear();
   for (int64_t e = 0; e < num_experts; ++e) {
     if (packed_base[e] < 0 && !copy_rows) continue;
-    for (int64_t r = offsets[e]; r < offsets[e + 1]; r += kPackedGroup) {
-      s.tasks.push_back(
-          {static_cast<int32_t>(e), r, std::min(r + kPackedGroup, offsets[e + 1]), 0, 0});
+    const int64_t end = copy_rows ? offsets[e + 1] : offsets[e + 1] - packed_rem[e];
+    for (int64_t r = offsets[e]; r < end; r += kPackedGroup) {
+      s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, end), 0, 0});
     }
   }
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int) {
@@ -294,7 +298,9 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       for (int64_t r = t.row_begin; r < t.row_end; ++r) {
         src_rows[r - t.row_begin] = p.x_rows != nullptr ? p.x_rows[r] : static_cast<int32_t>(r);
       }
-      if (packed_base[t.expert] >= 0) {
+      const bool rem_chunk =
+          t.row_end - t.row_begin == packed_rem[t.expert] && t.row_end == offsets[t.expert + 1];
+      if (packed_base[t.expert] >= 0 && !rem_chunk) {
         const int64_t g = packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
         be.pack_group(p.x_sorted, p.x_dtype, hidden, src_rows, t.row_end - t.row_begin, hidden,
                       x_packed + g * x_group_stride);
@@ -329,8 +335,10 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   const int64_t gu_block = dot_block(tb1, inter, kGateUpBlock);
   const int64_t down_block = dot_block(tb2, hidden, kDownBlock);
   for (auto& pt : s.per_thread) {
-    KernelScratch::Grow(pt.tile, std::max({tb1 * gu_block * rows_per_j, tb2 * down_block,
-                                           ptb1 * kGateUpBlock * rows_per_j, ptb2 * kDownBlock}));
+    KernelScratch::Grow(pt.tile,
+                        std::max({tb1 * gu_block * rows_per_j, tb2 * down_block,
+                                  (ptb1 + internal::kPackedMaxRem) * kGateUpBlock * rows_per_j,
+                                  (ptb2 + internal::kPackedMaxRem) * kDownBlock}));
     KernelScratch::Grow(pt.work, std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
     KernelScratch::Grow(pt.rows, std::max(gu_block * rows_per_j, down_block));
     KernelScratch::Grow(pt.act, 2 * ptb1);
@@ -357,19 +365,25 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       if (per_expert != nullptr) per_expert[e] = static_cast<int32_t>(s.tasks.size() - before);
     }
   };
+  // A packed task's unpacked remainder tokens (its expert's last ones, in its last block).
+  auto task_rem = [&](const internal::GemmTask& t) {
+    return t.row_end == offsets[t.expert + 1] ? packed_rem[t.expert] : int64_t{0};
+  };
   // A packed task's groups: the first one's index and the count.
   auto task_groups = [&](const internal::GemmTask& t) {
     return std::pair<int64_t, int64_t>{
         packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup,
-        CeilDiv(t.row_end - t.row_begin, kPackedGroup)};
+        CeilDiv(t.row_end - t.row_begin - task_rem(t), kPackedGroup)};
   };
 
   // A packed task's product: tile[r][token] for its rows and its groups of `packed` (inputs
-  // with `group_stride`); returns the tile's row stride (the task's tokens padded to groups).
+  // with `group_stride`), then its remainder tokens (unpacked rows of `rows_x`, `ldx` apart);
+  // returns the tile's row stride (the task's tokens, the groups padded to 16).
   auto run_packed = [&](int tid, const internal::GemmTask& t, const internal::MatrixRef& m,
                         const int32_t* rows, int64_t num_rows, const uint32_t* packed,
-                        int64_t group_stride, float* tile) {
+                        int64_t group_stride, const bf16_t* rows_x, int64_t ldx, float* tile) {
     const auto [g0, ng] = task_groups(t);
+    const int64_t rem = task_rem(t);
     internal::PackedGemmArgs a;
     a.w = &m;
     a.row_idx = rows;
@@ -378,8 +392,11 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     a.group_stride = group_stride;
     a.num_groups = ng;
     a.out = tile;
-    a.ldo = ng * kPackedGroup;
+    a.ldo = ng * kPackedGroup + rem;
     a.work = s.per_thread[static_cast<size_t>(tid)].packed_work.data();
+    a.num_rem = rem;
+    a.rem_x = rows_x + (t.row_end - rem) * ldx;
+    a.rem_ldx = ldx;
     be.packed_gemm(a);
     return a.ldo;
   };
@@ -410,7 +427,10 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     if (packed_base[t.expert] >= 0) {
       // tile[r][token]; activations written as column pairs of the packed h.
       const int64_t g0 = task_groups(t).first;
-      const int64_t ldt = run_packed(tid, t, m, rows, nrows, x_packed, x_group_stride, tile);
+      const int64_t ldt =
+          run_packed(tid, t, m, rows, nrows, x_packed, x_group_stride, x, hidden, tile);
+      const int64_t rem = task_rem(t);
+      const int64_t packed_cols = ldt - rem;
       if (bias != nullptr) {
         for (int64_t r = 0; r < nrows; ++r) {
           for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
@@ -426,18 +446,28 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
         for (int64_t q = 0; q < 2; ++q) {
           bf16_t* act = q == 0 ? act0 : act1;
           if (j + q == nj) {
-            std::fill(act, act + ldt, bf16_t{});
+            std::fill(act, act + packed_cols, bf16_t{});
             continue;
           }
           be.activate(p.activation, w.gated ? tile + (j + q) * ldt : nullptr,
-                      tile + (w.gated ? nj + j + q : j + q) * ldt, ldt, act);
+                      tile + (w.gated ? nj + j + q : j + q) * ldt, packed_cols, act);
         }
-        for (int64_t c0 = 0; c0 < ldt; c0 += kPackedGroup) {
+        for (int64_t c0 = 0; c0 < packed_cols; c0 += kPackedGroup) {
           uint32_t* dst = hp + (c0 / kPackedGroup) * h_group_stride + (jj / 2) * kPackedGroup;
           for (int64_t c = 0; c < kPackedGroup; ++c) {
             dst[c] = uint32_t{act0[c0 + c].bits} | (uint32_t{act1[c0 + c].bits} << 16);
           }
         }
+      }
+      // Remainder tokens: activations into their rows of h, like the dot path's.
+      for (int64_t q = 0; q < rem; ++q) {
+        float gate[kGateUpBlock], up[kGateUpBlock];
+        for (int64_t j = 0; j < nj; ++j) {
+          gate[j] = w.gated ? tile[j * ldt + packed_cols + q] : 0.0f;
+          up[j] = tile[(w.gated ? nj + j : j) * ldt + packed_cols + q];
+        }
+        be.activate(p.activation, w.gated ? gate : nullptr, up, nj,
+                    h + (t.row_end - rem + q) * inter + t.out_begin);
       }
       return;
     }
@@ -480,7 +510,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
                             : nullptr;
     float* y = p.y_sorted + t.row_begin * hidden + t.out_begin;
     if (packed_base[t.expert] >= 0) {
-      const int64_t ldt = run_packed(tid, t, m, rows, nr, h_packed, h_group_stride, pt.tile.data());
+      const int64_t ldt =
+          run_packed(tid, t, m, rows, nr, h_packed, h_group_stride, h, inter, pt.tile.data());
       be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);
       return;
     }

@@ -263,39 +263,45 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
 }
 
 // Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16 (bf16
-// and MXFP4 weights, on backends that have it: AVX-512), the others the dot-product path. Row counts on both sides of the threshold and of group edges, odd
-// H and I (each row ends in half a column pair), biases, fp32 and bf16 inputs, misalignment.
+// and MXFP4 weights, on backends that have it: AVX-512), the others the dot-product path. An
+// expert's last n % 16 tokens, when at most kPackedMaxRem (8), are not padded into a group but
+// multiplied unpacked on each L1-resident weight strip. Row counts on both sides of the
+// thresholds and of group edges, odd H and I (each row ends in half a column pair), biases, fp32
+// and bf16 inputs, misalignment.
 TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   // Group tilings of the AVX-512 kernel (3 groups a tile, never 3 + 1): 1, 2, 3, 2+2, 3+2, 3+2+2.
-  const std::vector<int64_t> counts = {0, 1, 15, 16, 17, 31, 33, 64, 80, 112};
+  // Unpacked remainders: 17, 24 (8, the most), 33, 259 (two token blocks of 256, the second only
+  // the 3 unpacked tokens); padded: 25 (9), 31.
+  const std::vector<int64_t> counts = {0, 1, 15, 16, 17, 24, 25, 31, 33, 64, 80, 112, 259};
+  const char* kCounts = "counts 0/1/15/16/17/24/25/31/33/64/80/112/259";
   std::vector<int64_t> offsets = {0};
   for (int64_t n : counts) offsets.push_back(offsets.back() + n);
   for (Activation act : kAllActivations) {
     GemmCase c{.format = WeightFormat::kBf16,
                .act = act,
-               .num_experts = 10,
+               .num_experts = 13,
                .hidden = 67,
                .inter = 37,
                .interleaved = act == Activation::kSwiGluOai,
                .bias = true};
-    CheckOffsets(c, offsets, 500, {}, "counts 0/1/15/16/17/31/33/64/80/112");
+    CheckOffsets(c, offsets, 500, {}, kCounts);
     CheckOffsets(c, offsets, 501, {.x_dtype = DType::kBF16, .misalign = true},
-                 "counts 0/1/15/16/17/31/33/64/80/112");
-    CheckOffsets(c, offsets, 507, {.gather = true}, "counts 0/1/15/16/17/31/33/64/80/112");
+                 kCounts);
+    CheckOffsets(c, offsets, 507, {.gather = true}, kCounts);
     CheckOffsets(c, offsets, 508, {.x_dtype = DType::kBF16, .gather = true},
-                 "counts 0/1/15/16/17/31/33/64/80/112");
+                 kCounts);
   }
   // MXFP4 takes the packed path too (decoded a strip at a time, scale folded in exactly); the
   // reference dequantises the same codes, and 1100-column rows span several K blocks.
   for (Activation act : {Activation::kSwiGlu, Activation::kSwiGluOai}) {
     GemmCase c{.format = WeightFormat::kMxfp4,
                .act = act,
-               .num_experts = 10,
+               .num_experts = 13,
                .hidden = 96,
                .inter = 64,
                .interleaved = act == Activation::kSwiGluOai,
                .bias = true};
-    CheckOffsets(c, offsets, 509, {.gather = true}, "counts 0/1/15/16/17/31/33/64/80/112");
+    CheckOffsets(c, offsets, 509, {.gather = true}, kCounts);
   }
   GemmCase m{.format = WeightFormat::kMxfp4, .num_experts = 2, .hidden = 1120 * 2, .inter = 96};
   CheckOffsets(m, {0, 40, 73}, 510, {}, "counts 40/33, H 2240");
@@ -303,7 +309,7 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   // call's inputs are infinite, so its activations are NaN wherever it wrote them.
   for (CpuIsa isa : TestIsas()) {
     KernelContext ctx = MakeContext(isa, 2);
-    GemmCase big{.format = WeightFormat::kBf16, .num_experts = 10, .hidden = 67, .inter = 38};
+    GemmCase big{.format = WeightFormat::kBf16, .num_experts = 13, .hidden = 67, .inter = 38};
     const FloatWeights fb = RandomWeights(big, 503);
     const OwnedExpertWeights wb = Encode(big, fb);
     ActivationParams act;
@@ -320,7 +326,8 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
     EXPECT_TRUE(Close(got, want, TolFor(small.format),
                       fmt::format("{} reused scratch I38 then I37", CpuIsaName(isa)), 505));
   }
-  // Reductions longer than one K block of the packed kernel (512 pairs), odd.
+  // Reductions longer than one K block of the packed kernel (512 pairs), odd, with unpacked
+  // remainders of 8 and 1 tokens.
   GemmCase c{.format = WeightFormat::kBf16, .num_experts = 2, .hidden = 1100 * 2 + 1, .inter = 96};
   CheckOffsets(c, {0, 40, 73}, 502, {}, "counts 40/33, H 2201");
 }

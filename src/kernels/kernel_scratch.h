@@ -60,6 +60,7 @@ struct KernelScratch {
   // Packed-path experts (layout: PackedGemmArgs in cpu/cpu_backend.h): first group per expert
   // (-1: dot path), packed inputs and packed activations.
   std::vector<int64_t> packed_base;
+  std::vector<int64_t> packed_rem;  // per expert: last tokens left unpacked (see expert_gemm.cc)
   LineVector<uint32_t> x_packed;
   LineVector<uint32_t> h_packed;
   std::vector<GemmTask> tasks;
@@ -67,12 +68,12 @@ struct KernelScratch {
   std::vector<int32_t> gate_up_pending;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
   struct PerThread {
-    LineVector<float> tile;     // DotRows output tile
-    std::vector<float> work;    // backend work space (portable: decoded rows)
-    std::vector<int32_t> rows;  // row index list of the current task
-    std::vector<bf16_t> act;    // packed path: one activation row over the task's tokens
+    LineVector<float> tile;            // DotRows output tile
+    std::vector<float> work;           // backend work space (portable: decoded rows)
+    std::vector<int32_t> rows;         // row index list of the current task
+    std::vector<bf16_t> act;           // packed path: one activation row over the task's tokens
     std::vector<uint8_t> packed_work;  // packed path: decoded weight rows (PackedGemmArgs)
-    std::vector<int32_t> aux;   // routing: group candidates
+    std::vector<int32_t> aux;          // routing: group candidates
   };
   std::vector<PerThread> per_thread;
 

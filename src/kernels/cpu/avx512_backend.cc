@@ -93,6 +93,10 @@ struct Bf16Decoder {
   Bf16Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
     for (int j = 0; j < nr; ++j) rows[j] = m.Row(row_idx[j]);
   }
+  // Rows given directly (bf16, column k at row + 2 * k).
+  Bf16Decoder(const uint8_t* const* row_ptrs, int nr) {
+    for (int j = 0; j < nr; ++j) rows[j] = row_ptrs[j];
+  }
   __m512bh Load(int j, int64_t k) const { return AsBh(_mm512_loadu_si512(rows[j] + 2 * k)); }
   __m512bh LoadTail(int j, int64_t k, __mmask32 m) const {
     return AsBh(_mm512_maskz_loadu_epi16(m, rows[j] + 2 * k));
@@ -446,9 +450,12 @@ void DotRows(const DotRowsArgs& a) {
 // MR x NR = 3 groups x 8 rows: 24 accumulators, and per pair 3 vector loads and 8 broadcasts
 // for 24 vdpbf16ps (measured on this VM's cores: 3 x 8 sustains 75-80 % of the vdpbf16ps peak
 // with 32-128 tokens per expert, 2 x 12 only 60-75 % at 32-48 tokens). Group counts are tiled
-// 3, 3, ..., ending 2 + 2 or 2 rather than 3 + 1 (a 1-group tile is broadcast-bound). There is no horizontal reduction: each accumulator is 16 finished outputs,
-// stored as out[row][token]. Tokens are padded to 16, so this form pays off from about a group
-// of tokens per expert; fewer tokens use the dot-product kernels above.
+// 3, 3, ..., ending 2 + 2 or 2 rather than 3 + 1 (a 1-group tile is broadcast-bound). There is no
+// horizontal reduction: each accumulator is 16 finished outputs, stored as out[row][token]. Tokens
+// are padded to 16, so this form pays off from about a group of tokens per expert; fewer tokens use
+// the dot-product kernels above. An expert's last n % 16 tokens, when few (PackedGemmArgs::rem_x),
+// are not padded: the dot-product tiles multiply them on each strip while it is in L1 (measured:
+// Qwen3 shapes at 512 tokens, 32 per expert, 5-6 % faster than padding them).
 
 constexpr int kPackedMr = 3;
 constexpr int kPackedNr = 8;
@@ -469,8 +476,8 @@ inline uint32_t LoadPair(const uint8_t* p) {
 // even column (odd K). Writes or adds (accumulate) out[j * ldo + 16 * i + lane].
 template <int MR, int NR>
 void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num_next,
-                const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1, bool half,
-                float* out, int64_t ldo, bool accumulate) {
+                const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1, bool half, float* out,
+                int64_t ldo, bool accumulate) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
@@ -569,16 +576,15 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const 
       const __m512i d =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
       const __m512 sc = _mm512_set1_ps(e8m0[scale[k / 32]]);
-      const __m512 even = _mm512_mul_ps(
-          _mm512_permutexvar_ps(_mm512_and_si512(d, nibble), table), sc);
+      const __m512 even =
+          _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(d, nibble), table), sc);
       const __m512 odd = _mm512_mul_ps(
           _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(d, 4), nibble), table), sc);
       const __m256bh eb = _mm512_cvtneps_pbh(even);
       const __m256bh ob = _mm512_cvtneps_pbh(odd);
-      const __m512i pairs =
-          _mm512_or_si512(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(eb)),
-                          _mm512_slli_epi32(
-                              _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(ob)), 16));
+      const __m512i pairs = _mm512_or_si512(
+          _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(eb)),
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(ob)), 16));
       _mm512_storeu_si512(out + 2 * k, pairs);
     }
   }
@@ -586,6 +592,7 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const 
 
 void PackedGemm(const PackedGemmArgs& a) {
   static constexpr PackedTable kTable;
+  static constexpr TileTable<Bf16Decoder> kDotTable;
   const int64_t cols = a.w->cols;
   const int64_t pairs = PackedPairs(cols);
   const int64_t full_pairs = cols / 2;
@@ -634,6 +641,28 @@ void PackedGemm(const PackedGemmArgs& a) {
             half, a.out + r0 * a.ldo + 16 * g, a.ldo, kp0 > 0);
         g += mr;
       }
+      if (a.num_rem > 0) {
+        // The unpacked tokens: dot products over this K block's columns of the (now L1-hot)
+        // strip, 4 rows x up to 4 tokens per tile, added into their out columns.
+        const int64_t c1 = 2 * kp1 + (half ? 1 : 0);
+        float* rem_out = a.out + r0 * a.ldo + 16 * a.num_groups;
+        for (int j0 = 0; j0 < nr; j0 += 4) {
+          const int nrj = std::min(4, nr - j0);
+          const Bf16Decoder d(rows + j0, nrj);
+          for (int64_t m0 = 0; m0 < a.num_rem; m0 += kMaxMr) {
+            const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_rem - m0));
+            float t[kMaxMr * 4];
+            kDotTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nrj - 1)](
+                d, a.rem_x + m0 * a.rem_ldx, a.rem_ldx, 2 * kp0, c1, t, 4, false);
+            for (int i = 0; i < mr; ++i) {
+              for (int j = 0; j < nrj; ++j) {
+                float& o = rem_out[(j0 + j) * a.ldo + m0 + i];
+                o = kp0 > 0 ? o + t[i * 4 + j] : t[i * 4 + j];
+              }
+            }
+          }
+        }
+      }
     }
   }
 }
@@ -670,8 +699,8 @@ inline void Transpose16x16(__m512i r[16]) {
 
 // 32 columns of 16 token rows at a time: each row's 32 bf16 are 16 pairs, so the 16 x 16
 // transpose of those pairs is exactly 16 packed [pair][token] vectors.
-void PackGroup(const void* x, DType x_dtype, int64_t ldx, const int32_t* rows,
-               int64_t num_tokens, int64_t cols, uint32_t* group) {
+void PackGroup(const void* x, DType x_dtype, int64_t ldx, const int32_t* rows, int64_t num_tokens,
+               int64_t cols, uint32_t* group) {
   for (int64_t k0 = 0; k0 < cols; k0 += 32) {
     const int64_t nk = std::min<int64_t>(32, cols - k0);
     const __mmask32 m = TailMask32(nk);
@@ -708,8 +737,9 @@ void StoreTransposed(const float* tile, int64_t ldt, int64_t num_rows, int64_t n
       const __mmask16 tmask = static_cast<__mmask16>((1u << nt) - 1u);
       __m512i v[16];
       for (int64_t i = 0; i < 16; ++i) {
-        v[i] = i < nr ? _mm512_castps_si512(_mm512_maskz_loadu_ps(tmask, tile + (r0 + i) * ldt + t0))
-                      : _mm512_setzero_si512();
+        v[i] = i < nr
+                   ? _mm512_castps_si512(_mm512_maskz_loadu_ps(tmask, tile + (r0 + i) * ldt + t0))
+                   : _mm512_setzero_si512();
       }
       Transpose16x16(v);
       for (int64_t t = 0; t < nt; ++t) {

@@ -86,10 +86,20 @@ struct PackedGemmArgs {
   const uint32_t* x = nullptr;  // packed tokens (see above), K = w->cols
   int64_t group_stride = 0;     // uint32 elements between groups (>= KP * 16)
   int64_t num_groups = 0;
-  float* out = nullptr;  // out[r * ldo + t] for r < num_rows, t < 16 * num_groups
+  float* out = nullptr;  // out[r * ldo + t] for r < num_rows, t < 16 * num_groups + num_rem
   int64_t ldo = 0;
   void* work = nullptr;  // kPackedWorkBytesPerCol * w->cols bytes (decoded weight rows)
+  // Up to kPackedMaxRem more tokens, unpacked (bf16 rows rem_x + t * rem_ldx), multiplied with
+  // dot products on each weight strip while it is in L1: out columns 16 * num_groups + t. An
+  // expert's last few tokens go here instead of into a zero-padded group of 16.
+  const bf16_t* rem_x = nullptr;
+  int64_t rem_ldx = 0;
+  int64_t num_rem = 0;
 };
+// Most tokens PackedGemmArgs::rem_x may hold: a dot product on an L1-resident strip costs about
+// what the packed form costs per real token, so remainders up to here avoid padding a group of
+// 16; 8 rows of 1024 columns (16 KiB) stay in L1 beside the 16 KiB strip.
+inline constexpr int64_t kPackedMaxRem = 8;
 
 struct CpuBackend {
   const char* name;
