@@ -183,10 +183,15 @@ namespace {
 // Task granularity. Gate_up tasks cover kGateUpBlock intermediate indices (2x rows when gated),
 // down tasks kDownBlock output rows: small enough that decode (one token, 8 experts) yields
 // 100+ tasks to balance over the threads, large enough that per-task overhead (one atomic, one
-// epilogue) is noise. Both are multiples of the AVX-512 micro-kernels' row tiles (6 and 12), and
-// kGateUpBlock is even so packed tasks write whole column pairs of the packed activations.
+// epilogue) is noise. Both are multiples of the AVX-512 micro-kernels' row tiles (6 and 12).
 constexpr int64_t kGateUpBlock = 48;
 constexpr int64_t kDownBlock = 96;
+// Packed-path (prefill) tasks are twice as large: each task's first weight strip starts cold
+// (the kernel prefetches the next strip only within a task), and at 32 tokens per expert the
+// larger blocks measured 2-3 % faster. Multiples of the packed kernel's 8-row strips;
+// kPackedGateUpBlock is even so tasks write whole column pairs of the packed activations.
+constexpr int64_t kPackedGateUpBlock = 96;
+constexpr int64_t kPackedDownBlock = 192;
 
 // Dot-path (decode) tasks restart their weight streams cold, so when many experts are touched
 // the blocks grow, up to kMaxBlockMultiple times, while every thread keeps at least
@@ -335,12 +340,13 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   const int64_t gu_block = dot_block(tb1, inter, kGateUpBlock);
   const int64_t down_block = dot_block(tb2, hidden, kDownBlock);
   for (auto& pt : s.per_thread) {
-    KernelScratch::Grow(pt.tile,
-                        std::max({tb1 * gu_block * rows_per_j, tb2 * down_block,
-                                  (ptb1 + internal::kPackedMaxRem) * kGateUpBlock * rows_per_j,
-                                  (ptb2 + internal::kPackedMaxRem) * kDownBlock}));
+    KernelScratch::Grow(
+        pt.tile, std::max({tb1 * gu_block * rows_per_j, tb2 * down_block,
+                           (ptb1 + internal::kPackedMaxRem) * kPackedGateUpBlock * rows_per_j,
+                           (ptb2 + internal::kPackedMaxRem) * kPackedDownBlock}));
     KernelScratch::Grow(pt.work, std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
-    KernelScratch::Grow(pt.rows, std::max(gu_block * rows_per_j, down_block));
+    KernelScratch::Grow(pt.rows, std::max({gu_block * rows_per_j, down_block,
+                                           kPackedGateUpBlock * rows_per_j, kPackedDownBlock}));
     KernelScratch::Grow(pt.act, 2 * ptb1);
     if (total_groups > 0) {
       KernelScratch::Grow(pt.packed_work,
@@ -461,7 +467,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       }
       // Remainder tokens: activations into their rows of h, like the dot path's.
       for (int64_t q = 0; q < rem; ++q) {
-        float gate[kGateUpBlock], up[kGateUpBlock];
+        float gate[kPackedGateUpBlock], up[kPackedGateUpBlock];
         for (int64_t j = 0; j < nj; ++j) {
           gate[j] = w.gated ? tile[j * ldt + packed_cols + q] : 0.0f;
           up[j] = tile[(w.gated ? nj + j : j) * ldt + packed_cols + q];
@@ -541,9 +547,9 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   // a small-expert decode step).
   s.tasks.clear();
   int32_t* gate_up_pending = KernelScratch::Grow(s.gate_up_pending, num_experts);
-  make_tasks(tb1, ptb1, inter, gu_block, kGateUpBlock, gate_up_pending);
+  make_tasks(tb1, ptb1, inter, gu_block, kPackedGateUpBlock, gate_up_pending);
   const int64_t num_gate_up = static_cast<int64_t>(s.tasks.size());
-  make_tasks(tb2, ptb2, hidden, down_block, kDownBlock, nullptr);
+  make_tasks(tb2, ptb2, hidden, down_block, kPackedDownBlock, nullptr);
   pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
     for (int64_t ti = b; ti < e; ++ti) {
       const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];

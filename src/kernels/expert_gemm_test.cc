@@ -326,6 +326,11 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
     EXPECT_TRUE(Close(got, want, TolFor(small.format),
                       fmt::format("{} reused scratch I38 then I37", CpuIsaName(isa)), 505));
   }
+  // Several gate_up blocks per packed expert (96 intermediate indices each), the last one odd.
+  for (int64_t inter : {200, 201}) {
+    GemmCase g{.format = WeightFormat::kBf16, .num_experts = 2, .hidden = 64, .inter = inter};
+    CheckOffsets(g, {0, 40, 75}, 512, {}, fmt::format("counts 40/35, I {}", inter));
+  }
   // Reductions longer than one K block of the packed kernel (512 pairs), odd, with unpacked
   // remainders of 8 and 1 tokens.
   GemmCase c{.format = WeightFormat::kBf16, .num_experts = 2, .hidden = 1100 * 2 + 1, .inter = 96};
