@@ -407,6 +407,23 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
     return a.ldo;
   };
 
+  // A dot-path task's product: out[token * ldo + r] for `num_tokens` bf16 input rows of x.
+  auto run_dot = [&](int tid, const internal::MatrixRef& m, const bf16_t* x_rows, int64_t ldx,
+                     int64_t num_tokens, const int32_t* rows, int64_t num_rows, float* out,
+                     int64_t ldo) {
+    internal::DotRowsArgs a;
+    a.w = &m;
+    a.x = x_rows;
+    a.ldx = ldx;
+    a.num_tokens = num_tokens;
+    a.row_idx = rows;
+    a.num_rows = num_rows;
+    a.out = out;
+    a.ldo = ldo;
+    a.work = s.per_thread[static_cast<size_t>(tid)].work.data();
+    be.dot_rows(a);
+  };
+
   // Phase 1: gate_up + bias + activation -> h (dot path) or h_packed (packed path).
   // Tasks: (expert, token block, j block).
   auto gate_up_task = [&](int tid, const internal::GemmTask& t) {
@@ -478,17 +495,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       return;
     }
     const int64_t ntok = t.row_end - t.row_begin;
-    internal::DotRowsArgs a;
-    a.w = &m;
-    a.x = x + t.row_begin * hidden;
-    a.ldx = hidden;
-    a.num_tokens = ntok;
-    a.row_idx = rows;
-    a.num_rows = nrows;
-    a.out = tile;
-    a.ldo = nrows;
-    a.work = pt.work.data();
-    be.dot_rows(a);
+    run_dot(tid, m, x + t.row_begin * hidden, hidden, ntok, rows, nrows, tile, nrows);
     for (int64_t m_i = 0; m_i < ntok; ++m_i) {
       float* o = tile + m_i * nrows;
       if (bias != nullptr) {
@@ -521,17 +528,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);
       return;
     }
-    internal::DotRowsArgs a;
-    a.w = &m;
-    a.x = h + t.row_begin * inter;
-    a.ldx = inter;
-    a.num_tokens = ntok;
-    a.row_idx = rows;
-    a.num_rows = nr;
-    a.out = y;
-    a.ldo = hidden;
-    a.work = pt.work.data();
-    be.dot_rows(a);
+    run_dot(tid, m, h + t.row_begin * inter, inter, ntok, rows, nr, y, hidden);
     if (bias != nullptr) {
       for (int64_t m_i = 0; m_i < ntok; ++m_i) {
         float* o = y + m_i * hidden;
