@@ -303,9 +303,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
       for (int64_t r = t.row_begin; r < t.row_end; ++r) {
         src_rows[r - t.row_begin] = p.x_rows != nullptr ? p.x_rows[r] : static_cast<int32_t>(r);
       }
-      const bool rem_chunk =
-          t.row_end - t.row_begin == packed_rem[t.expert] && t.row_end == offsets[t.expert + 1];
-      if (packed_base[t.expert] >= 0 && !rem_chunk) {
+      const bool unpacked = t.row_begin >= offsets[t.expert + 1] - packed_rem[t.expert];
+      if (packed_base[t.expert] >= 0 && !unpacked) {
         const int64_t g = packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
         be.pack_group(p.x_sorted, p.x_dtype, hidden, src_rows, t.row_end - t.row_begin, hidden,
                       x_packed + g * x_group_stride);

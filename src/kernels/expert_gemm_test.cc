@@ -132,7 +132,7 @@ struct RunOptions {
   bool add_down_bias = true;
   int threads = 2;
   KernelContext* ctx = nullptr;  // reuse this context (its scratch) instead of a fresh one
-  bool gather = false;  // pass the rows in reverse order with x_rows mapping them back
+  bool gather = false;           // pass the rows in reverse order with x_rows mapping them back
 };
 
 // Runs the backend on x and returns y; `ref` (when non-null) receives the reference result.
@@ -235,12 +235,12 @@ void CheckOffsets(const GemmCase& c, const std::vector<int64_t>& offsets, uint64
     // The comparison must be meaningful: outputs well away from 0 (the mean relative error
     // check then catches any systematic error).
     ASSERT_GT(testing::MeanAbs(want), 0.02) << c.Name();
-    EXPECT_TRUE(Close(got, want, TolFor(c.format),
-                      fmt::format("{} {} {}{}{}{}", CpuIsaName(isa), c.Name(), label,
-                                  o.misalign ? " misaligned" : "",
-                                  o.x_dtype == DType::kBF16 ? " x bf16" : "",
-                                  o.gather ? " gathered" : ""),
-                      seed));
+    EXPECT_TRUE(
+        Close(got, want, TolFor(c.format),
+              fmt::format("{} {} {}{}{}{}", CpuIsaName(isa), c.Name(), label,
+                          o.misalign ? " misaligned" : "",
+                          o.x_dtype == DType::kBF16 ? " x bf16" : "", o.gather ? " gathered" : ""),
+              seed));
   }
 }
 
@@ -279,24 +279,22 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   for (Activation act : kAllActivations) {
     GemmCase c{.format = WeightFormat::kBf16,
                .act = act,
-               .num_experts = 13,
+               .num_experts = static_cast<int64_t>(counts.size()),
                .hidden = 67,
                .inter = 37,
                .interleaved = act == Activation::kSwiGluOai,
                .bias = true};
     CheckOffsets(c, offsets, 500, {}, kCounts);
-    CheckOffsets(c, offsets, 501, {.x_dtype = DType::kBF16, .misalign = true},
-                 kCounts);
+    CheckOffsets(c, offsets, 501, {.x_dtype = DType::kBF16, .misalign = true}, kCounts);
     CheckOffsets(c, offsets, 507, {.gather = true}, kCounts);
-    CheckOffsets(c, offsets, 508, {.x_dtype = DType::kBF16, .gather = true},
-                 kCounts);
+    CheckOffsets(c, offsets, 508, {.x_dtype = DType::kBF16, .gather = true}, kCounts);
   }
   // MXFP4 takes the packed path too (decoded a strip at a time, scale folded in exactly); the
   // reference dequantises the same codes, and 1100-column rows span several K blocks.
   for (Activation act : {Activation::kSwiGlu, Activation::kSwiGluOai}) {
     GemmCase c{.format = WeightFormat::kMxfp4,
                .act = act,
-               .num_experts = 13,
+               .num_experts = static_cast<int64_t>(counts.size()),
                .hidden = 96,
                .inter = 64,
                .interleaved = act == Activation::kSwiGluOai,
@@ -309,7 +307,10 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   // call's inputs are infinite, so its activations are NaN wherever it wrote them.
   for (CpuIsa isa : TestIsas()) {
     KernelContext ctx = MakeContext(isa, 2);
-    GemmCase big{.format = WeightFormat::kBf16, .num_experts = 13, .hidden = 67, .inter = 38};
+    GemmCase big{.format = WeightFormat::kBf16,
+                 .num_experts = static_cast<int64_t>(counts.size()),
+                 .hidden = 67,
+                 .inter = 38};
     const FloatWeights fb = RandomWeights(big, 503);
     const OwnedExpertWeights wb = Encode(big, fb);
     ActivationParams act;

@@ -643,21 +643,23 @@ void PackedGemm(const PackedGemmArgs& a) {
       }
       if (a.num_rem > 0) {
         // The unpacked tokens: dot products over this K block's columns of the (now L1-hot)
-        // strip, 4 rows x up to 4 tokens per tile, added into their out columns.
+        // strip, kRemRows rows x up to kMaxMr tokens per tile, added into their out columns.
+        constexpr int kRemRows = 4;
         const int64_t c1 = 2 * kp1 + (half ? 1 : 0);
         float* rem_out = a.out + r0 * a.ldo + 16 * a.num_groups;
-        for (int j0 = 0; j0 < nr; j0 += 4) {
-          const int nrj = std::min(4, nr - j0);
+        for (int j0 = 0; j0 < nr; j0 += kRemRows) {
+          const int nrj = std::min(kRemRows, nr - j0);
           const Bf16Decoder d(rows + j0, nrj);
           for (int64_t m0 = 0; m0 < a.num_rem; m0 += kMaxMr) {
             const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_rem - m0));
-            float t[kMaxMr * 4];
+            float t[kMaxMr * kRemRows];
             kDotTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nrj - 1)](
-                d, a.rem_x + m0 * a.rem_ldx, a.rem_ldx, 2 * kp0, c1, t, 4, false);
+                d, a.rem_x + m0 * a.rem_ldx, a.rem_ldx, 2 * kp0, c1, t, kRemRows, false);
             for (int i = 0; i < mr; ++i) {
               for (int j = 0; j < nrj; ++j) {
                 float& o = rem_out[(j0 + j) * a.ldo + m0 + i];
-                o = kp0 > 0 ? o + t[i * 4 + j] : t[i * 4 + j];
+                const float v = t[i * kRemRows + j];
+                o = kp0 > 0 ? o + v : v;
               }
             }
           }
