@@ -252,8 +252,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
 
   using internal::KernelScratch;
   using internal::kPackedGroup;
-  const internal::CpuBackend& be =
-      ctx.isa() == CpuIsa::kAvx512Bf16 ? internal::Avx512Backend() : internal::PortableBackend();
+  const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
   KernelScratch& s = ctx.scratch();
   ThreadPool& pool = ctx.pool();
   const int64_t hidden = w.hidden;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/kernel_context.h"
@@ -126,16 +127,28 @@ Status UnpermuteTokens(KernelContext& ctx, const TokenPermutation& perm, const U
   }
   const int64_t h = p.hidden;
   const int64_t k = perm.top_k;
+  const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
   ctx.pool().ParallelFor(perm.num_tokens, 0, [&](int64_t begin, int64_t end, int) {
+    // Each token's local slots in order, summed into its output row in one pass per batch of
+    // kBatch slots (all of them for every top-k in use; no allocation in the forward).
+    constexpr int64_t kBatch = 16;
+    const float* rows[kBatch];
+    float weights[kBatch];
     for (int64_t t = begin; t < end; ++t) {
       float* o = p.out + t * h;
-      if (!p.accumulate) std::fill(o, o + h, 0.0f);
+      bool accumulate = p.accumulate;
+      int64_t n = 0;
       for (int64_t s = 0; s < k; ++s) {
         const int32_t row = perm.slot_row[static_cast<size_t>(t * k + s)];
-        if (row < 0) continue;
-        const float w = perm.sorted_weights[static_cast<size_t>(row)];
-        const float* y = p.y_sorted + row * h;
-        for (int64_t i = 0; i < h; ++i) o[i] += w * y[i];
+        if (row >= 0) {
+          weights[n] = perm.sorted_weights[static_cast<size_t>(row)];
+          rows[n++] = p.y_sorted + row * h;
+        }
+        if (n == kBatch || (s + 1 == k && (n > 0 || !accumulate))) {
+          be.weighted_sum(rows, weights, n, h, o, accumulate);
+          accumulate = true;
+          n = 0;
+        }
       }
     }
   });

@@ -84,55 +84,68 @@ TEST(Permute, RejectsOutOfRangeIds) {
 }
 
 TEST(Permute, GatherAndUnpermuteRoundTrip) {
-  const int64_t tokens = 33, k = 3, num_experts = 8, hidden = 37;
-  std::vector<int32_t> all(num_experts);
-  for (int32_t e = 0; e < num_experts; ++e) all[static_cast<size_t>(e)] = e;
-  const std::vector<int32_t> ids = RandomIds(tokens, k, all, 11);
-  const std::vector<float> w = Randn(tokens * k, 12);
-  std::vector<int32_t> map(num_experts, -1);
-  map[2] = 0;
-  map[5] = 1;  // this rank holds experts 2 and 5
-  TokenPermutation perm;
-  ASSERT_TRUE(
-      PermuteTokens({ids.data(), w.data(), tokens, k, num_experts, map.data(), 2}, &perm).ok());
-  const std::vector<float> x = Randn(tokens * hidden, 13);
-  for (CpuIsa isa : testing::TestIsas()) {
-    KernelContext ctx = MakeContext(isa, 2);
-    // Gather fp32 -> fp32 is an exact copy of the token rows.
-    std::vector<float> xs(static_cast<size_t>(perm.num_rows() * hidden));
-    ASSERT_TRUE(
-        GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xs.data(), DType::kF32}).ok());
-    for (int64_t r = 0; r < perm.num_rows(); ++r) {
-      const int64_t t = perm.sorted_token_idx[static_cast<size_t>(r)];
-      for (int64_t c = 0; c < hidden; ++c) {
-        ASSERT_EQ(xs[static_cast<size_t>(r * hidden + c)], x[static_cast<size_t>(t * hidden + c)]);
-      }
+  struct Case {
+    int64_t k, num_experts, hidden;
+  };
+  // hidden 37: vector tails only; 133: two full 64-column blocks of the AVX-512 sum, then a
+  // tail. k 20 over 24 experts: up to 18 local slots per token, more than one summing batch.
+  for (const Case& c : {Case{3, 8, 37}, Case{3, 8, 133}, Case{20, 24, 133}}) {
+    SCOPED_TRACE(::testing::Message() << "k " << c.k << " hidden " << c.hidden);
+    const int64_t tokens = 33, k = c.k, num_experts = c.num_experts, hidden = c.hidden;
+    std::vector<int32_t> all(num_experts);
+    for (int32_t e = 0; e < num_experts; ++e) all[static_cast<size_t>(e)] = e;
+    const std::vector<int32_t> ids = RandomIds(tokens, k, all, 11);
+    const std::vector<float> w = Randn(tokens * k, 12);
+    // This rank holds experts 2 and 5 (k 3), or all but every fourth (k 20).
+    std::vector<int32_t> map(num_experts, -1);
+    int32_t num_local = 0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      if (k < 16 ? (e == 2 || e == 5) : e % 4 != 0) map[static_cast<size_t>(e)] = num_local++;
     }
-    // fp32 -> bf16 rounds to nearest even.
-    std::vector<bf16_t> xb(xs.size());
+    TokenPermutation perm;
     ASSERT_TRUE(
-        GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xb.data(), DType::kBF16}).ok());
-    for (size_t i = 0; i < xb.size(); ++i) ASSERT_EQ(xb[i].bits, FloatToBf16(xs[i]).bits);
-    // Unpermute of the gathered rows: out[t] = (sum of local weights of t) * x[t].
-    std::vector<float> out(static_cast<size_t>(tokens * hidden), 123.0f);
-    ASSERT_TRUE(UnpermuteTokens(ctx, perm, {xs.data(), hidden, out.data(), false}).ok());
-    for (int64_t t = 0; t < tokens; ++t) {
-      double wsum = 0.0;
-      for (int64_t s = 0; s < k; ++s) {
-        if (map[static_cast<size_t>(ids[static_cast<size_t>(t * k + s)])] >= 0) {
-          wsum += w[static_cast<size_t>(t * k + s)];
+        PermuteTokens({ids.data(), w.data(), tokens, k, num_experts, map.data(), num_local}, &perm)
+            .ok());
+    const std::vector<float> x = Randn(tokens * hidden, 13);
+    for (CpuIsa isa : testing::TestIsas()) {
+      KernelContext ctx = MakeContext(isa, 2);
+      // Gather fp32 -> fp32 is an exact copy of the token rows.
+      std::vector<float> xs(static_cast<size_t>(perm.num_rows() * hidden));
+      ASSERT_TRUE(
+          GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xs.data(), DType::kF32}).ok());
+      for (int64_t r = 0; r < perm.num_rows(); ++r) {
+        const int64_t t = perm.sorted_token_idx[static_cast<size_t>(r)];
+        for (int64_t c = 0; c < hidden; ++c) {
+          ASSERT_EQ(xs[static_cast<size_t>(r * hidden + c)],
+                    x[static_cast<size_t>(t * hidden + c)]);
         }
       }
-      for (int64_t c = 0; c < hidden; ++c) {
-        ASSERT_NEAR(out[static_cast<size_t>(t * hidden + c)],
-                    wsum * x[static_cast<size_t>(t * hidden + c)], 1e-5)
-            << "token " << t;
+      // fp32 -> bf16 rounds to nearest even.
+      std::vector<bf16_t> xb(xs.size());
+      ASSERT_TRUE(
+          GatherTokens(ctx, perm, {x.data(), DType::kF32, hidden, xb.data(), DType::kBF16}).ok());
+      for (size_t i = 0; i < xb.size(); ++i) ASSERT_EQ(xb[i].bits, FloatToBf16(xs[i]).bits);
+      // Unpermute of the gathered rows: out[t] = (sum of local weights of t) * x[t].
+      std::vector<float> out(static_cast<size_t>(tokens * hidden), 123.0f);
+      ASSERT_TRUE(UnpermuteTokens(ctx, perm, {xs.data(), hidden, out.data(), false}).ok());
+      for (int64_t t = 0; t < tokens; ++t) {
+        double wsum = 0.0;
+        for (int64_t s = 0; s < k; ++s) {
+          if (map[static_cast<size_t>(ids[static_cast<size_t>(t * k + s)])] >= 0) {
+            wsum += w[static_cast<size_t>(t * k + s)];
+          }
+        }
+        for (int64_t c = 0; c < hidden; ++c) {
+          ASSERT_NEAR(out[static_cast<size_t>(t * hidden + c)],
+                      wsum * x[static_cast<size_t>(t * hidden + c)], 1e-5)
+              << "token " << t;
+        }
       }
+      // accumulate adds on top.
+      std::vector<float> acc(out.size(), 1.0f);
+      ASSERT_TRUE(UnpermuteTokens(ctx, perm, {xs.data(), hidden, acc.data(), true}).ok());
+      for (size_t i = 0; i < acc.size(); ++i) ASSERT_NEAR(acc[i], out[i] + 1.0f, 1e-5);
     }
-    // accumulate adds on top.
-    std::vector<float> acc(out.size(), 1.0f);
-    ASSERT_TRUE(UnpermuteTokens(ctx, perm, {xs.data(), hidden, acc.data(), true}).ok());
-    for (size_t i = 0; i < acc.size(); ++i) ASSERT_NEAR(acc[i], out[i] + 1.0f, 1e-5);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/kernels/kernel_context.h"
 
 namespace moeshard::internal {
 
@@ -121,10 +122,18 @@ struct CpuBackend {
   // t < num_tokens: a packed task's transposed output back into token rows.
   void (*store_transposed)(const float* tile, int64_t ldt, int64_t num_rows, int64_t num_tokens,
                            const float* bias, float* y, int64_t ldy);
+  // out[i] = (accumulate ? out[i] : 0) + sum over s < num_rows of weights[s] * rows[s][i], for
+  // i < n, the terms added in order of s: one token's expert outputs summed (unpermute).
+  void (*weighted_sum)(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
+                       float* out, bool accumulate);
 };
 
 const CpuBackend& PortableBackend();
 // REQUIRES: CpuSupportsAvx512Bf16().
 const CpuBackend& Avx512Backend();
+// The backend of a resolved instruction set (KernelContext::isa()).
+inline const CpuBackend& CpuBackendFor(CpuIsa isa) {
+  return isa == CpuIsa::kAvx512Bf16 ? Avx512Backend() : PortableBackend();
+}
 
 }  // namespace moeshard::internal

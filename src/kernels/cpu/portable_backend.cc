@@ -1,8 +1,8 @@
 // Portable CPU backend: plain C++ that compilers auto-vectorise, for CPUs without AVX-512 BF16
 // (and forced in tests so it stays correct). It has no packed (prefill) path: in plain C++ the
 // packed outer product measured 1.5x slower than this dot-product loop (Qwen3 shape, 512
-// tokens), so every expert takes the dot path here. Each weight row is dequantised into a small fp32
-// buffer once per call and dotted with every token of the block, so weights are still streamed
+// tokens), so every expert takes the dot path here. Each weight row is dequantised into a small
+// fp32 buffer once per call and dotted with every token of the block, so weights are still streamed
 // once per token block and never copied whole.
 #include <algorithm>
 
@@ -90,12 +90,21 @@ void ToBf16(const float* src, int64_t n, bf16_t* dst) {
 
 int64_t WorkFloats(int64_t num_tokens, int64_t cols) { return (num_tokens + 1) * cols; }
 
+void WeightedSum(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
+                 float* out, bool accumulate) {
+  if (!accumulate) std::fill(out, out + n, 0.0f);
+  for (int64_t s = 0; s < num_rows; ++s) {
+    const float w = weights[s];
+    const float* y = rows[s];
+    for (int64_t i = 0; i < n; ++i) out[i] += w * y[i];
+  }
+}
+
 }  // namespace
 
 const CpuBackend& PortableBackend() {
-  static const CpuBackend backend{"portable", DotRows,    Activate, ToBf16,
-                                  WorkFloats, nullptr,    nullptr,
-                                  nullptr};
+  static const CpuBackend backend{"portable", DotRows, Activate, ToBf16,     WorkFloats,
+                                  nullptr,    nullptr, nullptr,  WeightedSum};
   return backend;
 }
 
