@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "moeshard/base/check.h"
 #include "moeshard/kernels/kernel_bench.h"
 #include "moeshard/kernels/kernel_context.h"
 #include "moeshard/kernels/moe_forward.h"
@@ -23,11 +24,12 @@ KernelContext& Context() {
   return ctx;
 }
 
-// One resident weight set at a time (Kimi-K2 bf16 alone is 2.8 GB).
-const OwnedExpertWeights& Weights(const KernelBenchShape& s, WeightFormat f) {
+// One resident weight set at a time (Kimi-K2 bf16 alone is 2.8 GB); `row_groups`: bf16 in the
+// row-group layout.
+const OwnedExpertWeights& Weights(const KernelBenchShape& s, WeightFormat f, bool row_groups) {
   static std::unique_ptr<OwnedExpertWeights> cached;
   static std::string key;
-  const std::string k = s.name + WeightFormatName(f);
+  const std::string k = s.name + WeightFormatName(f) + (row_groups ? "-rg" : "");
   if (!cached || key != k) {
     cached.reset();
     cached = std::make_unique<OwnedExpertWeights>(
@@ -37,15 +39,20 @@ const OwnedExpertWeights& Weights(const KernelBenchShape& s, WeightFormat f) {
                                  .hidden = s.hidden,
                                  .intermediate = s.intermediate},
                                 1));
+    if (row_groups) {
+      MOESHARD_CHECK(RepackBf16RowGroups(&cached->view, cached->w13.data(), cached->w2.data()).ok(),
+                     "repack failed");
+    }
     key = k;
   }
   return *cached;
 }
 
-void BM_MoeExperts(benchmark::State& state, int shape_idx, WeightFormat format) {
+void BM_MoeExperts(benchmark::State& state, int shape_idx, WeightFormat format,
+                   bool row_groups = false) {
   const KernelBenchShape s = DefaultKernelBenchShapes()[static_cast<size_t>(shape_idx)];
   const int64_t tokens = state.range(0);
-  const OwnedExpertWeights& w = Weights(s, format);
+  const OwnedExpertWeights& w = Weights(s, format, row_groups);
   KernelContext& ctx = Context();
   std::mt19937_64 rng(tokens);
   std::normal_distribution<float> nd;
@@ -119,8 +126,16 @@ void TokenArgs(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK_CAPTURE(BM_MoeExperts, qwen3_30b_a3b_bf16, 0, WeightFormat::kBf16)->Apply(TokenArgs);
+BENCHMARK_CAPTURE(BM_MoeExperts, qwen3_30b_a3b_bf16_rg, 0, WeightFormat::kBf16, true)
+    ->Apply(TokenArgs);
 BENCHMARK_CAPTURE(BM_MoeExperts, qwen3_30b_a3b_mxfp4, 0, WeightFormat::kMxfp4)->Apply(TokenArgs);
 BENCHMARK_CAPTURE(BM_MoeExperts, kimi_k2_32e_bf16, 1, WeightFormat::kBf16)
+    ->Arg(1)
+    ->Arg(8)
+    ->Arg(512)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_MoeExperts, kimi_k2_32e_bf16_rg, 1, WeightFormat::kBf16, true)
     ->Arg(1)
     ->Arg(8)
     ->Arg(512)

@@ -28,7 +28,7 @@ namespace {
 struct KernelsFlags {
   std::vector<int64_t> tokens;
   std::vector<std::string> shapes;
-  std::vector<std::string> formats = {"bf16", "mxfp4"};
+  std::vector<std::string> formats = {"bf16", "bf16-rg", "mxfp4"};
   int threads = 0;
   std::string isa = "auto";
   std::string json;
@@ -54,13 +54,14 @@ std::string CpuModel() {
 
 Result<WeightFormat> ParseFormat(const std::string& s) {
   static const std::map<std::string, WeightFormat> kFormats = {{"bf16", WeightFormat::kBf16},
+                                                               {"bf16-rg", WeightFormat::kBf16},
                                                                {"fp8", WeightFormat::kFp8Block},
                                                                {"mxfp4", WeightFormat::kMxfp4},
                                                                {"int4", WeightFormat::kInt4}};
   auto it = kFormats.find(s);
   if (it == kFormats.end()) {
-    return InvalidArgumentError(
-        fmt::format("bench kernels: '--formats': expected bf16, fp8, mxfp4 or int4, got '{}'", s));
+    return InvalidArgumentError(fmt::format(
+        "bench kernels: '--formats': expected bf16, bf16-rg, fp8, mxfp4 or int4, got '{}'", s));
   }
   return it->second;
 }
@@ -105,9 +106,18 @@ Status RunKernels(const KernelsFlags& f) {
     o.shapes = chosen;
   }
   o.formats.clear();
+  o.bf16_row_groups.clear();
   for (const std::string& s : f.formats) {
     MOESHARD_ASSIGN_OR_RETURN(WeightFormat fmt_, ParseFormat(s));
-    o.formats.push_back(fmt_);
+    if (std::find(o.formats.begin(), o.formats.end(), fmt_) == o.formats.end()) {
+      o.formats.push_back(fmt_);
+    }
+  }
+  // bf16 layouts: row-major first (the weights are repacked in place for row groups).
+  for (const char* s : {"bf16", "bf16-rg"}) {
+    if (std::find(f.formats.begin(), f.formats.end(), s) != f.formats.end()) {
+      o.bf16_row_groups.push_back(std::string(s) == "bf16-rg");
+    }
   }
   KernelContextOptions co;
   co.num_threads = f.threads;
@@ -121,7 +131,7 @@ Status RunKernels(const KernelsFlags& f) {
   fmt::print("roofline before: read {:.2f} GB/s, bf16 dot peak {:.1f} GFLOP/s\n",
              before.read_bytes_per_s / 1e9, before.bf16_flops_per_s / 1e9);
   auto progress = [](const KernelBenchResult& r) {
-    fmt::print("  {} {} tokens {}: {:.3f} ms\n", r.shape, WeightFormatName(r.format), r.num_tokens,
+    fmt::print("  {} {} tokens {}: {:.3f} ms\n", r.shape, KernelBenchFormatName(r), r.num_tokens,
                r.seconds * 1e3);
     std::fflush(stdout);
   };
@@ -148,7 +158,7 @@ Status RunKernels(const KernelsFlags& f) {
     fmt::print(
         "| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.1f} | {:.0f} | {:.3f} | {} | "
         "{:.1f}% | {:.1f}% |\n",
-        r.shape, WeightFormatName(r.format), r.num_tokens, r.experts_touched, r.weight_bytes / 1e6,
+        r.shape, KernelBenchFormatName(r), r.num_tokens, r.experts_touched, r.weight_bytes / 1e6,
         r.seconds * 1e3, r.routing_seconds * 1e3, r.roofline.read_bytes_per_s / 1e9,
         r.roofline.bf16_flops_per_s / 1e9, std::max(r.memory_seconds, r.compute_seconds) * 1e3,
         r.bound, r.fraction * 100, r.fraction_of_run_best * 100);
@@ -172,7 +182,7 @@ Status RunKernels(const KernelsFlags& f) {
     j["results"] = nlohmann::json::array();
     for (const KernelBenchResult& r : results) {
       j["results"].push_back({{"shape", r.shape},
-                              {"format", WeightFormatName(r.format)},
+                              {"format", KernelBenchFormatName(r)},
                               {"tokens", r.num_tokens},
                               {"repetitions", r.repetitions},
                               {"experts_touched", r.experts_touched},
@@ -217,7 +227,9 @@ CommandRunner SetupKernels(CLI::App* bench) {
   sub->add_option("--shapes", f->shapes,
                   "qwen3-30b-a3b, kimi-k2-32e, kimi-k3-latent-64e (default: all)")
       ->delimiter(',');
-  sub->add_option("--formats", f->formats, "bf16, fp8, mxfp4, int4 (default bf16,mxfp4)")
+  sub->add_option("--formats", f->formats,
+                  "bf16, bf16-rg (bf16 in the row-group layout), fp8, mxfp4, int4 (default bf16 "
+                  "bf16-rg mxfp4)")
       ->delimiter(',');
   sub->add_option("--threads", f->threads, "threads including the caller (0: all cores)");
   sub->add_option("--isa", f->isa, "auto, avx512 or portable");

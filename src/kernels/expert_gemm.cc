@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
@@ -88,6 +89,8 @@ int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64
 
 namespace {
 
+constexpr int64_t kRowGroup = 16;  // rows per group of the bf16 row-group layout
+
 Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
   switch (w.format) {
     case WeightFormat::kBf16:
@@ -108,6 +111,26 @@ Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
             what, w.int4_group_size, cols));
       }
       return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+Status CheckRowGroupShape(const ExpertWeights& w) {
+  if (w.format != WeightFormat::kBf16) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'bf16_row_groups': the row-group layout is for bf16 weights, got {}",
+        WeightFormatName(w.format)));
+  }
+  if (w.gate_up_interleaved) {
+    return InvalidArgumentError(
+        "expert weights: 'bf16_row_groups': not supported with interleaved gate/up rows "
+        "(gpt-oss); keep the row-major layout");
+  }
+  if (w.hidden % kRowGroup != 0 || w.intermediate % kRowGroup != 0) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'bf16_row_groups': needs H and I to be multiples of {}, got H {}, I {} "
+        "(pad them with zeros, or keep the row-major layout)",
+        kRowGroup, w.hidden, w.intermediate));
   }
   return Status::Ok();
 }
@@ -148,6 +171,42 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
   }
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));
+  if (w.bf16_row_groups) MOESHARD_RETURN_IF_ERROR(CheckRowGroupShape(w));
+  return Status::Ok();
+}
+
+Status RepackBf16RowGroups(ExpertWeights* weights, void* w13, void* w2) {
+  MOESHARD_CHECK(weights != nullptr, "RepackBf16RowGroups: null weights");
+  ExpertWeights& w = *weights;
+  if (w.bf16_row_groups) {
+    return InvalidArgumentError(
+        "expert weights: 'bf16_row_groups': already in the row-group layout");
+  }
+  w.bf16_row_groups = true;
+  Status shape = CheckRowGroupShape(w);
+  if (shape.ok() && (w13 != w.w13 || w2 != w.w2)) {
+    shape = InvalidArgumentError(
+        "expert weights: repack: 'w13/w2': expected the writable buffers the weights view");
+  }
+  w.bf16_row_groups = false;
+  MOESHARD_RETURN_IF_ERROR(shape);
+  for (const bool is_w13 : {true, false}) {
+    const int64_t rows = is_w13 ? w.w13_rows() : w.hidden;
+    const int64_t cols = is_w13 ? w.hidden : w.intermediate;
+    const int64_t n = rows * cols;
+    std::vector<bf16_t> tmp(static_cast<size_t>(n));
+    bf16_t* data = static_cast<bf16_t*>(is_w13 ? w13 : w2);
+    for (int64_t e = 0; e < w.num_experts_local; ++e) {
+      bf16_t* m = data + e * n;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          tmp[static_cast<size_t>(Bf16RowGroupsIndex(r, c, cols))] = m[r * cols + c];
+        }
+      }
+      std::copy(tmp.begin(), tmp.end(), m);
+    }
+  }
+  w.bf16_row_groups = true;
   return Status::Ok();
 }
 
@@ -159,6 +218,7 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   m.rows = w13 ? w.w13_rows() : w.hidden;
   m.cols = w13 ? w.hidden : w.intermediate;
   m.group = w.int4_group_size;
+  m.row_groups = w.bf16_row_groups;
   int64_t data_bytes = m.rows * m.RowBytes();
   int64_t scale_bytes = 0;
   switch (w.format) {
@@ -270,8 +330,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   int64_t total_groups = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed =
-        be.packed_gemm != nullptr && internal::PackedFormat(w.format) && n >= kPackedMinTokens;
+    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.format) &&
+                        !w.bf16_row_groups && n >= kPackedMinTokens;
     packed_base[e] = packed ? total_groups : -1;
     packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;
     if (packed) total_groups += CeilDiv(n - packed_rem[e], kPackedGroup);

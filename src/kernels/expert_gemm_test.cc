@@ -133,6 +133,7 @@ struct RunOptions {
   int threads = 2;
   KernelContext* ctx = nullptr;  // reuse this context (its scratch) instead of a fresh one
   bool gather = false;           // pass the rows in reverse order with x_rows mapping them back
+  bool row_groups = false;       // bf16 weights repacked into the row-group layout
 };
 
 // Runs the backend on x and returns y; `ref` (when non-null) receives the reference result.
@@ -216,7 +217,11 @@ Tolerance TolFor(WeightFormat f) {
 void CheckOffsets(const GemmCase& c, const std::vector<int64_t>& offsets, uint64_t seed,
                   const RunOptions& o, const std::string& label) {
   const FloatWeights f = RandomWeights(c, seed);
-  const OwnedExpertWeights ow = Encode(c, f);
+  OwnedExpertWeights ow = Encode(c, f);
+  if (o.row_groups) {
+    const Status s = RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
   ShiftedWeights sw;
   const ExpertWeights* w = &ow.view;
   if (o.misalign) {
@@ -235,12 +240,12 @@ void CheckOffsets(const GemmCase& c, const std::vector<int64_t>& offsets, uint64
     // The comparison must be meaningful: outputs well away from 0 (the mean relative error
     // check then catches any systematic error).
     ASSERT_GT(testing::MeanAbs(want), 0.02) << c.Name();
-    EXPECT_TRUE(
-        Close(got, want, TolFor(c.format),
-              fmt::format("{} {} {}{}{}{}", CpuIsaName(isa), c.Name(), label,
-                          o.misalign ? " misaligned" : "",
-                          o.x_dtype == DType::kBF16 ? " x bf16" : "", o.gather ? " gathered" : ""),
-              seed));
+    EXPECT_TRUE(Close(
+        got, want, TolFor(c.format),
+        fmt::format("{} {} {}{}{}{}{}", CpuIsaName(isa), c.Name(), label,
+                    o.misalign ? " misaligned" : "", o.x_dtype == DType::kBF16 ? " x bf16" : "",
+                    o.gather ? " gathered" : "", o.row_groups ? " row groups" : ""),
+        seed));
   }
 }
 
@@ -567,6 +572,89 @@ TEST(GroupedGemm, PortableAndAvx512Agree) {
     // exp/tanh differ, which can flip a bf16 rounding of the intermediate activation.
     EXPECT_TRUE(Close(b, a, {5e-3, 2e-3}, c.Name(), 20));
   }
+}
+
+// bf16 weights in the row-group layout (RepackBf16RowGroups): one token per expert up to several
+// token tiles and K blocks (H 320: 160 pairs, a full and a partial block of 128), every
+// non-interleaved activation, biases, bf16 and gathered inputs, misalignment.
+TEST(GroupedGemm, Bf16RowGroupLayout) {
+  for (Activation act : {Activation::kSwiGlu, Activation::kSiTu, Activation::kReluSquared,
+                         Activation::kGeluTanhGated}) {
+    for (const auto& [hidden, inter] : {std::pair<int64_t, int64_t>{64, 48}, {320, 96}}) {
+      for (int64_t tokens : {1, 3, 7, 33, 200}) {
+        GemmCase c{.format = WeightFormat::kBf16,
+                   .act = act,
+                   .hidden = hidden,
+                   .inter = inter,
+                   .bias = tokens == 33};
+        CheckCase(c, tokens, 2, 300 + tokens, {.row_groups = true});
+      }
+    }
+  }
+  GemmCase c{.format = WeightFormat::kBf16, .hidden = 64, .inter = 32, .bias = true};
+  CheckCase(c, 45, 3, 7, {.x_dtype = DType::kBF16, .misalign = true, .row_groups = true});
+  CheckCase(c, 45, 3, 8, {.gather = true, .row_groups = true});
+  // One expert with many tokens: 150 tokens in 25 tiles of 6 over two K blocks.
+  GemmCase one{.format = WeightFormat::kBf16, .num_experts = 1, .hidden = 320, .inter = 32};
+  CheckCase(one, 150, 1, 9, {.row_groups = true});
+}
+
+// The layout is the same bytes reordered: the reference reads it through Bf16RowGroupsIndex and
+// gives bit for bit what it gives on the row-major weights.
+TEST(GroupedGemm, RowGroupRepackKeepsEveryWeight) {
+  GemmCase c{.format = WeightFormat::kBf16, .num_experts = 3, .hidden = 48, .inter = 32};
+  const FloatWeights f = RandomWeights(c, 4);
+  const OwnedExpertWeights rm = Encode(c, f);
+  OwnedExpertWeights rg = Encode(c, f);
+  ASSERT_TRUE(RepackBf16RowGroups(&rg.view, rg.w13.data(), rg.w2.data()).ok());
+  EXPECT_TRUE(rg.view.bf16_row_groups);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    for (int64_t r = 0; r < c.Rows13(); ++r) {
+      for (int64_t col = 0; col < c.hidden; ++col) {
+        ASSERT_EQ(reference::DequantizeWeight(rg.view, reference::Projection::kW13, e, r, col),
+                  reference::DequantizeWeight(rm.view, reference::Projection::kW13, e, r, col))
+            << e << " " << r << " " << col;
+      }
+    }
+    for (int64_t r = 0; r < c.hidden; ++r) {
+      for (int64_t col = 0; col < c.inter; ++col) {
+        ASSERT_EQ(reference::DequantizeWeight(rg.view, reference::Projection::kW2, e, r, col),
+                  reference::DequantizeWeight(rm.view, reference::Projection::kW2, e, r, col));
+      }
+    }
+  }
+  // A few elements by hand: row 17 (group 1, lane 1), columns 4 and 5 (pair 2).
+  const bf16_t* w13 = static_cast<const bf16_t*>(rg.view.w13);
+  const bf16_t* orig = static_cast<const bf16_t*>(rm.view.w13);
+  EXPECT_EQ(w13[((1 * (48 / 2) + 2) * 16 + 1) * 2].bits, orig[17 * 48 + 4].bits);
+  EXPECT_EQ(w13[((1 * (48 / 2) + 2) * 16 + 1) * 2 + 1].bits, orig[17 * 48 + 5].bits);
+}
+
+TEST(GroupedGemm, RowGroupLayoutRejectsWhatItCannotHold) {
+  auto repack = [](const GemmCase& c) {
+    OwnedExpertWeights ow = Encode(c, RandomWeights(c, 1));
+    return RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data());
+  };
+  Status s = repack({.format = WeightFormat::kBf16, .hidden = 40, .inter = 32});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("H 40"), std::string::npos) << s.message();
+  s = repack({.format = WeightFormat::kFp8Block, .hidden = 64, .inter = 32});
+  EXPECT_NE(s.message().find("for bf16 weights, got fp8"), std::string::npos) << s.message();
+  s = repack({.format = WeightFormat::kBf16,
+              .act = Activation::kSwiGluOai,
+              .hidden = 64,
+              .inter = 32,
+              .interleaved = true});
+  EXPECT_NE(s.message().find("interleaved"), std::string::npos) << s.message();
+  GemmCase c{.format = WeightFormat::kBf16, .hidden = 64, .inter = 32};
+  OwnedExpertWeights ow = Encode(c, RandomWeights(c, 1));
+  ASSERT_TRUE(RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data()).ok());
+  s = RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data());
+  EXPECT_NE(s.message().find("already"), std::string::npos) << s.message();
+  // A view flagged by hand with a shape the layout cannot hold fails validation.
+  ExpertWeights bad = ow.view;
+  bad.intermediate = 40;
+  EXPECT_EQ(ValidateExpertWeights(bad, {}).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(GroupedGemm, RejectsBadShapes) {

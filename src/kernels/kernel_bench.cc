@@ -44,6 +44,10 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+const char* KernelBenchFormatName(const KernelBenchResult& r) {
+  return r.row_groups ? "bf16-rg" : WeightFormatName(r.format);
+}
+
 Roofline BestOf(const Roofline& a, const Roofline& b) {
   return {std::max(a.read_bytes_per_s, b.read_bytes_per_s),
           std::max(a.bf16_flops_per_s, b.bf16_flops_per_s)};
@@ -51,16 +55,15 @@ Roofline BestOf(const Roofline& a, const Roofline& b) {
 
 void ApplyRoofline(const Roofline& run_best, std::vector<KernelBenchResult>* results) {
   for (KernelBenchResult& r : *results) {
-    const Roofline& local = r.roofline.read_bytes_per_s > 0 && r.roofline.bf16_flops_per_s > 0
-                                ? r.roofline
-                                : run_best;
+    const Roofline& local =
+        r.roofline.read_bytes_per_s > 0 && r.roofline.bf16_flops_per_s > 0 ? r.roofline : run_best;
     r.memory_seconds = r.weight_bytes / local.read_bytes_per_s;
     r.compute_seconds = r.flops / local.bf16_flops_per_s;
     r.bound = r.memory_seconds >= r.compute_seconds ? "memory" : "compute";
     r.fraction = std::max(r.memory_seconds, r.compute_seconds) / r.seconds;
-    r.fraction_of_run_best = std::max(r.weight_bytes / run_best.read_bytes_per_s,
-                                      r.flops / run_best.bf16_flops_per_s) /
-                             r.seconds;
+    r.fraction_of_run_best =
+        std::max(r.weight_bytes / run_best.read_bytes_per_s, r.flops / run_best.bf16_flops_per_s) /
+        r.seconds;
   }
 }
 
@@ -84,70 +87,86 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
                           .intermediate = shape.intermediate};
       probe.w13 = probe.w2 = probe.w13_scales = probe.w2_scales = &probe;  // shape check only
       MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(probe, act));
-      // One set of weights per (shape, format), freed before the next.
-      const OwnedExpertWeights weights = MakeRandomExpertWeights(ctx, ws, o.seed);
+      // One set of weights per (shape, format), freed before the next; bf16 is measured in
+      // each layout of o.bf16_row_groups, repacked in place when it turns to row groups.
+      OwnedExpertWeights weights = MakeRandomExpertWeights(ctx, ws, o.seed);
       const double expert_bytes =
           static_cast<double>(ExpertMatrixBytes(format, 2 * shape.intermediate, shape.hidden, 32) +
                               ExpertMatrixBytes(format, shape.hidden, shape.intermediate, 32));
-      for (int64_t tokens : o.tokens) {
-        const int64_t h = shape.hidden;
-        std::vector<float> x(static_cast<size_t>(tokens * h));
-        std::mt19937_64 rng(o.seed + static_cast<uint64_t>(tokens));
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        for (float& v : x) v = nd(rng);
-        std::vector<float> out(x.size());
-        std::vector<float> logits(static_cast<size_t>(tokens * shape.num_experts));
-        std::vector<int32_t> ids(static_cast<size_t>(tokens * shape.top_k));
-        std::vector<float> rw(ids.size());
-        RoutingParams rp{.kind = RoutingKind::kSoftmaxTopK,
-                         .num_experts = shape.num_experts,
-                         .top_k = shape.top_k};
-        KernelBenchResult r;
-        r.shape = shape.name;
-        r.format = format;
-        r.num_tokens = tokens;
-        std::vector<double> times, routing_times;
-        double touched_sum = 0.0;
-        MOESHARD_ASSIGN_OR_RETURN(const Roofline around_before, MeasureRoofline(ctx, 2));
-        const double start = Now();
-        // Warm-up (first-touch of scratch buffers), then timed repetitions.
-        for (int rep = -1; rep < o.min_repetitions || Now() - start < o.min_seconds; ++rep) {
-          for (float& v : logits) v = nd(rng);
-          const double t0 = Now();
-          MOESHARD_RETURN_IF_ERROR(Route(ctx, rp, {logits.data(), tokens, ids.data(), rw.data()}));
-          const double t1 = Now();
-          MoeExpertsParams p;
-          p.topk_ids = ids.data();
-          p.topk_weights = rw.data();
-          p.num_tokens = tokens;
-          p.top_k = shape.top_k;
-          p.num_experts_global = shape.num_experts;
-          p.x = x.data();
-          p.x_dtype = DType::kF32;
-          p.weights = &weights.view;
-          p.activation = act;
-          p.out = out.data();
-          MOESHARD_RETURN_IF_ERROR(MoeExpertsForward(ctx, p));
-          const double t2 = Now();
-          if (rep < 0) continue;
-          routing_times.push_back(t1 - t0);
-          times.push_back(t2 - t1);
-          touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
-          if (rep > 1000) break;
+      const std::vector<bool> layouts =
+          format == WeightFormat::kBf16 ? o.bf16_row_groups : std::vector<bool>{false};
+      for (const bool row_groups : layouts) {
+        if (row_groups != weights.view.bf16_row_groups) {
+          if (!row_groups) {
+            return InvalidArgumentError(
+                "bench kernels: 'bf16_row_groups': row-major after row groups; list false first");
+          }
+          MOESHARD_RETURN_IF_ERROR(
+              RepackBf16RowGroups(&weights.view, weights.w13.data(), weights.w2.data())
+                  .WithContext(fmt::format("bench kernels: shape {}", shape.name)));
         }
-        MOESHARD_ASSIGN_OR_RETURN(const Roofline around_after, MeasureRoofline(ctx, 2));
-        r.roofline = BestOf(around_before, around_after);
-        r.repetitions = static_cast<int>(times.size());
-        r.experts_touched = touched_sum / r.repetitions;
-        r.weight_bytes = r.experts_touched * expert_bytes;
-        r.flops = 2.0 * static_cast<double>(tokens * shape.top_k) * 3.0 *
-                  static_cast<double>(shape.hidden * shape.intermediate);
-        r.seconds = Median(times);
-        r.routing_seconds = Median(routing_times);
-        std::vector<KernelBenchResult> one = {r};
-        ApplyRoofline(BestOf(roofline, r.roofline), &one);
-        if (on_result) on_result(one[0]);
-        results.push_back(one[0]);
+        for (int64_t tokens : o.tokens) {
+          const int64_t h = shape.hidden;
+          std::vector<float> x(static_cast<size_t>(tokens * h));
+          std::mt19937_64 rng(o.seed + static_cast<uint64_t>(tokens));
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          for (float& v : x) v = nd(rng);
+          std::vector<float> out(x.size());
+          std::vector<float> logits(static_cast<size_t>(tokens * shape.num_experts));
+          std::vector<int32_t> ids(static_cast<size_t>(tokens * shape.top_k));
+          std::vector<float> rw(ids.size());
+          RoutingParams rp{.kind = RoutingKind::kSoftmaxTopK,
+                           .num_experts = shape.num_experts,
+                           .top_k = shape.top_k};
+          KernelBenchResult r;
+          r.shape = shape.name;
+          r.format = format;
+          r.row_groups = row_groups;
+          r.num_tokens = tokens;
+          std::vector<double> times, routing_times;
+          double touched_sum = 0.0;
+          MOESHARD_ASSIGN_OR_RETURN(const Roofline around_before, MeasureRoofline(ctx, 2));
+          const double start = Now();
+          // Warm-up (first-touch of scratch buffers), then timed repetitions.
+          for (int rep = -1; rep < o.min_repetitions || Now() - start < o.min_seconds; ++rep) {
+            for (float& v : logits) v = nd(rng);
+            const double t0 = Now();
+            MOESHARD_RETURN_IF_ERROR(
+                Route(ctx, rp, {logits.data(), tokens, ids.data(), rw.data()}));
+            const double t1 = Now();
+            MoeExpertsParams p;
+            p.topk_ids = ids.data();
+            p.topk_weights = rw.data();
+            p.num_tokens = tokens;
+            p.top_k = shape.top_k;
+            p.num_experts_global = shape.num_experts;
+            p.x = x.data();
+            p.x_dtype = DType::kF32;
+            p.weights = &weights.view;
+            p.activation = act;
+            p.out = out.data();
+            MOESHARD_RETURN_IF_ERROR(MoeExpertsForward(ctx, p));
+            const double t2 = Now();
+            if (rep < 0) continue;
+            routing_times.push_back(t1 - t0);
+            times.push_back(t2 - t1);
+            touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+            if (rep > 1000) break;
+          }
+          MOESHARD_ASSIGN_OR_RETURN(const Roofline around_after, MeasureRoofline(ctx, 2));
+          r.roofline = BestOf(around_before, around_after);
+          r.repetitions = static_cast<int>(times.size());
+          r.experts_touched = touched_sum / r.repetitions;
+          r.weight_bytes = r.experts_touched * expert_bytes;
+          r.flops = 2.0 * static_cast<double>(tokens * shape.top_k) * 3.0 *
+                    static_cast<double>(shape.hidden * shape.intermediate);
+          r.seconds = Median(times);
+          r.routing_seconds = Median(routing_times);
+          std::vector<KernelBenchResult> one = {r};
+          ApplyRoofline(BestOf(roofline, r.roofline), &one);
+          if (on_result) on_result(one[0]);
+          results.push_back(one[0]);
+        }
       }
     }
   }

@@ -20,6 +20,15 @@
 //   kInt4     data uint8 [rows, cols/2], low nibble = even column; scales bf16 [rows, cols/g];
 //             w = (nibble - 8) * scale. g % 32 == 0 and cols % g == 0.
 // Per-expert tensors are contiguous, experts back to back ([E_local, ...] above).
+//
+// bf16 row-group layout (ExpertWeights::bf16_row_groups, made by RepackBf16RowGroups): each
+// expert matrix [rows, cols] is stored as [rows / 16][cols / 2][16] pairs of bf16, pair (g, p, l)
+// = (w[16g + l][2p], w[16g + l][2p + 1]), the even column in the low half: the same bytes in an
+// order where one 64-byte line holds one column pair of 16 consecutive rows. The AVX-512 kernels
+// then multiply 16 output rows per vector with each token's pair broadcast, reading every input
+// line once per 16 rows (the row-major dot products reread each token's inputs for every few
+// rows). Requires H and I to be multiples of 16 (so every task's gate, up and down rows are
+// whole groups) and gate/up not interleaved.
 // Biases are fp32: w13_bias [E_local, R13] in w13's row order, w2_bias [E_local, H].
 //
 // Numerics (optimised backends): the input rows and the intermediate activation are rounded to
@@ -82,6 +91,7 @@ struct ExpertWeights {
   bool gated = true;         // must equal IsGated(activation)
   bool gate_up_interleaved = false;
   int64_t int4_group_size = 32;  // kInt4 only
+  bool bf16_row_groups = false;  // kBf16 only: the row-group layout above
 
   const void* w13 = nullptr;         // [E_local, R13, H] (format-dependent element, see above)
   const void* w13_scales = nullptr;  // format-dependent (null for kBf16)
@@ -92,6 +102,18 @@ struct ExpertWeights {
 
   int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
 };
+
+// Element index of w[row][col] within one expert matrix of `cols` columns in the bf16 row-group
+// layout (above).
+inline int64_t Bf16RowGroupsIndex(int64_t row, int64_t col, int64_t cols) {
+  return ((row / 16 * (cols / 2) + col / 2) * 16 + row % 16) * 2 + col % 2;
+}
+
+// Rewrites bf16 weights (w13 and w2, every expert) from row-major into the row-group layout in
+// place, one expert matrix at a time through a buffer of one matrix, and sets bf16_row_groups.
+// `w13` and `w2` are the writable buffers `weights` views. InvalidArgument (naming the numbers)
+// when the format is not bf16, the layout is already set, or a shape rule above fails.
+Status RepackBf16RowGroups(ExpertWeights* weights, void* w13, void* w2);
 
 // Bytes of one expert's data + scales for the matrix [rows, cols] in `format`.
 int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group);

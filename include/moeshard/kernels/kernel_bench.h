@@ -55,6 +55,9 @@ struct KernelBenchOptions {
   std::vector<int64_t> tokens = {1, 8, 32, 128, 512, 2048};
   std::vector<KernelBenchShape> shapes = DefaultKernelBenchShapes();
   std::vector<WeightFormat> formats = {WeightFormat::kBf16, WeightFormat::kMxfp4};
+  // The layouts bf16 weights are measured in, in this order: false row-major, true the row-group
+  // layout (RepackBf16RowGroups; one set of weights, repacked in place between the two).
+  std::vector<bool> bf16_row_groups = {false, true};
   double min_seconds = 0.5;  // per case: repeat until this much time and >= min_repetitions
   int min_repetitions = 3;
   uint64_t seed = 1;
@@ -63,20 +66,24 @@ struct KernelBenchOptions {
 struct KernelBenchResult {
   std::string shape;
   WeightFormat format = WeightFormat::kBf16;
+  bool row_groups = false;  // bf16 in the row-group layout
   int64_t num_tokens = 0;
   int repetitions = 0;
   double experts_touched = 0.0;  // mean distinct experts per repetition
   double weight_bytes = 0.0;     // mean distinct expert weight bytes (data + scales)
   double flops = 0.0;
-  double seconds = 0.0;          // median time of the expert computation
-  double routing_seconds = 0.0;  // median time of Route (softmax top-k) for the same tokens
-  double memory_seconds = 0.0;   // weight_bytes / bandwidth
-  double compute_seconds = 0.0;  // flops / bf16 peak
-  double fraction = 0.0;         // max(memory, compute) / seconds
-  const char* bound = "";        // "memory" or "compute"
-  Roofline roofline;             // measured around this case (best of before and after)
+  double seconds = 0.0;               // median time of the expert computation
+  double routing_seconds = 0.0;       // median time of Route (softmax top-k) for the same tokens
+  double memory_seconds = 0.0;        // weight_bytes / bandwidth
+  double compute_seconds = 0.0;       // flops / bf16 peak
+  double fraction = 0.0;              // max(memory, compute) / seconds
+  const char* bound = "";             // "memory" or "compute"
+  Roofline roofline;                  // measured around this case (best of before and after)
   double fraction_of_run_best = 0.0;  // the same fraction against the run-wide best roofline
 };
+
+// "bf16-rg" for bf16 in the row-group layout, else WeightFormatName.
+const char* KernelBenchFormatName(const KernelBenchResult& r);
 
 // Recomputes memory/compute seconds, bound and fraction of `results` against each result's own
 // roofline (or `run_best` where a result has none), and fraction_of_run_best against `run_best`.

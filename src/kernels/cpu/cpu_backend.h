@@ -34,6 +34,9 @@ struct MatrixRef {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t group = 32;  // kInt4 group size
+  // kBf16 in the row-group layout (expert_gemm.h): Row() does not apply; element (r, c) is at
+  // Bf16RowGroupsIndex(r, c, cols). dot_rows then takes row_idx in aligned runs of 16.
+  bool row_groups = false;
 
   int64_t RowBytes() const {
     switch (format) {

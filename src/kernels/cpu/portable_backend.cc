@@ -18,6 +18,11 @@ void DecodeRow(const MatrixRef& m, int64_t r, float* out) {
   const int64_t cols = m.cols;
   switch (m.format) {
     case WeightFormat::kBf16: {
+      if (m.row_groups) {
+        const bf16_t* b = reinterpret_cast<const bf16_t*>(m.data);
+        for (int64_t c = 0; c < cols; ++c) out[c] = Bf16ToFloat(b[Bf16RowGroupsIndex(r, c, cols)]);
+        return;
+      }
       const bf16_t* b = reinterpret_cast<const bf16_t*>(row);
       for (int64_t c = 0; c < cols; ++c) out[c] = Bf16ToFloat(b[c]);
       return;

@@ -161,7 +161,11 @@ float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, 
   const void* scales = is_w13 ? w.w13_scales : w.w2_scales;
   const int64_t elem = (expert * rows + row) * cols + col;  // element index in [E, rows, cols]
   switch (w.format) {
-    case WeightFormat::kBf16: return Bf16ToFloat(static_cast<const bf16_t*>(data)[elem]);
+    case WeightFormat::kBf16: {
+      const int64_t i =
+          w.bf16_row_groups ? expert * rows * cols + Bf16RowGroupsIndex(row, col, cols) : elem;
+      return Bf16ToFloat(static_cast<const bf16_t*>(data)[i]);
+    }
     case WeightFormat::kFp8Block: {
       const int64_t sr = CeilDiv(rows, kCpuFp8BlockSize);
       const int64_t sc = CeilDiv(cols, kCpuFp8BlockSize);
