@@ -39,6 +39,7 @@ struct RunFlags {
   std::string input;
   std::string output;
   std::string dtype = "bf16";
+  std::string expert_layout = "auto";
   int threads = 0;
   double atol = Tolerance{}.atol;
   double rtol = Tolerance{}.rtol;
@@ -121,6 +122,10 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
         return fmt::format("{}", fmt::join(t, ", "));
       }(),
       spec.warmup, spec.iters);
+  if (r.row_group_layers > 0) {
+    fmt::print("  bf16 experts in the CPU row-group layout ({} layers on rank 0; same bytes)\n",
+               r.row_group_layers);
+  }
   fmt::print("  intermediate {} -> raw {} -> padded {}; expert hidden {} -> padded {}\n\n",
              plan.intermediate.logical, plan.intermediate.raw_local, plan.intermediate.padded_local,
              plan.hidden.logical, plan.hidden.padded_local);
@@ -243,6 +248,13 @@ int RunRun(const RunFlags& f) {
   spec.iters = f.iters;
   spec.verify = f.verify;
   spec.tolerance = Tolerance{.atol = f.atol, .rtol = f.rtol};
+  if (f.expert_layout != "auto" && f.expert_layout != "row-major") {
+    return fail(InvalidArgumentError(fmt::format(
+        "run: '--expert-layout {}': expected auto (bf16 experts in the row-group layout on "
+        "AVX-512 CPUs) or row-major",
+        f.expert_layout)));
+  }
+  spec.cpu_row_groups = f.expert_layout == "auto";
   spec.collect_outputs = !f.output.empty();
   if (f.dtype == "bf16") {
     spec.io_dtype = DType::kBF16;
@@ -561,6 +573,9 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--output", f->output,
                                "write every layer's output as safetensors (F32 [T, H])");
                sub->add_option("--dtype", f->dtype, "hidden-state dtype: bf16 (default) or f32");
+               sub->add_option("--expert-layout", f->expert_layout,
+                               "bf16 routed experts: auto (default; the row-group layout on "
+                               "AVX-512 CPUs) or row-major");
                sub->add_option("--threads", f->threads,
                                "kernel threads per rank (default: cores / ranks, at least 1)");
                sub->add_option("--atol", f->atol, "verification: absolute tolerance (2e-2)");

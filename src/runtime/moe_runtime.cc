@@ -323,6 +323,13 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
     MOESHARD_ASSIGN_OR_RETURN(const WeightView* v,
                               w.Get(LayerName(t->name, layer), t->dtype, t->padded_shape));
     (std::string(proj) == "w13" ? x.w13 : x.w2) = v->data;
+    if (std::string(proj) == "w13") {
+      x.bf16_row_groups = v->bf16_row_groups;
+    } else if (v->bf16_row_groups != x.bf16_row_groups) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: '{}': its layout ({}) differs from w13's; both must be row groups or neither",
+          LayerName(ep + proj + wsuf, layer), v->bf16_row_groups ? "row groups" : "row-major"));
+    }
     if (plan->expert_format != QuantMethod::kNone) {
       const TensorShard* s = FindShard(rp, ep + proj + ssuf);
       if (s == nullptr) {

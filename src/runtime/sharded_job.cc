@@ -25,6 +25,7 @@ struct Instance {
   RankWeights weights{0};
   WeightViews views;
   LoadStats stats;
+  int64_t row_group_layers = 0;
   std::unique_ptr<MoeRuntime> runtime;
 };
 
@@ -34,6 +35,9 @@ Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Co
   lo.max_moe_layers = spec.num_layers;
   lo.num_threads = std::max(1, spec.kernel_threads);
   MOESHARD_ASSIGN_OR_RETURN(out->weights, LoadRankWeights(plan, rank, lo, &out->stats));
+  if (spec.cpu_row_groups && ctx.isa() == CpuIsa::kAvx512Bf16) {
+    MOESHARD_ASSIGN_OR_RETURN(out->row_group_layers, UseCpuRowGroupLayout(plan, &out->weights));
+  }
   out->views = ViewRankWeights(out->weights);
   MoeRuntimeOptions ro;
   ro.max_tokens = max_tokens;
@@ -201,6 +205,7 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   ShardedJobResult result;
   result.layers = rt.layers();
   result.total_tokens = unit_offset[units];
+  result.row_group_layers = inst.row_group_layers;
   for (int r = 0; r < world.size(); ++r) {
     const double* d = all.data() + r * rec;
     RankReport rr;

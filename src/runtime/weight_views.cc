@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "moeshard/base/check.h"
+#include "moeshard/kernels/expert_gemm.h"
 #include "moeshard/weights/rank_weights.h"
 
 namespace moeshard {
@@ -30,12 +32,50 @@ Result<const WeightView*> WeightViews::Get(std::string_view name, DType dtype,
 WeightViews ViewRankWeights(const RankWeights& weights) {
   WeightViews views;
   for (const TensorBuffer& t : weights.tensors()) {
-    views.Add(
-        t.name,
-        WeightView{
-            .data = t.data.data(), .dtype = t.dtype, .shape = t.shape, .num_bytes = t.data.size()});
+    views.Add(t.name, WeightView{.data = t.data.data(),
+                                 .dtype = t.dtype,
+                                 .shape = t.shape,
+                                 .num_bytes = t.data.size(),
+                                 .bf16_row_groups = t.bf16_row_groups});
   }
   return views;
+}
+
+Result<int64_t> UseCpuRowGroupLayout(const ShardPlan& plan, RankWeights* weights) {
+  MOESHARD_CHECK(weights != nullptr, "UseCpuRowGroupLayout: null weights");
+  constexpr std::string_view kW13 = "mlp.experts.w13_weight";
+  int64_t layers = 0;
+  for (const TensorBuffer& t : weights->tensors()) {
+    const std::string_view name = t.name;
+    if (t.category != TensorCategory::kRoutedExperts || t.dtype != DType::kBF16 ||
+        name.size() < kW13.size() || name.substr(name.size() - kW13.size()) != kW13 ||
+        t.bf16_row_groups || t.shape.size() != 3) {
+      continue;
+    }
+    const std::string w2_name =
+        std::string(name.substr(0, name.size() - kW13.size())) + "mlp.experts.w2_weight";
+    TensorBuffer* w13 = weights->FindMutable(t.name);
+    TensorBuffer* w2 = weights->FindMutable(w2_name);
+    if (w2 == nullptr || w2->dtype != DType::kBF16 || w2->shape.size() != 3) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: '{}': expected a bf16 [E, H, I] tensor beside '{}'", w2_name, t.name));
+    }
+    ExpertWeights ew;
+    ew.format = WeightFormat::kBf16;
+    ew.num_experts_local = w13->shape[0];
+    ew.hidden = w13->shape[2];
+    ew.intermediate = w2->shape[2];
+    ew.gated = plan.model.gated();
+    ew.gate_up_interleaved = plan.model.gate_up_fused;
+    ew.w13 = w13->data.data();
+    ew.w2 = w2->data.data();
+    if (ew.gate_up_interleaved || ew.hidden % 16 != 0 || ew.intermediate % 16 != 0) continue;
+    MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(&ew, w13->data.data(), w2->data.data())
+                                 .WithContext(fmt::format("runtime: '{}'", t.name)));
+    w13->bf16_row_groups = w2->bf16_row_groups = true;
+    ++layers;
+  }
+  return layers;
 }
 
 }  // namespace moeshard

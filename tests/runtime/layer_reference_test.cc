@@ -57,8 +57,9 @@ std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, doub
   return y;
 }
 
-void CheckPreset(const std::string& preset) {
-  SCOPED_TRACE(preset);
+// `row_groups`: bf16 experts rewritten into the CPU row-group layout after loading.
+void CheckPreset(const std::string& preset, bool row_groups = false) {
+  SCOPED_TRACE(preset + (row_groups ? " row groups" : ""));
   auto model = LoadModelConfig(preset);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const ModelConfig& m = *model;
@@ -71,6 +72,11 @@ void CheckPreset(const std::string& preset) {
   lo.max_moe_layers = 1;
   auto weights = LoadRankWeights(*plan, 0, lo);
   ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  if (row_groups) {
+    const Result<int64_t> n = UseCpuRowGroupLayout(*plan, &*weights);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ASSERT_EQ(*n, 1) << "the loaded MoE layer's experts should be rewritten";
+  }
   const WeightViews v = ViewRankWeights(*weights);
   const int64_t layer = MoeLayersOf(m, plan->ranks[0].layers).front();
   const int64_t T = 5, H = m.hidden_size, E = m.num_experts, k = m.num_experts_per_tok;
@@ -134,6 +140,8 @@ void CheckPreset(const std::string& preset) {
       ew.format = WeightFormat::kBf16;
       ew.w13 = v.Find(xp + "w13_weight")->data;
       ew.w2 = v.Find(xp + "w2_weight")->data;
+      ew.bf16_row_groups = v.Find(xp + "w13_weight")->bf16_row_groups;
+      EXPECT_EQ(ew.bf16_row_groups, row_groups);
       break;
     case QuantMethod::kFp8Block:
       ew.format = WeightFormat::kFp8Block;
@@ -201,6 +209,8 @@ void CheckPreset(const std::string& preset) {
 TEST(RuntimeLayerReferenceTest, KimiK3) { CheckPreset("tiny-kimi-k3"); }
 TEST(RuntimeLayerReferenceTest, DeepseekV3) { CheckPreset("tiny-deepseek-v3"); }
 TEST(RuntimeLayerReferenceTest, Qwen3Moe) { CheckPreset("tiny-qwen3-moe"); }
+TEST(RuntimeLayerReferenceTest, Qwen3MoeRowGroupLayout) { CheckPreset("tiny-qwen3-moe", true); }
+TEST(RuntimeLayerReferenceTest, MixtralRowGroupLayout) { CheckPreset("tiny-mixtral", true); }
 TEST(RuntimeLayerReferenceTest, Mixtral) { CheckPreset("tiny-mixtral"); }
 TEST(RuntimeLayerReferenceTest, GptOss) { CheckPreset("tiny-gpt-oss"); }
 

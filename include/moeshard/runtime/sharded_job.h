@@ -49,6 +49,9 @@ struct ShardedJobSpec {
   Tolerance tolerance;
   int kernel_threads = 1;        // threads of each rank's kernel context
   bool collect_outputs = false;  // rank 0 receives every layer's output of every token
+  // bf16 routed experts rewritten into the row-group layout after loading when the kernels run
+  // on AVX-512 (UseCpuRowGroupLayout); false keeps them row-major.
+  bool cpu_row_groups = true;
 };
 
 struct RankReport {
@@ -66,6 +69,7 @@ struct RankReport {
 struct ShardedJobResult {
   std::vector<int64_t> layers;    // the MoE layers run
   int64_t total_tokens = 0;       // over all units
+  int64_t row_group_layers = 0;   // this rank's layers with bf16 experts in row-group layout
   std::vector<RankReport> ranks;  // every rank's report (all ranks receive all)
   double iter_seconds = 0;        // slowest rank's mean forward time
   ErrorStats error;               // merged over ranks

@@ -21,12 +21,16 @@
 namespace moeshard {
 
 class RankWeights;
+struct ShardPlan;
 
 struct WeightView {
   const std::byte* data = nullptr;  // the padded tensor, row-major, padding zero
   DType dtype = DType::kBF16;
   std::vector<int64_t> shape;  // padded (allocated) shape
   size_t num_bytes = 0;
+  // Routed-expert bf16 matrices in the CPU kernels' row-group layout (kernels/expert_gemm.h)
+  // instead of row-major; the runtime hands this on to the kernels.
+  bool bf16_row_groups = false;
 
   template <typename T>
   const T* as() const {
@@ -52,5 +56,12 @@ class WeightViews {
 
 // Views of every tensor of `weights` (which must outlive the views).
 WeightViews ViewRankWeights(const RankWeights& weights);
+
+// Rewrites the routed experts' bf16 w13/w2 tensors of `weights` in place into the row-group
+// layout the AVX-512 kernels stream fastest (kernels/expert_gemm.h: the same bytes, so the
+// plan's memory is unchanged) and marks them. Layers whose expert shape the layout cannot hold
+// (H or I not a multiple of 16, interleaved gate/up) stay row-major. Returns how many layers
+// were rewritten. Call it right after loading, before making views or sharing the weights.
+Result<int64_t> UseCpuRowGroupLayout(const ShardPlan& plan, RankWeights* weights);
 
 }  // namespace moeshard
