@@ -24,7 +24,8 @@ class RankWeights;
 struct ShardPlan;
 
 struct WeightView {
-  const std::byte* data = nullptr;  // the padded tensor, row-major, padding zero
+  const std::byte* data =
+      nullptr;  // the padded tensor, row-major (see bf16_row_groups), padding zero
   DType dtype = DType::kBF16;
   std::vector<int64_t> shape;  // padded (allocated) shape
   size_t num_bytes = 0;

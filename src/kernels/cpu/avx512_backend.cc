@@ -528,7 +528,8 @@ struct RowGroupTable {
 void RowGroupDot(const DotRowsArgs& a) {
   static constexpr RowGroupTable kTable;
   MOESHARD_CHECK(a.num_rows % 16 == 0 && (a.num_rows == 0 || a.row_idx[0] % 16 == 0),
-                 "row-group dot: rows must be whole groups of 16");
+                 "row-group dot: rows must be whole groups of 16, got {} rows from row {}",
+                 a.num_rows, a.num_rows > 0 ? a.row_idx[0] : -1);
   const int64_t pairs = a.w->cols / 2;
   const int64_t group_stride = pairs * 16;  // uint32 per group
   const uint32_t* data = reinterpret_cast<const uint32_t*>(a.w->data);
