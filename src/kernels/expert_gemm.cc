@@ -196,11 +196,18 @@ Status RepackBf16RowGroups(ExpertWeights* weights, void* w13, void* w2) {
     const int64_t n = rows * cols;
     std::vector<bf16_t> tmp(static_cast<size_t>(n));
     bf16_t* data = static_cast<bf16_t*>(is_w13 ? w13 : w2);
+    const int64_t pairs = cols / 2;
     for (int64_t e = 0; e < w.num_experts_local; ++e) {
       bf16_t* m = data + e * n;
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          tmp[static_cast<size_t>(Bf16RowGroupsIndex(r, c, cols))] = m[r * cols + c];
+      // In destination order (Bf16RowGroupsIndex): sequential writes, 16 row streams read.
+      bf16_t* out = tmp.data();
+      for (int64_t g = 0; g < rows / kRowGroup; ++g) {
+        const bf16_t* group = m + g * kRowGroup * cols;
+        for (int64_t p = 0; p < pairs; ++p) {
+          for (int64_t l = 0; l < kRowGroup; ++l) {
+            *out++ = group[l * cols + 2 * p];
+            *out++ = group[l * cols + 2 * p + 1];
+          }
         }
       }
       std::copy(tmp.begin(), tmp.end(), m);
