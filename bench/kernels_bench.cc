@@ -40,8 +40,9 @@ const OwnedExpertWeights& Weights(const KernelBenchShape& s, WeightFormat f, boo
                                  .intermediate = s.intermediate},
                                 1));
     if (row_groups) {
-      MOESHARD_CHECK(RepackBf16RowGroups(&cached->view, cached->w13.data(), cached->w2.data()).ok(),
-                     "repack failed");
+      MOESHARD_CHECK(
+          RepackBf16RowGroups(Context(), &cached->view, cached->w13.data(), cached->w2.data()).ok(),
+          "repack failed");
     }
     key = k;
   }

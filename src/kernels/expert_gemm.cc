@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
@@ -175,7 +175,7 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
   return Status::Ok();
 }
 
-Status RepackBf16RowGroups(ExpertWeights* weights, void* w13, void* w2) {
+Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13, void* w2) {
   MOESHARD_CHECK(weights != nullptr, "RepackBf16RowGroups: null weights");
   ExpertWeights& w = *weights;
   if (w.bf16_row_groups) {
@@ -194,24 +194,30 @@ Status RepackBf16RowGroups(ExpertWeights* weights, void* w13, void* w2) {
     const int64_t rows = is_w13 ? w.w13_rows() : w.hidden;
     const int64_t cols = is_w13 ? w.hidden : w.intermediate;
     const int64_t n = rows * cols;
-    std::vector<bf16_t> tmp(static_cast<size_t>(n));
-    bf16_t* data = static_cast<bf16_t*>(is_w13 ? w13 : w2);
     const int64_t pairs = cols / 2;
-    for (int64_t e = 0; e < w.num_experts_local; ++e) {
-      bf16_t* m = data + e * n;
-      // In destination order (Bf16RowGroupsIndex): sequential writes, 16 row streams read.
-      bf16_t* out = tmp.data();
-      for (int64_t g = 0; g < rows / kRowGroup; ++g) {
-        const bf16_t* group = m + g * kRowGroup * cols;
-        for (int64_t p = 0; p < pairs; ++p) {
-          for (int64_t l = 0; l < kRowGroup; ++l) {
-            *out++ = group[l * cols + 2 * p];
-            *out++ = group[l * cols + 2 * p + 1];
+    bf16_t* data = static_cast<bf16_t*>(is_w13 ? w13 : w2);
+    // One contiguous range of experts per thread, so each thread faults in its buffer once.
+    const int64_t num_threads = ctx.num_threads();
+    ctx.pool().ParallelFor(num_threads, 1, [&](int64_t t0, int64_t t1, int) {
+      const std::unique_ptr<bf16_t[]> tmp = std::make_unique_for_overwrite<bf16_t[]>(n);
+      const int64_t begin = t0 * w.num_experts_local / num_threads;
+      const int64_t end = t1 * w.num_experts_local / num_threads;
+      for (int64_t e = begin; e < end; ++e) {
+        bf16_t* m = data + e * n;
+        // In destination order (Bf16RowGroupsIndex): sequential writes, 16 row streams read.
+        bf16_t* out = tmp.get();
+        for (int64_t g = 0; g < rows / kRowGroup; ++g) {
+          const bf16_t* group = m + g * kRowGroup * cols;
+          for (int64_t p = 0; p < pairs; ++p) {
+            for (int64_t l = 0; l < kRowGroup; ++l) {
+              *out++ = group[l * cols + 2 * p];
+              *out++ = group[l * cols + 2 * p + 1];
+            }
           }
         }
+        std::copy(tmp.get(), tmp.get() + n, m);
       }
-      std::copy(tmp.begin(), tmp.end(), m);
-    }
+    });
   }
   w.bf16_row_groups = true;
   return Status::Ok();

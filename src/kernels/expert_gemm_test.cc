@@ -219,7 +219,8 @@ void CheckOffsets(const GemmCase& c, const std::vector<int64_t>& offsets, uint64
   const FloatWeights f = RandomWeights(c, seed);
   OwnedExpertWeights ow = Encode(c, f);
   if (o.row_groups) {
-    const Status s = RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data());
+    KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+    const Status s = RepackBf16RowGroups(ctx, &ow.view, ow.w13.data(), ow.w2.data());
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
   ShiftedWeights sw;
@@ -606,7 +607,8 @@ TEST(GroupedGemm, RowGroupRepackKeepsEveryWeight) {
   const FloatWeights f = RandomWeights(c, 4);
   const OwnedExpertWeights rm = Encode(c, f);
   OwnedExpertWeights rg = Encode(c, f);
-  ASSERT_TRUE(RepackBf16RowGroups(&rg.view, rg.w13.data(), rg.w2.data()).ok());
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+  ASSERT_TRUE(RepackBf16RowGroups(ctx, &rg.view, rg.w13.data(), rg.w2.data()).ok());
   EXPECT_TRUE(rg.view.bf16_row_groups);
   for (int64_t e = 0; e < c.num_experts; ++e) {
     for (int64_t r = 0; r < c.Rows13(); ++r) {
@@ -631,9 +633,10 @@ TEST(GroupedGemm, RowGroupRepackKeepsEveryWeight) {
 }
 
 TEST(GroupedGemm, RowGroupLayoutRejectsWhatItCannotHold) {
-  auto repack = [](const GemmCase& c) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  auto repack = [&](const GemmCase& c) {
     OwnedExpertWeights ow = Encode(c, RandomWeights(c, 1));
-    return RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data());
+    return RepackBf16RowGroups(ctx, &ow.view, ow.w13.data(), ow.w2.data());
   };
   Status s = repack({.format = WeightFormat::kBf16, .hidden = 40, .inter = 32});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -648,8 +651,8 @@ TEST(GroupedGemm, RowGroupLayoutRejectsWhatItCannotHold) {
   EXPECT_NE(s.message().find("interleaved"), std::string::npos) << s.message();
   GemmCase c{.format = WeightFormat::kBf16, .hidden = 64, .inter = 32};
   OwnedExpertWeights ow = Encode(c, RandomWeights(c, 1));
-  ASSERT_TRUE(RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data()).ok());
-  s = RepackBf16RowGroups(&ow.view, ow.w13.data(), ow.w2.data());
+  ASSERT_TRUE(RepackBf16RowGroups(ctx, &ow.view, ow.w13.data(), ow.w2.data()).ok());
+  s = RepackBf16RowGroups(ctx, &ow.view, ow.w13.data(), ow.w2.data());
   EXPECT_NE(s.message().find("already"), std::string::npos) << s.message();
   // A view flagged by hand with a shape the layout cannot hold fails validation.
   ExpertWeights bad = ow.view;

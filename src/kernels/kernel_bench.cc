@@ -102,7 +102,7 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
                 "bench kernels: 'bf16_row_groups': row-major after row groups; list false first");
           }
           MOESHARD_RETURN_IF_ERROR(
-              RepackBf16RowGroups(&weights.view, weights.w13.data(), weights.w2.data())
+              RepackBf16RowGroups(ctx, &weights.view, weights.w13.data(), weights.w2.data())
                   .WithContext(fmt::format("bench kernels: shape {}", shape.name)));
         }
         for (int64_t tokens : o.tokens) {

@@ -36,7 +36,8 @@ Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Co
   lo.num_threads = std::max(1, spec.kernel_threads);
   MOESHARD_ASSIGN_OR_RETURN(out->weights, LoadRankWeights(plan, rank, lo, &out->stats));
   if (spec.cpu_row_groups && ctx.isa() == CpuIsa::kAvx512Bf16) {
-    MOESHARD_ASSIGN_OR_RETURN(out->row_group_layers, UseCpuRowGroupLayout(plan, &out->weights));
+    MOESHARD_ASSIGN_OR_RETURN(out->row_group_layers,
+                              UseCpuRowGroupLayout(ctx, plan, &out->weights));
   }
   out->views = ViewRankWeights(out->weights);
   MoeRuntimeOptions ro;

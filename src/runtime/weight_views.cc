@@ -41,7 +41,8 @@ WeightViews ViewRankWeights(const RankWeights& weights) {
   return views;
 }
 
-Result<int64_t> UseCpuRowGroupLayout(const ShardPlan& plan, RankWeights* weights) {
+Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
+                                     RankWeights* weights) {
   MOESHARD_CHECK(weights != nullptr, "UseCpuRowGroupLayout: null weights");
   constexpr std::string_view kW13 = "mlp.experts.w13_weight";
   int64_t layers = 0;
@@ -70,7 +71,7 @@ Result<int64_t> UseCpuRowGroupLayout(const ShardPlan& plan, RankWeights* weights
     ew.w13 = w13->data.data();
     ew.w2 = w2->data.data();
     if (ew.gate_up_interleaved || ew.hidden % 16 != 0 || ew.intermediate % 16 != 0) continue;
-    MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(&ew, w13->data.data(), w2->data.data())
+    MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(ctx, &ew, w13->data.data(), w2->data.data())
                                  .WithContext(fmt::format("runtime: '{}'", t.name)));
     w13->bf16_row_groups = w2->bf16_row_groups = true;
     ++layers;

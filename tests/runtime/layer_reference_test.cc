@@ -73,7 +73,9 @@ void CheckPreset(const std::string& preset, bool row_groups = false) {
   auto weights = LoadRankWeights(*plan, 0, lo);
   ASSERT_TRUE(weights.ok()) << weights.status().ToString();
   if (row_groups) {
-    const Result<int64_t> n = UseCpuRowGroupLayout(*plan, &*weights);
+    Result<KernelContext> ctx = KernelContext::Create({.num_threads = 2});
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    const Result<int64_t> n = UseCpuRowGroupLayout(*ctx, *plan, &*weights);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     ASSERT_EQ(*n, 1) << "the loaded MoE layer's experts should be rewritten";
   }

@@ -110,10 +110,11 @@ inline int64_t Bf16RowGroupsIndex(int64_t row, int64_t col, int64_t cols) {
 }
 
 // Rewrites bf16 weights (w13 and w2, every expert) from row-major into the row-group layout in
-// place, one expert matrix at a time through a buffer of one matrix, and sets bf16_row_groups.
-// `w13` and `w2` are the writable buffers `weights` views. InvalidArgument (naming the numbers)
-// when the format is not bf16, the layout is already set, or a shape rule above fails.
-Status RepackBf16RowGroups(ExpertWeights* weights, void* w13, void* w2);
+// place, experts in parallel over the context's pool (each thread through a buffer of one expert
+// matrix), and sets bf16_row_groups. `w13` and `w2` are the writable buffers `weights` views.
+// InvalidArgument (naming the numbers) when the format is not bf16, the layout is already set,
+// or a shape rule above fails.
+Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13, void* w2);
 
 // Bytes of one expert's data + scales for the matrix [rows, cols] in `format`.
 int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group);

@@ -22,6 +22,7 @@ namespace moeshard {
 
 class RankWeights;
 struct ShardPlan;
+class KernelContext;
 
 struct WeightView {
   const std::byte* data =
@@ -62,7 +63,9 @@ WeightViews ViewRankWeights(const RankWeights& weights);
 // layout the AVX-512 kernels stream fastest (kernels/expert_gemm.h: the same bytes, so the
 // plan's memory is unchanged) and marks them. Layers whose expert shape the layout cannot hold
 // (H or I not a multiple of 16, interleaved gate/up) stay row-major. Returns how many layers
-// were rewritten. Call it right after loading, before making views or sharing the weights.
-Result<int64_t> UseCpuRowGroupLayout(const ShardPlan& plan, RankWeights* weights);
+// were rewritten (in parallel over `ctx`'s pool). Call it right after loading, before making
+// views or sharing the weights.
+Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
+                                     RankWeights* weights);
 
 }  // namespace moeshard
