@@ -118,18 +118,19 @@ Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
 Status CheckRowGroupShape(const ExpertWeights& w) {
   if (w.format != WeightFormat::kBf16) {
     return InvalidArgumentError(fmt::format(
-        "expert weights: 'bf16_row_groups': the row-group layout is for bf16 weights, got {}",
+        "expert weights: 'bf16_row_groups': expected bf16 weights for the row-group layout, got "
+        "{} (keep the row-major layout)",
         WeightFormatName(w.format)));
   }
   if (w.gate_up_interleaved) {
     return InvalidArgumentError(
-        "expert weights: 'bf16_row_groups': not supported with interleaved gate/up rows "
-        "(gpt-oss); keep the row-major layout");
+        "expert weights: 'bf16_row_groups': expected gate and up rows in two halves, got "
+        "interleaved gate/up rows (gpt-oss; keep the row-major layout)");
   }
   if (w.hidden % kRowGroup != 0 || w.intermediate % kRowGroup != 0) {
     return InvalidArgumentError(fmt::format(
-        "expert weights: 'bf16_row_groups': needs H and I to be multiples of {}, got H {}, I {} "
-        "(pad them with zeros, or keep the row-major layout)",
+        "expert weights: 'bf16_row_groups': expected H and I to be multiples of {}, got H {}, "
+        "I {} (pad them with zeros, or keep the row-major layout)",
         kRowGroup, w.hidden, w.intermediate));
   }
   return Status::Ok();
@@ -180,16 +181,19 @@ Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13
   ExpertWeights& w = *weights;
   if (w.bf16_row_groups) {
     return InvalidArgumentError(
-        "expert weights: 'bf16_row_groups': already in the row-group layout");
+        "repack: 'bf16_row_groups': expected row-major weights, got weights already in the "
+        "row-group layout");
   }
+  if (w13 != w.w13 || w2 != w.w2) {
+    return InvalidArgumentError(
+        "repack: 'w13/w2': expected the writable buffers the weights view, got other pointers");
+  }
+  ActivationParams act;  // any activation of the weights' kind: only the shape is validated
+  act.kind = w.gated ? Activation::kSwiGlu : Activation::kReluSquared;
   w.bf16_row_groups = true;
-  Status shape = CheckRowGroupShape(w);
-  if (shape.ok() && (w13 != w.w13 || w2 != w.w2)) {
-    shape = InvalidArgumentError(
-        "expert weights: repack: 'w13/w2': expected the writable buffers the weights view");
-  }
+  const Status valid = ValidateExpertWeights(w, act);
   w.bf16_row_groups = false;
-  MOESHARD_RETURN_IF_ERROR(shape);
+  MOESHARD_RETURN_IF_ERROR(valid);
   for (const bool is_w13 : {true, false}) {
     const int64_t rows = is_w13 ? w.w13_rows() : w.hidden;
     const int64_t cols = is_w13 ? w.hidden : w.intermediate;
@@ -265,6 +269,8 @@ constexpr int64_t kDownBlock = 96;
 // kPackedGateUpBlock is even so tasks write whole column pairs of the packed activations.
 constexpr int64_t kPackedGateUpBlock = 96;
 constexpr int64_t kPackedDownBlock = 192;
+// The row-group layout's tasks must cover whole groups of 16 gate, up and down rows.
+static_assert(kGateUpBlock % 16 == 0 && kDownBlock % 16 == 0);
 
 // Dot-path (decode) tasks restart their weight streams cold, so when many experts are touched
 // the blocks grow, up to kMaxBlockMultiple times, while every thread keeps at least

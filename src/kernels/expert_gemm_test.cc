@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 
 #include "kernels/kernels_test_util.h"
 #include "moeshard/base/numeric.h"
@@ -164,7 +166,12 @@ std::vector<float> RunGemm(CpuIsa isa, const ExpertWeights& w, const ActivationP
   }
   const void* xp = o.x_dtype == DType::kF32 ? static_cast<const void*>(xf.data() + shift)
                                             : static_cast<const void*>(xb.data() + shift);
-  std::vector<float> y(static_cast<size_t>(rows * w.hidden) + shift, -7.0f);
+  // y starts on a 64-byte line (unless misaligned), so the AVX-512 transposed store's
+  // non-temporal whole-line path runs wherever a token row's 16 outputs fill a line.
+  std::vector<float> y_buf(static_cast<size_t>(rows * w.hidden) + shift + 16, -7.0f);
+  const size_t line_off =
+      (64 - reinterpret_cast<uintptr_t>(y_buf.data()) % 64) % 64 / sizeof(float);
+  const std::span<float> y(y_buf.data() + line_off, static_cast<size_t>(rows * w.hidden) + shift);
   GroupedGemmParams p;
   p.weights = &w;
   p.activation = act;
@@ -575,9 +582,9 @@ TEST(GroupedGemm, PortableAndAvx512Agree) {
   }
 }
 
-// bf16 weights in the row-group layout (RepackBf16RowGroups): one token per expert up to several
-// token tiles and K blocks (H 320: 160 pairs, a full and a partial block of 128), every
-// non-interleaved activation, biases, bf16 and gathered inputs, misalignment.
+// bf16 weights in the row-group layout (RepackBf16RowGroups): one token per expert up to many
+// token tiles, every non-interleaved activation, biases, bf16 and gathered inputs,
+// misalignment, and a gate_up reduction over two K blocks of 1024 pairs (H 2080: 1040 pairs).
 TEST(GroupedGemm, Bf16RowGroupLayout) {
   for (Activation act : {Activation::kSwiGlu, Activation::kSiTu, Activation::kReluSquared,
                          Activation::kGeluTanhGated}) {
@@ -595,9 +602,13 @@ TEST(GroupedGemm, Bf16RowGroupLayout) {
   GemmCase c{.format = WeightFormat::kBf16, .hidden = 64, .inter = 32, .bias = true};
   CheckCase(c, 45, 3, 7, {.x_dtype = DType::kBF16, .misalign = true, .row_groups = true});
   CheckCase(c, 45, 3, 8, {.gather = true, .row_groups = true});
-  // One expert with many tokens: 150 tokens in 25 tiles of 6 over two K blocks.
+  // One expert with many tokens: 150 tokens in 25 tiles of 6.
   GemmCase one{.format = WeightFormat::kBf16, .num_experts = 1, .hidden = 320, .inter = 32};
   CheckCase(one, 150, 1, 9, {.row_groups = true});
+  // Several token tiles over two K blocks: the second block accumulates onto the first.
+  GemmCase wide{.format = WeightFormat::kBf16, .num_experts = 2, .hidden = 2080, .inter = 32};
+  CheckCase(wide, 20, 1, 10, {.row_groups = true});
+  CheckCase(wide, 2, 1, 11, {.row_groups = true});
 }
 
 // The layout is the same bytes reordered: the reference reads it through Bf16RowGroupsIndex and
@@ -642,7 +653,9 @@ TEST(GroupedGemm, RowGroupLayoutRejectsWhatItCannotHold) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("H 40"), std::string::npos) << s.message();
   s = repack({.format = WeightFormat::kFp8Block, .hidden = 64, .inter = 32});
-  EXPECT_NE(s.message().find("for bf16 weights, got fp8"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("expected bf16 weights for the row-group layout, got fp8"),
+            std::string::npos)
+      << s.message();
   s = repack({.format = WeightFormat::kBf16,
               .act = Activation::kSwiGluOai,
               .hidden = 64,
@@ -657,7 +670,9 @@ TEST(GroupedGemm, RowGroupLayoutRejectsWhatItCannotHold) {
   // A view flagged by hand with a shape the layout cannot hold fails validation.
   ExpertWeights bad = ow.view;
   bad.intermediate = 40;
-  EXPECT_EQ(ValidateExpertWeights(bad, {}).code(), StatusCode::kInvalidArgument);
+  s = ValidateExpertWeights(bad, {});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("I 40"), std::string::npos) << s.message();
 }
 
 TEST(GroupedGemm, RejectsBadShapes) {

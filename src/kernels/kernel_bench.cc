@@ -99,7 +99,9 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
         if (row_groups != weights.view.bf16_row_groups) {
           if (!row_groups) {
             return InvalidArgumentError(
-                "bench kernels: 'bf16_row_groups': row-major after row groups; list false first");
+                "bench kernels: 'bf16_row_groups': expected row-major (false) before row groups "
+                "(true), "
+                "got row-major after row groups");
           }
           MOESHARD_RETURN_IF_ERROR(
               RepackBf16RowGroups(ctx, &weights.view, weights.w13.data(), weights.w2.data())

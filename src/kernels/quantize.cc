@@ -134,7 +134,8 @@ void Allocate(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
   const int64_t r13 = s.gated ? 2 * s.intermediate : s.intermediate;
   const int64_t e = s.num_experts_local;
   o.w13 = AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, r13, s.hidden)));
-  o.w2 = AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, s.hidden, s.intermediate)));
+  o.w2 =
+      AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, s.hidden, s.intermediate)));
   o.w13_scales.resize(
       static_cast<size_t>(e * WeightScaleBytes(s.format, r13, s.hidden, s.int4_group_size)));
   o.w2_scales.resize(static_cast<size_t>(

@@ -52,7 +52,6 @@ class StartBarrier {
   std::atomic<int> arrived_{0};
 };
 
-
 }  // namespace
 
 Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions) {
@@ -84,8 +83,8 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
       ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
         barrier.ArriveAndWait();
         const uint8_t* p = buf.as<uint8_t>() + b * chunk;
-        sink ^= avx512 ? internal::ReadStreamAvx512(p, chunk, pattern)
-                       : ReadStreamPortable(p, chunk);
+        sink ^=
+            avx512 ? internal::ReadStreamAvx512(p, chunk, pattern) : ReadStreamPortable(p, chunk);
       });
       const double s = Seconds(t0, std::chrono::steady_clock::now());
       best = std::max(best, static_cast<double>(total) / s);

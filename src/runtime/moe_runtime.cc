@@ -327,8 +327,9 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
       x.bf16_row_groups = v->bf16_row_groups;
     } else if (v->bf16_row_groups != x.bf16_row_groups) {
       return InvalidArgumentError(fmt::format(
-          "runtime: '{}': its layout ({}) differs from w13's; both must be row groups or neither",
-          LayerName(ep + proj + wsuf, layer), v->bf16_row_groups ? "row groups" : "row-major"));
+          "runtime: '{}': expected the layout of w13 ({}), got {} (rewrite both or neither)",
+          LayerName(ep + proj + wsuf, layer), x.bf16_row_groups ? "row groups" : "row-major",
+          v->bf16_row_groups ? "row groups" : "row-major"));
     }
     if (plan->expert_format != QuantMethod::kNone) {
       const TensorShard* s = FindShard(rp, ep + proj + ssuf);

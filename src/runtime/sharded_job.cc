@@ -160,8 +160,11 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
     MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(static_cast<int>(rank), 0));
     MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1,
                               BuildShardPlan(plan.model, SingleRankPlanOptions(plan.options)));
+    // The reference keeps bf16 experts row-major, so verification also crosses the layouts.
+    ShardedJobSpec ref_spec = spec;
+    ref_spec.cpu_row_groups = false;
     Instance ref;
-    MOESHARD_RETURN_IF_ERROR(Build(plan1, 0, spec, *solo, ctx, std::max<int64_t>(T, 1), &ref)
+    MOESHARD_RETURN_IF_ERROR(Build(plan1, 0, ref_spec, *solo, ctx, std::max<int64_t>(T, 1), &ref)
                                  .WithContext("run: single-rank reference"));
     std::vector<uint8_t> ref_bytes(T * H * 4);
     std::vector<float> ref_layers(nl * T * H);

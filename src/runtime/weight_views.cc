@@ -1,6 +1,7 @@
 #include "moeshard/runtime/weight_views.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "moeshard/base/check.h"
 #include "moeshard/kernels/expert_gemm.h"
@@ -57,9 +58,17 @@ Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
         std::string(name.substr(0, name.size() - kW13.size())) + "mlp.experts.w2_weight";
     TensorBuffer* w13 = weights->FindMutable(t.name);
     TensorBuffer* w2 = weights->FindMutable(w2_name);
-    if (w2 == nullptr || w2->dtype != DType::kBF16 || w2->shape.size() != 3) {
+    const int64_t rows_per_i = plan.model.gated() ? 2 : 1;
+    if (w2 == nullptr || w2->dtype != DType::kBF16 || w2->shape.size() != 3 ||
+        w2->shape[0] != w13->shape[0] || w2->shape[1] != w13->shape[2] ||
+        w13->shape[1] != rows_per_i * w2->shape[2]) {
       return InvalidArgumentError(fmt::format(
-          "runtime: '{}': expected a bf16 [E, H, I] tensor beside '{}'", w2_name, t.name));
+          "runtime: '{}': expected BF16 [{}, {}, {}] beside '{}' [{}], got {}", w2_name,
+          w13->shape[0], w13->shape[2], w13->shape[1] / rows_per_i, t.name,
+          fmt::join(w13->shape, ", "),
+          w2 == nullptr
+              ? std::string("none")
+              : fmt::format("{} [{}]", DTypeName(w2->dtype), fmt::join(w2->shape, ", "))));
     }
     ExpertWeights ew;
     ew.format = WeightFormat::kBf16;
