@@ -115,7 +115,9 @@ Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
   return Status::Ok();
 }
 
-Status CheckRowGroupShape(const ExpertWeights& w) {
+}  // namespace
+
+Status CheckBf16RowGroupShape(const ExpertWeights& w) {
   if (w.format != WeightFormat::kBf16) {
     return InvalidArgumentError(fmt::format(
         "expert weights: 'bf16_row_groups': expected bf16 weights for the row-group layout, got "
@@ -135,8 +137,6 @@ Status CheckRowGroupShape(const ExpertWeights& w) {
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act) {
   if (w.num_experts_local < 0 || w.hidden < 1 || w.intermediate < 1) {
@@ -172,7 +172,7 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
   }
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));
-  if (w.bf16_row_groups) MOESHARD_RETURN_IF_ERROR(CheckRowGroupShape(w));
+  if (w.bf16_row_groups) MOESHARD_RETURN_IF_ERROR(CheckBf16RowGroupShape(w));
   return Status::Ok();
 }
 
@@ -190,10 +190,8 @@ Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13
   }
   ActivationParams act;  // any activation of the weights' kind: only the shape is validated
   act.kind = w.gated ? Activation::kSwiGlu : Activation::kReluSquared;
-  w.bf16_row_groups = true;
-  const Status valid = ValidateExpertWeights(w, act);
-  w.bf16_row_groups = false;
-  MOESHARD_RETURN_IF_ERROR(valid);
+  MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, act));
+  MOESHARD_RETURN_IF_ERROR(CheckBf16RowGroupShape(w));
   for (const bool is_w13 : {true, false}) {
     const int64_t rows = is_w13 ? w.w13_rows() : w.hidden;
     const int64_t cols = is_w13 ? w.hidden : w.intermediate;

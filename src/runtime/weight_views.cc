@@ -79,7 +79,7 @@ Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
     ew.gate_up_interleaved = plan.model.gate_up_fused;
     ew.w13 = w13->data.data();
     ew.w2 = w2->data.data();
-    if (ew.gate_up_interleaved || ew.hidden % 16 != 0 || ew.intermediate % 16 != 0) continue;
+    if (!CheckBf16RowGroupShape(ew).ok()) continue;  // stays row-major
     MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(ctx, &ew, w13->data.data(), w2->data.data())
                                  .WithContext(fmt::format("runtime: '{}'", t.name)));
     w13->bf16_row_groups = w2->bf16_row_groups = true;

@@ -109,6 +109,10 @@ inline int64_t Bf16RowGroupsIndex(int64_t row, int64_t col, int64_t cols) {
   return ((row / 16 * (cols / 2) + col / 2) * 16 + row % 16) * 2 + col % 2;
 }
 
+// Whether the shape and format of `weights` fit the bf16 row-group layout (the rules above), as
+// InvalidArgument naming the numbers when not; the flag itself is not looked at.
+Status CheckBf16RowGroupShape(const ExpertWeights& weights);
+
 // Rewrites bf16 weights (w13 and w2, every expert) from row-major into the row-group layout in
 // place, experts in parallel over the context's pool (each thread through a buffer of one expert
 // matrix), and sets bf16_row_groups. `w13` and `w2` are the writable buffers `weights` views.

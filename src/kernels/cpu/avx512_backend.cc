@@ -63,6 +63,16 @@ inline uint32_t LoadPair(const uint8_t* p) {
   return v;
 }
 
+// The decode walks' stream split: `count` list entries cut into S runs of consecutive entries
+// (per = CeilDiv(count, S) each); step s takes entry q * per + s of every run q that has one.
+// Writes those positions to pos and returns how many there are.
+template <int S>
+int StreamStep(int64_t count, int64_t per, int64_t s, int64_t (&pos)[S]) {
+  int n = 0;
+  for (int q = 0; q < S && q * per + s < count; ++q) pos[n++] = q * per + s;
+  return n;
+}
+
 inline __mmask32 TailMask32(int64_t n) {
   return n >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint32_t{1} << n) - 1u);
 }
@@ -402,15 +412,10 @@ void DotRowsImpl(const DotRowsArgs& a) {
         k_block(std::max<int64_t>(256, kDecodeXBytes / (2 * a.num_tokens) / 256 * 256));
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
     for (int64_t s = 0; s < per; ++s) {
-      int32_t idx[kStreams];
       int64_t col[kStreams];
-      int nr = 0;
-      for (int q = 0; q < kStreams; ++q) {
-        const int64_t pos = q * per + s;
-        if (pos >= a.num_rows) break;
-        idx[nr] = a.row_idx[pos];
-        col[nr++] = pos;
-      }
+      const int nr = StreamStep(a.num_rows, per, s, col);
+      int32_t idx[kStreams];
+      for (int j = 0; j < nr; ++j) idx[j] = a.row_idx[col[j]];
       const Dec d(*a.w, idx, nr);
       float tile[kDecodeMaxTokens * kStreams];
       for (int64_t k0 = 0; k0 < cols; k0 += kc) {
@@ -539,14 +544,13 @@ void RowGroupDot(const DotRowsArgs& a) {
   const int64_t num_tiles = CeilDiv(a.num_tokens, int64_t{kRgMaxMr});
   const int64_t kb = num_tiles > 1 ? kRgKBlockPairs : pairs;
   for (int64_t s = 0; s < per; ++s) {
+    int64_t pos[kRgStreams];
+    const int nr = StreamStep(num_groups, per, s, pos);
     const uint32_t* g[kRgStreams];
     float* o[kRgStreams];
-    int nr = 0;
-    for (int q = 0; q < kRgStreams; ++q) {
-      const int64_t pos = q * per + s;
-      if (pos >= num_groups) break;
-      g[nr] = data + a.row_idx[16 * pos] / 16 * group_stride;
-      o[nr++] = a.out + 16 * pos;
+    for (int j = 0; j < nr; ++j) {
+      g[j] = data + a.row_idx[16 * pos[j]] / 16 * group_stride;
+      o[j] = a.out + 16 * pos[j];
     }
     for (int64_t kp0 = 0; kp0 < pairs; kp0 += kb) {
       const int64_t kp1 = std::min(pairs, kp0 + kb);
