@@ -29,12 +29,12 @@ KernelContext& Context() {
 const OwnedExpertWeights& Weights(const KernelBenchShape& s, WeightFormat f, bool row_groups) {
   static std::unique_ptr<OwnedExpertWeights> cached;
   static std::string key;
-  const std::string k = s.name + WeightFormatName(f) + (row_groups ? "-rg" : "");
+  const std::string k = s.name + std::string(WeightFormatName(f)) + (row_groups ? "-rg" : "");
   if (!cached || key != k) {
     cached.reset();
     cached = std::make_unique<OwnedExpertWeights>(
         MakeRandomExpertWeights(Context(),
-                                {.format = f,
+                                {.scheme = WeightScheme::Default(f),
                                  .num_experts_local = s.num_experts,
                                  .hidden = s.hidden,
                                  .intermediate = s.intermediate},
@@ -65,8 +65,8 @@ void BM_MoeExperts(benchmark::State& state, int shape_idx, WeightFormat format,
   RoutingParams rp{
       .kind = RoutingKind::kSoftmaxTopK, .num_experts = s.num_experts, .top_k = s.top_k};
   const double expert_bytes =
-      static_cast<double>(ExpertMatrixBytes(format, 2 * s.intermediate, s.hidden, 32) +
-                          ExpertMatrixBytes(format, s.hidden, s.intermediate, 32));
+      static_cast<double>(ExpertMatrixBytes(w.view.scheme, 2 * s.intermediate, s.hidden) +
+                          ExpertMatrixBytes(w.view.scheme, s.hidden, s.intermediate));
   double bytes = 0.0;
   for (auto _ : state) {
     state.PauseTiming();  // new routing each iteration: other experts, cold caches

@@ -167,7 +167,7 @@ int RunBuild(const BuildFlags& f) {
   const bool json = f.format == "json";
   std::FILE* text = json ? stderr : stdout;
   std::fprintf(text, "%s (%s): %s on %lld rank%s; building %s from %s\n", model->name.c_str(),
-               ModelFamilyName(model->family), plan->topology.Label().c_str(),
+               std::string(model->family_name()).c_str(), plan->topology.Label().c_str(),
                static_cast<long long>(world), world == 1 ? "" : "s",
                f.all_ranks ? fmt::format("all {} ranks{}", world,
                                          resident ? " (resident together)" : " (one at a time)")

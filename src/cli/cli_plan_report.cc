@@ -28,10 +28,12 @@ Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memo
       const auto start = std::chrono::steady_clock::now();
       MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt,
                                 Checkpoint::Open(plan.model, SafetensorsAccess::kHeaderOnly));
+      auto tensors = std::make_shared<std::vector<CheckpointTensorInfo>>();
       for (const auto& [name, entry] : ckpt->tensors()) {
-        in.checkpoint_tensors.push_back(CheckpointTensorInfo{
-            name, entry.info->dtype, entry.info->shape, entry.info->num_bytes()});
+        tensors->push_back(CheckpointTensorInfo{name, entry.info->dtype, entry.info->shape,
+                                                entry.info->num_bytes()});
       }
+      in.checkpoint_tensors = tensors;
       in.checkpoint_shards = ckpt->num_shards();
       in.header_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -43,16 +45,20 @@ Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memo
 
 void ApplyCheckpointSizing(const ShardPlan& plan, PlanInputs& in) {
   if (in.checkpoint.empty()) return;
-  const CheckpointSizing sizing = SizeFromCheckpoint(plan, in.checkpoint_tensors);
+  const CheckpointSizing sizing = SizeFromCheckpoint(plan, *in.checkpoint_tensors);
   in.unplaced_tensors = sizing.unplaced;
-  in.memory_options.weight_bytes_override.clear();
+  in.mtp_tensors = sizing.mtp_tensors;
+  in.mtp_bytes = sizing.mtp_bytes;
+  in.mtp_layers = sizing.mtp_layers;
+  // The memory model sizes every plan it evaluates (this one, and the advice search's) from
+  // the same headers.
+  in.memory_options.checkpoint_tensors = in.checkpoint_tensors;
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankPlan& r : plan.ranks) {
     // Exact checkpoint bytes of the slices the rank holds, plus the padding the plan adds.
     int64_t padding = 0;
     for (const TensorShard& s : r.tensors) padding += s.padding_bytes;
     const int64_t bytes = sizing.RankTotal(r.coords.rank) + padding;
-    in.memory_options.weight_bytes_override.push_back(bytes);
     nlohmann::json cats;
     for (size_t c = 0; c < kNumCategories; ++c) {
       cats[TensorCategoryName(kAllCategories[c])] = sizing.rank_bytes[r.coords.rank][c];
@@ -67,6 +73,9 @@ void ApplyCheckpointSizing(const ShardPlan& plan, PlanInputs& in) {
                         {"placed_bytes", sizing.placed_bytes},
                         {"header_seconds", in.header_seconds},
                         {"unplaced", sizing.unplaced},
+                        {"mtp", {{"layers", sizing.mtp_layers},
+                                 {"tensors", sizing.mtp_tensors},
+                                 {"bytes", sizing.mtp_bytes}}},
                         {"ranks", ranks}};
 }
 
@@ -90,12 +99,12 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   const ParamCounts params = CountParams(plan);
   out += fmt::format(
       "{}{} ({}): {} on {} rank{}; MoE group {} = moe_tp {} x moe_ep {}\n", md ? "## " : "",
-      m.name, ModelFamilyName(m.family), t.Label(), t.world, t.world == 1 ? "" : "s", t.group,
+      m.name, m.family_name(), t.Label(), t.world, t.world == 1 ? "" : "s", t.group,
       t.moe_tp, t.moe_ep);
   out += fmt::format(
       "{}backend {} ({} experts), padding policy {}, placement {}, parameters {:.1f}B total / "
       "{:.1f}B active\n\n",
-      md ? "\n" : "", plan.backend.name, QuantMethodName(plan.expert_format),
+      md ? "\n" : "", plan.backend.name, WeightFormatName(plan.expert_scheme.format),
       PaddingPolicyName(plan.options.padding), ExpertPlacementName(plan.options.placement),
       params.total / 1e9, params.active / 1e9);
 
@@ -215,7 +224,16 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
         in.checkpoint, c["tensors"].get<int64_t>(), FormatBytes(c["bytes"].get<int64_t>()),
         c["shards"].get<int64_t>(), in.header_seconds,
         FormatBytes(c["ranks"][0]["weights_from_config"].get<int64_t>()));
-    if (!in.unplaced_tensors.empty()) {
+    if (in.mtp_tensors > 0) {
+      out += fmt::format(
+          "multi-token prediction layer{} {}: {} tensors, {} (engines load them only for "
+          "speculative decoding; not planned)\n",
+          in.mtp_layers.size() == 1 ? "" : "s", FormatRanges(in.mtp_layers), in.mtp_tensors,
+          FormatBytes(in.mtp_bytes));
+    }
+    if (in.unplaced_tensors.empty()) {
+      out += "every checkpoint tensor is placed\n";
+    } else {
       out += fmt::format("warning: {} checkpoint tensor(s) have no place in this plan:\n",
                          in.unplaced_tensors.size());
       for (size_t i = 0; i < in.unplaced_tensors.size() && i < 20; ++i) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,10 @@ struct PlanInputs {
   std::string checkpoint;                      // directory, when --model named one with weights
   nlohmann::json checkpoint_json;              // what the headers said (sizes, unplaced tensors)
   std::vector<std::string> unplaced_tensors;   // checkpoint tensors the plan cannot place
-  std::vector<CheckpointTensorInfo> checkpoint_tensors;  // from the headers
+  std::shared_ptr<const std::vector<CheckpointTensorInfo>> checkpoint_tensors;  // headers
+  int64_t mtp_tensors = 0;          // multi-token-prediction tensors: recognised, not planned
+  int64_t mtp_bytes = 0;
+  std::vector<int64_t> mtp_layers;
   int64_t checkpoint_shards = 0;
   double header_seconds = 0;  // time to read every header
 };

@@ -227,7 +227,7 @@ int RunSweep(const SweepFlags& f) {
   if (!f.svg.empty()) {
     const double budget = mem->gpu.bytes * mem->gpu_memory_utilization / double(kGiB);
     const std::string title = fmt::format("{}: weight memory per GPU ({}, {})", model->name,
-                                          QuantMethodName(model->quant.method), mem->gpu.description);
+                                          WeightFormatName(model->quant.scheme.format), mem->gpu.description);
     Status s = WriteFileAtomic(f.svg, Svg(rows, title, budget));
     if (!s.ok()) return ReportError("sweep", s);
     std::fprintf(stderr, "wrote %s\n", f.svg.c_str());

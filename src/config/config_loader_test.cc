@@ -43,7 +43,7 @@ TEST(ConfigTest, EveryPresetParses) {
 
 TEST(ConfigTest, KimiK3) {
   ModelConfig c = Preset("kimi-k3");
-  EXPECT_EQ(c.family, ModelFamily::kKimiK3);
+  EXPECT_EQ(c.family_name(), "kimi_k3");
   EXPECT_EQ(c.hidden_size, 7168);
   EXPECT_EQ(c.num_layers, 93);
   EXPECT_EQ(c.num_moe_layers(), 92);  // first_k_dense_replace 1
@@ -73,27 +73,50 @@ TEST(ConfigTest, KimiK3) {
     EXPECT_EQ(c.layers[i].attention == AttentionKind::kMla, mla) << i;
   }
   EXPECT_EQ(c.kda.low_rank_dim, 128);
+  // The release's spellings: use_full_rank_gate, moe_renormalize, moe_router_activation_func,
+  // num_expert_group, quantization_config inside text_config, and the vision tower.
+  EXPECT_TRUE(c.kda.full_rank_gate);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.scoring, ScoringFunc::kSigmoid);
+  EXPECT_EQ(c.attn_res_block_size, 12);
+  EXPECT_EQ(c.vision.num_layers, 27);
+  EXPECT_EQ(c.vision.hidden_size, 1024);
+  EXPECT_EQ(c.vision.qkv_hidden_size, 1536);
+  EXPECT_EQ(c.vision.merge_tokens, 4);
+  EXPECT_TRUE(c.vision.projector_post_norm);
+  EXPECT_FALSE(c.vision.linear_bias);
   EXPECT_EQ(c.vocab_size, 163840);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.max_position_embeddings, 1048576);
   EXPECT_EQ(c.min_moe_intermediate_per_partition, 256);
-  EXPECT_EQ(c.quant.method, QuantMethod::kMxfp4);
-  EXPECT_EQ(c.quant.group_size, 32);
-  EXPECT_TRUE(c.quant.IsIgnored("language_model.model.layers.3.mlp.shared_experts.down_proj"));
-  EXPECT_TRUE(c.quant.IsIgnored("lm_head"));
-  EXPECT_FALSE(c.quant.IsIgnored("language_model.model.layers.3.mlp.experts.7.down_proj"));
+  EXPECT_EQ(c.quant.scheme.format, WeightFormat::kMxfp4);
+  EXPECT_EQ(c.quant.scheme.group, 32);
+  EXPECT_TRUE(c.quant.IsIgnored("language_model.model.layers.3.block_sparse_moe.shared_experts.down_proj"));
+  EXPECT_TRUE(c.quant.IsIgnored("language_model.lm_head"));
+  EXPECT_FALSE(c.quant.IsIgnored("language_model.model.layers.3.block_sparse_moe.experts.7.w2"));
+}
+
+TEST(ConfigErrorTest, KimiK3ReleaseSpellingsContradict) {
+  // moe_renormalize and norm_topk_prob name the same quantity.
+  std::string e = ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"]["norm_topk_prob"] = false; });
+  EXPECT_NE(e.find("'text_config.norm_topk_prob'"), std::string::npos) << e;
+  EXPECT_NE(e.find("moe_renormalize"), std::string::npos) << e;
+  // A family that nests its language model needs text_config.
+  e = ErrorAfterEdit("kimi-k3", [](auto& j) { j.erase("text_config"); });
+  EXPECT_NE(e.find("'text_config'"), std::string::npos) << e;
 }
 
 TEST(ConfigTest, DeepseekAndKimiK2) {
   ModelConfig d = Preset("deepseek-v3");
-  EXPECT_EQ(d.family, ModelFamily::kDeepseekV3);
+  EXPECT_EQ(d.family_name(), "deepseek_v3");
   EXPECT_EQ(d.num_moe_layers(), 58);
   EXPECT_EQ(d.num_experts, 256);
   EXPECT_EQ(d.n_group, 8);
   EXPECT_EQ(d.topk_group, 4);
   EXPECT_DOUBLE_EQ(d.routed_scaling_factor, 2.5);
-  EXPECT_EQ(d.quant.method, QuantMethod::kFp8Block);
-  EXPECT_EQ(d.quant.block_out, 128);
+  EXPECT_EQ(d.quant.scheme.format, WeightFormat::kFp8Block);
+  EXPECT_EQ(d.quant.scheme.block_rows, 128);
+  EXPECT_EQ(d.quant.scheme.group, 128);
   EXPECT_EQ(d.num_mtp_layers, 1);
   EXPECT_EQ(d.mla.kv_lora_rank, 512);
   EXPECT_EQ(d.vocab_size, 129280);
@@ -103,8 +126,9 @@ TEST(ConfigTest, DeepseekAndKimiK2) {
   EXPECT_EQ(k.num_moe_layers(), 60);
   EXPECT_EQ(k.num_attention_heads, 64);
   EXPECT_DOUBLE_EQ(k.routed_scaling_factor, 2.827);
-  EXPECT_EQ(k.quant.method, QuantMethod::kInt4);
-  EXPECT_EQ(k.quant.group_size, 32);
+  EXPECT_EQ(k.quant.scheme.format, WeightFormat::kInt4);
+  EXPECT_EQ(k.quant.scheme.group, 32);
+  EXPECT_TRUE(k.quant.weight_shape_meta);
   EXPECT_TRUE(k.quant.IsIgnored("model.layers.1.self_attn.kv_b_proj"));
   EXPECT_TRUE(k.quant.IsIgnored("model.layers.0.mlp.down_proj"));  // dense MLP stays bf16
   EXPECT_FALSE(k.quant.IsIgnored("model.layers.1.mlp.experts.0.down_proj"));
@@ -127,16 +151,15 @@ TEST(ConfigTest, QwenMixtralGptOss) {
   EXPECT_EQ(m.head_dim, 128);
 
   ModelConfig g = Preset("gpt-oss-120b");
-  EXPECT_EQ(g.family, ModelFamily::kGptOss);
+  EXPECT_EQ(g.family_name(), "gpt_oss");
   EXPECT_EQ(g.num_experts, 128);
   EXPECT_EQ(g.num_experts_per_tok, 4);
   EXPECT_EQ(g.activation, ExpertActivation::kSwiGluOai);
   EXPECT_EQ(g.routing, RoutingMethod::kTopKThenSoftmax);
   EXPECT_TRUE(g.expert_bias);
-  EXPECT_TRUE(g.gate_up_fused);
   EXPECT_TRUE(g.layers[0].sliding);
   EXPECT_FALSE(g.layers[1].sliding);
-  EXPECT_EQ(g.quant.method, QuantMethod::kMxfp4);
+  EXPECT_EQ(g.quant.scheme.format, WeightFormat::kMxfp4);
   EXPECT_TRUE(g.quant.IsIgnored("model.layers.7.self_attn"));
   EXPECT_TRUE(g.quant.IsIgnored("model.layers.7.self_attn.q_proj"));
   EXPECT_TRUE(g.quant.IsIgnored("model.layers.7.mlp.router"));
@@ -202,7 +225,8 @@ TEST(ConfigErrorTest, Quantization) {
   e = ErrorAfterEdit("kimi-k2", [](auto& j) { j["quantization_config"]["quant_method"] = "gguf"; });
   EXPECT_NE(e.find("'quantization_config.quant_method'"), std::string::npos) << e;
   e = ErrorAfterEdit("kimi-k3", [](auto& j) {
-    j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 16;
+    j["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] =
+        16;
   });
   EXPECT_NE(e.find("group_size"), std::string::npos) << e;
   EXPECT_NE(e.find("32"), std::string::npos) << e;

@@ -1,5 +1,7 @@
 #include "moeshard/config/model_config.h"
 
+#include "moeshard/config/family.h"
+
 #include <regex>
 
 namespace moeshard {
@@ -56,15 +58,8 @@ int64_t ModelConfig::num_layers_of(AttentionKind kind) const {
   return n;
 }
 
-const char* ModelFamilyName(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::kDeepseekV3: return "deepseek_v3";
-    case ModelFamily::kKimiK3: return "kimi_k3";
-    case ModelFamily::kQwen3Moe: return "qwen3_moe";
-    case ModelFamily::kMixtral: return "mixtral";
-    case ModelFamily::kGptOss: return "gpt_oss";
-  }
-  return "?";
+std::string_view ModelConfig::family_name() const {
+  return family != nullptr ? family->name : std::string_view("?");
 }
 
 const char* AttentionKindName(AttentionKind kind) {
@@ -83,16 +78,6 @@ const char* ExpertActivationName(ExpertActivation act) {
     case ExpertActivation::kSitu: return "situ";
     case ExpertActivation::kRelu2: return "relu2";
     case ExpertActivation::kGeluTanh: return "gelu-tanh";
-  }
-  return "?";
-}
-
-const char* QuantMethodName(QuantMethod method) {
-  switch (method) {
-    case QuantMethod::kNone: return "none";
-    case QuantMethod::kFp8Block: return "fp8-block";
-    case QuantMethod::kMxfp4: return "mxfp4";
-    case QuantMethod::kInt4: return "int4";
   }
   return "?";
 }

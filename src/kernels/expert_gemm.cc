@@ -17,15 +17,6 @@
 
 namespace moeshard {
 
-const char* WeightFormatName(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kBf16: return "bf16";
-    case WeightFormat::kFp8Block: return "fp8";
-    case WeightFormat::kMxfp4: return "mxfp4";
-    case WeightFormat::kInt4: return "int4";
-  }
-  return "?";
-}
 
 const char* ActivationName(Activation act) {
   switch (act) {
@@ -76,15 +67,8 @@ float ApplyActivation(const ActivationParams& a, float gate, float up) {
   return 0.0f;
 }
 
-int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group) {
-  switch (format) {
-    case WeightFormat::kBf16: return rows * cols * 2;
-    case WeightFormat::kFp8Block:
-      return rows * cols + CeilDiv(rows, kCpuFp8BlockSize) * CeilDiv(cols, kCpuFp8BlockSize) * 4;
-    case WeightFormat::kMxfp4: return rows * cols / 2 + rows * (cols / kCpuMxfp4GroupSize);
-    case WeightFormat::kInt4: return rows * cols / 2 + rows * (cols / int4_group) * 2;
-  }
-  return 0;
+int64_t ExpertMatrixBytes(const WeightScheme& scheme, int64_t rows, int64_t cols) {
+  return scheme.WeightBytes(rows, cols) + scheme.ScaleBytes(rows, cols);
 }
 
 namespace {
@@ -92,23 +76,23 @@ namespace {
 constexpr int64_t kRowGroup = 16;  // rows per group of the bf16 row-group layout
 
 Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
-  switch (w.format) {
+  switch (w.scheme.format) {
     case WeightFormat::kBf16:
     case WeightFormat::kFp8Block: return Status::Ok();
     case WeightFormat::kMxfp4:
-      if (cols % kCpuMxfp4GroupSize != 0) {
+      if (cols % w.scheme.group != 0) {
         return InvalidArgumentError(fmt::format(
             "expert weights: '{}': MXFP4 needs the input dimension to be a multiple of {}, got "
             "{} (pad it with zeros)",
-            what, kCpuMxfp4GroupSize, cols));
+            what, w.scheme.group, cols));
       }
       return Status::Ok();
     case WeightFormat::kInt4:
-      if (cols % w.int4_group_size != 0) {
+      if (cols % w.scheme.group != 0) {
         return InvalidArgumentError(fmt::format(
             "expert weights: '{}': int4 needs the input dimension to be a multiple of the group "
             "size {}, got {} (pad it with zeros)",
-            what, w.int4_group_size, cols));
+            what, w.scheme.group, cols));
       }
       return Status::Ok();
   }
@@ -118,11 +102,11 @@ Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
 }  // namespace
 
 Status CheckBf16RowGroupShape(const ExpertWeights& w) {
-  if (w.format != WeightFormat::kBf16) {
+  if (w.scheme.format != WeightFormat::kBf16) {
     return InvalidArgumentError(fmt::format(
         "expert weights: 'bf16_row_groups': expected bf16 weights for the row-group layout, got "
         "{} (keep the row-major layout)",
-        WeightFormatName(w.format)));
+        WeightFormatName(w.scheme.format)));
   }
   if (w.gate_up_interleaved) {
     return InvalidArgumentError(
@@ -158,17 +142,32 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
   if (w.num_experts_local > 0 && (w.w13 == nullptr || w.w2 == nullptr)) {
     return InvalidArgumentError("expert weights: 'w13/w2': expected non-null");
   }
-  if (w.format != WeightFormat::kBf16 && w.num_experts_local > 0 &&
+  if (w.scheme.format != WeightFormat::kBf16 && w.num_experts_local > 0 &&
       (w.w13_scales == nullptr || w.w2_scales == nullptr)) {
     return InvalidArgumentError(
         fmt::format("expert weights: 'w13_scales/w2_scales': expected non-null for format {}",
-                    WeightFormatName(w.format)));
+                    WeightFormatName(w.scheme.format)));
   }
-  if (w.format == WeightFormat::kInt4 && (w.int4_group_size < kCpuInt4GroupSizeMultiple ||
-                                          w.int4_group_size % kCpuInt4GroupSizeMultiple != 0)) {
+  if (w.scheme.format == WeightFormat::kInt4 &&
+      (w.scheme.group < kCpuInt4GroupSizeMultiple ||
+       w.scheme.group % kCpuInt4GroupSizeMultiple != 0)) {
     return InvalidArgumentError(
-        fmt::format("expert weights: 'int4_group_size': expected a positive multiple of {}, got {}",
-                    kCpuInt4GroupSizeMultiple, w.int4_group_size));
+        fmt::format("expert weights: 'scheme.group': expected an int4 group that is a positive "
+                    "multiple of {}, got {}",
+                    kCpuInt4GroupSizeMultiple, w.scheme.group));
+  }
+  if (w.scheme.format == WeightFormat::kMxfp4 && w.scheme.group != kCpuMxfp4GroupSize) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'scheme.group': expected the MXFP4 group {}, got {}", kCpuMxfp4GroupSize,
+        w.scheme.group));
+  }
+  // The K blocks of the kernels (kCpuKBlock columns) must start on a scale group.
+  if (w.scheme.format == WeightFormat::kFp8Block &&
+      (w.scheme.block_rows < 1 || w.scheme.group < 1 || internal::kCpuKBlock % w.scheme.group != 0)) {
+    return InvalidArgumentError(fmt::format(
+        "expert weights: 'scheme': expected fp8 blocks of >= 1 rows x a divisor of {} columns, "
+        "got {} x {}",
+        internal::kCpuKBlock, w.scheme.block_rows, w.scheme.group));
   }
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));
@@ -229,21 +228,14 @@ namespace internal {
 
 MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   MatrixRef m;
-  m.format = w.format;
+  m.format = w.scheme.format;
   m.rows = w13 ? w.w13_rows() : w.hidden;
   m.cols = w13 ? w.hidden : w.intermediate;
-  m.group = w.int4_group_size;
+  m.group = w.scheme.group;
+  m.block_rows = w.scheme.block_rows;
   m.row_groups = w.bf16_row_groups;
-  int64_t data_bytes = m.rows * m.RowBytes();
-  int64_t scale_bytes = 0;
-  switch (w.format) {
-    case WeightFormat::kBf16: break;
-    case WeightFormat::kFp8Block:
-      scale_bytes = CeilDiv(m.rows, kCpuFp8BlockSize) * CeilDiv(m.cols, kCpuFp8BlockSize) * 4;
-      break;
-    case WeightFormat::kMxfp4: scale_bytes = m.rows * (m.cols / kCpuMxfp4GroupSize); break;
-    case WeightFormat::kInt4: scale_bytes = m.rows * (m.cols / m.group) * 2; break;
-  }
+  const int64_t data_bytes = w.scheme.WeightBytes(m.rows, m.cols);
+  const int64_t scale_bytes = w.scheme.ScaleBytes(m.rows, m.cols);
   m.data = static_cast<const uint8_t*>(w13 ? w.w13 : w.w2) + expert * data_bytes;
   const void* scales = w13 ? w.w13_scales : w.w2_scales;
   m.scales =
@@ -347,7 +339,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   int64_t total_groups = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.format) &&
+    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.scheme.format) &&
                         !w.bf16_row_groups && n >= kPackedMinTokens;
     packed_base[e] = packed ? total_groups : -1;
     packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;

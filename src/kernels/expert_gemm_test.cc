@@ -34,15 +34,23 @@ struct GemmCase {
   int64_t inter = 40;
   bool interleaved = false;
   bool bias = false;
-  int64_t group = 32;
+  int64_t group = 32;   // int4 group
+  int64_t block = 128;  // fp8 block (rows and columns)
 
   std::string Name() const {
-    return fmt::format("{}/{} E{} H{} I{}{}{} g{}", WeightFormatName(format), ActivationName(act),
-                       num_experts, hidden, inter, interleaved ? " interleaved" : "",
-                       bias ? " bias" : "", group);
+    return fmt::format("{}/{} E{} H{} I{}{}{} g{} b{}", WeightFormatName(format),
+                       ActivationName(act), num_experts, hidden, inter,
+                       interleaved ? " interleaved" : "", bias ? " bias" : "", group, block);
   }
   int64_t Rows13() const { return IsGated(act) ? 2 * inter : inter; }
 };
+
+WeightScheme SchemeOf(const GemmCase& c) {
+  WeightScheme q = WeightScheme::Default(c.format);
+  if (c.format == WeightFormat::kInt4) q.group = c.group;
+  if (c.format == WeightFormat::kFp8Block) q.group = q.block_rows = c.block;
+  return q;
+}
 
 // Logical fp32 weights, optionally embedded into a larger zero-padded physical shape.
 struct FloatWeights {
@@ -100,13 +108,12 @@ FloatWeights Pad(const GemmCase& c, const GemmCase& p, const FloatWeights& f) {
 }
 
 OwnedExpertWeights Encode(const GemmCase& c, const FloatWeights& f) {
-  ExpertWeightsShape s{.format = c.format,
+  ExpertWeightsShape s{.scheme = SchemeOf(c),
                        .num_experts_local = c.num_experts,
                        .hidden = c.hidden,
                        .intermediate = c.inter,
                        .gated = IsGated(c.act),
-                       .gate_up_interleaved = c.interleaved,
-                       .int4_group_size = c.group};
+                       .gate_up_interleaved = c.interleaved};
   return EncodeExpertWeights(s, f.w13.data(), f.w2.data(), f.b13.empty() ? nullptr : f.b13.data(),
                              f.b2.empty() ? nullptr : f.b2.data());
 }

@@ -44,8 +44,8 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
-const char* KernelBenchFormatName(const KernelBenchResult& r) {
-  return r.row_groups ? "bf16-rg" : WeightFormatName(r.format);
+std::string KernelBenchFormatName(const KernelBenchResult& r) {
+  return r.row_groups ? "bf16-rg" : std::string(WeightFormatName(r.format));
 }
 
 Roofline BestOf(const Roofline& a, const Roofline& b) {
@@ -76,12 +76,13 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
   std::vector<KernelBenchResult> results;
   for (const KernelBenchShape& shape : o.shapes) {
     for (WeightFormat format : o.formats) {
-      ExpertWeightsShape ws{.format = format,
+      const WeightScheme scheme = WeightScheme::Default(format);
+      ExpertWeightsShape ws{.scheme = scheme,
                             .num_experts_local = shape.num_experts,
                             .hidden = shape.hidden,
                             .intermediate = shape.intermediate};
       ActivationParams act;
-      ExpertWeights probe{.format = format,
+      ExpertWeights probe{.scheme = scheme,
                           .num_experts_local = shape.num_experts,
                           .hidden = shape.hidden,
                           .intermediate = shape.intermediate};
@@ -91,8 +92,8 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
       // each layout of o.bf16_row_groups, repacked in place when it turns to row groups.
       OwnedExpertWeights weights = MakeRandomExpertWeights(ctx, ws, o.seed);
       const double expert_bytes =
-          static_cast<double>(ExpertMatrixBytes(format, 2 * shape.intermediate, shape.hidden, 32) +
-                              ExpertMatrixBytes(format, shape.hidden, shape.intermediate, 32));
+          static_cast<double>(ExpertMatrixBytes(scheme, 2 * shape.intermediate, shape.hidden) +
+                              ExpertMatrixBytes(scheme, shape.hidden, shape.intermediate));
       const std::vector<bool> layouts =
           format == WeightFormat::kBf16 ? o.bf16_row_groups : std::vector<bool>{false};
       for (const bool row_groups : layouts) {

@@ -57,7 +57,7 @@ Layer MakeLayer(const LayerCase& c, uint64_t seed) {
   const std::vector<float> w2 = Randn(c.num_experts * c.hidden * c.inter, seed + 1, 0.1f);
   const std::vector<float> b13 = Randn(c.num_experts * r13, seed + 2, 0.1f);
   const std::vector<float> b2 = Randn(c.num_experts * c.hidden, seed + 3, 0.1f);
-  ExpertWeightsShape s{.format = c.format,
+  ExpertWeightsShape s{.scheme = WeightScheme::Default(c.format),
                        .num_experts_local = c.num_experts,
                        .hidden = c.hidden,
                        .intermediate = c.inter,

@@ -11,51 +11,31 @@
 
 namespace moeshard {
 
-int64_t WeightDataBytes(WeightFormat format, int64_t rows, int64_t cols) {
-  switch (format) {
-    case WeightFormat::kBf16: return rows * cols * 2;
-    case WeightFormat::kFp8Block: return rows * cols;
-    case WeightFormat::kMxfp4:
-    case WeightFormat::kInt4: return rows * cols / 2;
-  }
-  return 0;
-}
-
-int64_t WeightScaleBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group) {
-  switch (format) {
-    case WeightFormat::kBf16: return 0;
-    case WeightFormat::kFp8Block:
-      return CeilDiv(rows, kCpuFp8BlockSize) * CeilDiv(cols, kCpuFp8BlockSize) * 4;
-    case WeightFormat::kMxfp4: return rows * (cols / kCpuMxfp4GroupSize);
-    case WeightFormat::kInt4: return rows * (cols / int4_group) * 2;
-  }
-  return 0;
-}
-
-void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t cols,
-                    int64_t int4_group, uint8_t* data, uint8_t* scales) {
-  switch (format) {
+void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                    uint8_t* data, uint8_t* scales) {
+  const int64_t group = scheme.group;
+  switch (scheme.format) {
     case WeightFormat::kBf16: {
       bf16_t* out = reinterpret_cast<bf16_t*>(data);
       for (int64_t i = 0; i < rows * cols; ++i) out[i] = FloatToBf16(w[i]);
       return;
     }
     case WeightFormat::kFp8Block: {
-      const int64_t b = kCpuFp8BlockSize;
-      const int64_t sc = CeilDiv(cols, b);
+      const int64_t b = scheme.block_rows, bw = group;
+      const int64_t sc = CeilDiv(cols, bw);
       float* s = reinterpret_cast<float*>(scales);
       for (int64_t br = 0; br < CeilDiv(rows, b); ++br) {
         for (int64_t bc = 0; bc < sc; ++bc) {
           float amax = 0.0f;
           for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
-            for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c) {
+            for (int64_t c = bc * bw; c < std::min(cols, (bc + 1) * bw); ++c) {
               amax = std::max(amax, std::abs(w[r * cols + c]));
             }
           }
           const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
           s[br * sc + bc] = scale;
           for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
-            for (int64_t c = bc * b; c < std::min(cols, (bc + 1) * b); ++c) {
+            for (int64_t c = bc * bw; c < std::min(cols, (bc + 1) * bw); ++c) {
               data[r * cols + c] = FloatToFp8E4M3(w[r * cols + c] / scale);
             }
           }
@@ -64,35 +44,35 @@ void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t c
       return;
     }
     case WeightFormat::kMxfp4: {
-      MOESHARD_CHECK(cols % kCpuMxfp4GroupSize == 0, "MXFP4 cols {} % 32 != 0", cols);
-      const int64_t groups = cols / kCpuMxfp4GroupSize;
+      MOESHARD_CHECK(cols % group == 0, "MXFP4 cols {} % 32 != 0", cols);
+      const int64_t groups = cols / group;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < groups; ++g) {
-          const float* v = w + r * cols + g * kCpuMxfp4GroupSize;
+          const float* v = w + r * cols + g * group;
           float amax = 0.0f;
-          for (int64_t i = 0; i < kCpuMxfp4GroupSize; ++i) amax = std::max(amax, std::abs(v[i]));
+          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
           const uint8_t e = FloatToE8M0Ceil(amax / 6.0f);
           scales[r * groups + g] = e;
           const float inv = 1.0f / E8M0ToFloat(e);
-          for (int64_t i = 0; i < kCpuMxfp4GroupSize; i += 2) {
+          for (int64_t i = 0; i < group; i += 2) {
             const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
             const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
-            data[(r * cols + g * kCpuMxfp4GroupSize + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+            data[(r * cols + g * group + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
           }
         }
       }
       return;
     }
     case WeightFormat::kInt4: {
-      MOESHARD_CHECK(int4_group > 0 && int4_group % 2 == 0 && cols % int4_group == 0,
-                     "int4 cols {} / group {}", cols, int4_group);
-      const int64_t groups = cols / int4_group;
+      MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0,
+                     "int4 cols {} / group {}", cols, group);
+      const int64_t groups = cols / group;
       bf16_t* s = reinterpret_cast<bf16_t*>(scales);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < groups; ++g) {
-          const float* v = w + r * cols + g * int4_group;
+          const float* v = w + r * cols + g * group;
           float amax = 0.0f;
-          for (int64_t i = 0; i < int4_group; ++i) amax = std::max(amax, std::abs(v[i]));
+          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
           const bf16_t sb = FloatToBf16(amax > 0.0f ? amax / 7.0f : 1.0f);
           s[r * groups + g] = sb;
           const float scale = Bf16ToFloat(sb);
@@ -100,8 +80,8 @@ void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t c
             const float q = std::nearbyint(x / scale);
             return static_cast<uint8_t>(std::clamp(q, -8.0f, 7.0f) + 8.0f);
           };
-          for (int64_t i = 0; i < int4_group; i += 2) {
-            data[(r * cols + g * int4_group + i) / 2] =
+          for (int64_t i = 0; i < group; i += 2) {
+            data[(r * cols + g * group + i) / 2] =
                 static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
           }
         }
@@ -115,13 +95,12 @@ namespace {
 
 void SetView(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
   ExpertWeights& v = o.view;
-  v.format = s.format;
+  v.scheme = s.scheme;
   v.num_experts_local = s.num_experts_local;
   v.hidden = s.hidden;
   v.intermediate = s.intermediate;
   v.gated = s.gated;
   v.gate_up_interleaved = s.gate_up_interleaved;
-  v.int4_group_size = s.int4_group_size;
   v.w13 = o.w13.data();
   v.w2 = o.w2.data();
   v.w13_scales = o.w13_scales.empty() ? nullptr : o.w13_scales.data();
@@ -133,13 +112,11 @@ void SetView(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
 void Allocate(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
   const int64_t r13 = s.gated ? 2 * s.intermediate : s.intermediate;
   const int64_t e = s.num_experts_local;
-  o.w13 = AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, r13, s.hidden)));
-  o.w2 =
-      AlignedBuffer(static_cast<size_t>(e * WeightDataBytes(s.format, s.hidden, s.intermediate)));
-  o.w13_scales.resize(
-      static_cast<size_t>(e * WeightScaleBytes(s.format, r13, s.hidden, s.int4_group_size)));
-  o.w2_scales.resize(static_cast<size_t>(
-      e * WeightScaleBytes(s.format, s.hidden, s.intermediate, s.int4_group_size)));
+  const WeightScheme& q = s.scheme;
+  o.w13 = AlignedBuffer(static_cast<size_t>(e * q.WeightBytes(r13, s.hidden)));
+  o.w2 = AlignedBuffer(static_cast<size_t>(e * q.WeightBytes(s.hidden, s.intermediate)));
+  o.w13_scales.resize(static_cast<size_t>(e * q.ScaleBytes(r13, s.hidden)));
+  o.w2_scales.resize(static_cast<size_t>(e * q.ScaleBytes(s.hidden, s.intermediate)));
 }
 
 uint64_t SplitMix64(uint64_t x) {
@@ -157,15 +134,14 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& s, const float*
   OwnedExpertWeights o;
   Allocate(o, s);
   const int64_t r13 = s.gated ? 2 * s.intermediate : s.intermediate;
-  const int64_t d13 = WeightDataBytes(s.format, r13, s.hidden);
-  const int64_t d2 = WeightDataBytes(s.format, s.hidden, s.intermediate);
-  const int64_t s13 = WeightScaleBytes(s.format, r13, s.hidden, s.int4_group_size);
-  const int64_t s2 = WeightScaleBytes(s.format, s.hidden, s.intermediate, s.int4_group_size);
+  const WeightScheme& q = s.scheme;
+  const int64_t d13 = q.WeightBytes(r13, s.hidden), d2 = q.WeightBytes(s.hidden, s.intermediate);
+  const int64_t s13 = q.ScaleBytes(r13, s.hidden), s2 = q.ScaleBytes(s.hidden, s.intermediate);
   for (int64_t e = 0; e < s.num_experts_local; ++e) {
-    QuantizeMatrix(s.format, w13 + e * r13 * s.hidden, r13, s.hidden, s.int4_group_size,
-                   o.w13.as<uint8_t>() + e * d13, o.w13_scales.data() + e * s13);
-    QuantizeMatrix(s.format, w2 + e * s.hidden * s.intermediate, s.hidden, s.intermediate,
-                   s.int4_group_size, o.w2.as<uint8_t>() + e * d2, o.w2_scales.data() + e * s2);
+    QuantizeMatrix(q, w13 + e * r13 * s.hidden, r13, s.hidden, o.w13.as<uint8_t>() + e * d13,
+                   o.w13_scales.data() + e * s13);
+    QuantizeMatrix(q, w2 + e * s.hidden * s.intermediate, s.hidden, s.intermediate,
+                   o.w2.as<uint8_t>() + e * d2, o.w2_scales.data() + e * s2);
   }
   if (w13_bias != nullptr) o.w13_bias.assign(w13_bias, w13_bias + s.num_experts_local * r13);
   if (w2_bias != nullptr) o.w2_bias.assign(w2_bias, w2_bias + s.num_experts_local * s.hidden);
@@ -184,7 +160,7 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
     ctx.pool().ParallelFor(words, 1 << 16, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {
         uint64_t h = SplitMix64(seed ^ (stream << 56) ^ static_cast<uint64_t>(i));
-        if (data && s.format == WeightFormat::kBf16) {
+        if (data && s.scheme.format == WeightFormat::kBf16) {
           // Each 16-bit lane: sign + exponent 118..122 + random mantissa.
           uint64_t v = 0;
           for (int l = 0; l < 4; ++l) {
@@ -193,10 +169,10 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
             v |= lane << (16 * l);
           }
           h = v;
-        } else if (data && s.format == WeightFormat::kFp8Block) {
+        } else if (data && s.scheme.format == WeightFormat::kFp8Block) {
           h &= 0xbfbfbfbfbfbfbfbfull;  // exponent top bit clear: |code| <= 0x3f, never NaN
         } else if (!data) {
-          switch (s.format) {
+          switch (s.scheme.format) {
             case WeightFormat::kBf16: break;
             case WeightFormat::kFp8Block: {
               const float f = 1.0f / 64;

@@ -11,12 +11,12 @@ int64_t BackendSpec::IntermediateAlignFor(int64_t raw_local) const {
   return intermediate_align;
 }
 
-bool BackendSpec::Supports(QuantMethod method) const {
+bool BackendSpec::Supports(WeightFormat method) const {
   return std::find(formats.begin(), formats.end(), method) != formats.end();
 }
 
 const std::vector<BackendSpec>& BackendCatalog() {
-  using Q = QuantMethod;
+  using Q = WeightFormat;
   static const std::vector<BackendSpec> catalog = {
       {.name = "marlin",
        .description = "Marlin / batched Marlin weight-only GEMM (MXFP4, int4, fp8 weights)",
@@ -28,7 +28,7 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .description = "FlashInfer CUTLASS fused MoE (MXFP4 x BF16/MXFP8, bf16, fp8)",
        .intermediate_align = 128,
        .hidden_align = 128,
-       .formats = {Q::kMxfp4, Q::kNone, Q::kFp8Block},
+       .formats = {Q::kMxfp4, Q::kBf16, Q::kFp8Block},
        .source = "FlashInfer CUTLASS MoE: I%128, H%128"},
       {.name = "flashinfer-trtllm",
        .description = "FlashInfer TensorRT-LLM-gen MoE (MXFP4 x BF16/MXFP8)",
@@ -66,7 +66,7 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .description = "Triton fused MoE (vLLM's generic path; bf16 and fp8)",
        .intermediate_align = 64,
        .hidden_align = 1,
-       .formats = {Q::kNone, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
        .source = "vLLM generic fallback: I%64"},
       {.name = "aiter-ck",
        .description = "ROCm AITER CK fused MoE (bf16)",
@@ -74,7 +74,7 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .intermediate_align_small = 64,
        .small_threshold = 192,
        .hidden_align = 1,
-       .formats = {Q::kNone, Q::kFp8Block},
+       .formats = {Q::kBf16, Q::kFp8Block},
        .source = "ROCm AITER CK bf16: 64 if I_local <= 192, else 128"},
       {.name = "aiter-mxfp4",
        .description = "ROCm AITER MXFP4 MoE (padding must be zero-filled)",
@@ -86,19 +86,19 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .description = "emulation / plain CPU path (no alignment: 96 stays 96)",
        .intermediate_align = 1,
        .hidden_align = 1,
-       .formats = {Q::kNone, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
        .source = "emulation / plain CPU: none"},
       {.name = "cpu-amx",
        .description = "CPU AMX grouped GEMM (I%32, else a silent slow fallback)",
        .intermediate_align = 32,
        .hidden_align = 32,
-       .formats = {Q::kNone, Q::kInt4},
+       .formats = {Q::kBf16, Q::kInt4},
        .source = "CPU AMX grouped GEMM: multiple of 32"},
       {.name = "moeshard-cpu",
        .description = "moeshard's own CPU kernels (AVX-512 BF16 / portable); any shape",
        .intermediate_align = 1,
        .hidden_align = 1,
-       .formats = {Q::kNone, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
        .source = "include/moeshard/kernels: no shape constraint beyond the quantization group"},
   };
   return catalog;
@@ -116,23 +116,13 @@ Result<const BackendSpec*> FindBackend(const std::string& name) {
 
 const BackendSpec& DefaultBackend(const ModelConfig& model) {
   std::string name = "triton";
-  switch (model.quant.method) {
-    case QuantMethod::kNone: name = "triton"; break;
-    case QuantMethod::kFp8Block: name = "block-fp8"; break;
-    case QuantMethod::kMxfp4: name = "marlin"; break;
-    case QuantMethod::kInt4: name = "marlin"; break;
+  switch (model.quant.scheme.format) {
+    case WeightFormat::kBf16: name = "triton"; break;
+    case WeightFormat::kFp8Block: name = "block-fp8"; break;
+    case WeightFormat::kMxfp4: name = "marlin"; break;
+    case WeightFormat::kInt4: name = "marlin"; break;
   }
   return **FindBackend(name);
-}
-
-int64_t QuantGroupAlong(const QuantizationConfig& quant) {
-  switch (quant.method) {
-    case QuantMethod::kNone: return 1;
-    case QuantMethod::kFp8Block: return quant.block_out;
-    case QuantMethod::kMxfp4: return 32;
-    case QuantMethod::kInt4: return quant.group_size;
-  }
-  return 1;
 }
 
 }  // namespace moeshard

@@ -1,16 +1,15 @@
 #include "moeshard/plan/checkpoint_sizing.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
-#include <string_view>
+#include <set>
 #include <unordered_map>
 
 namespace moeshard {
 
 int64_t CheckpointSizing::RankTotal(int64_t rank) const {
   int64_t n = 0;
-  for (int64_t b : rank_bytes[rank]) n += b;
+  for (int64_t b : rank_bytes[static_cast<size_t>(rank)]) n += b;
   return n;
 }
 
@@ -23,29 +22,52 @@ size_t CategoryIndex(TensorCategory c) {
   return 0;
 }
 
-bool ConsumeInt(std::string_view& s, int64_t& out) {
-  const char* end = s.data() + s.size();
-  auto [p, ec] = std::from_chars(s.data(), end, out);
-  if (ec != std::errc() || p == s.data()) return false;
-  s.remove_prefix(p - s.data());
-  return true;
-}
-
-bool ConsumePrefix(std::string_view& s, std::string_view prefix) {
-  if (s.substr(0, prefix.size()) != prefix) return false;
-  s.remove_prefix(prefix.size());
-  return true;
-}
-
-// Holder lookup for non-routed tensors: for each rank, name -> its shards with that name.
-struct RankIndex {
-  std::unordered_map<std::string, std::vector<const TensorShard*>> by_name;
-};
-
+// The fraction of its checkpoint tensor a plan shard holds (along the split dimension: its
+// slice of every block over the whole extent).
 double HeldFraction(const TensorShard& s) {
   if (s.shard_dim < 0) return 1.0;
-  return static_cast<double>(s.shard_end - s.shard_begin) /
-         static_cast<double>(s.logical_shape[s.shard_dim]);
+  const double whole = static_cast<double>(s.logical_shape[static_cast<size_t>(s.shard_dim)]);
+  return static_cast<double>(s.sections * (s.shard_end - s.shard_begin)) / whole;
+}
+
+// A plan tensor on one rank.
+struct Holder {
+  int64_t rank = 0;
+  const TensorShard* shard = nullptr;
+};
+
+// What a routed-expert checkpoint template feeds.
+struct ExpertPart {
+  bool fused = false;     // [E, ...] over all experts
+  bool split_by_i = true;  // part of the intermediate dimension (not the down bias or metadata)
+};
+
+// Every checkpoint template of the family's routed experts in the plan's format.
+std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& plan) {
+  std::unordered_map<std::string, ExpertPart> out;
+  const ExpertLayout& x = plan.experts;
+  const WeightScheme& q = plan.expert_scheme;
+  if (x.fused) {
+    for (const std::string* module : {&x.fused_gate_up, &x.fused_down}) {
+      if (q.quantized()) {
+        out[*module + x.fused_weight_suffix] = {true, true};
+        out[*module + x.fused_scale_suffix] = {true, true};
+      } else {
+        out[*module] = {true, true};
+      }
+      if (!x.bias_suffix.empty()) out[*module + x.bias_suffix] = {true, module == &x.fused_gate_up};
+    }
+    return out;
+  }
+  for (const std::string* module : {&x.gate, &x.up, &x.down}) {
+    if (module->empty()) continue;
+    out[*module + "." + std::string(q.spec().weight_leaf)] = {false, true};
+    if (q.has_scales()) out[*module + "." + std::string(q.spec().scale_leaf)] = {false, true};
+    if (plan.model.quant.weight_shape_meta && q.quantized()) {
+      out[*module + ".weight_shape"] = {false, false};
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -53,112 +75,83 @@ double HeldFraction(const TensorShard& s) {
 CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
                                     const std::vector<CheckpointTensorInfo>& tensors) {
   CheckpointSizing out;
+  const ModelConfig& m = plan.model;
+  const ResolvedTopology& t = plan.topology;
   const int64_t world = static_cast<int64_t>(plan.ranks.size());
-  out.rank_bytes.assign(world, {});
-  std::vector<RankIndex> index(world);
-  for (int64_t r = 0; r < world; ++r) {
-    for (const TensorShard& s : plan.ranks[r].tensors) {
+  out.rank_bytes.assign(static_cast<size_t>(world), {});
+
+  // Non-routed plan tensors by checkpoint template.
+  std::unordered_map<std::string, std::vector<Holder>> plain;
+  for (const RankPlan& r : plan.ranks) {
+    for (const TensorShard& s : r.tensors) {
       if (s.category == TensorCategory::kRoutedExperts) continue;
-      index[r].by_name[s.name].push_back(&s);
+      plain[s.tied_source.empty() ? s.name : s.tied_source].push_back({r.coords.rank, &s});
     }
   }
-  // expert -> (rank, slot count) per pipeline stage.
-  const ResolvedTopology& t = plan.topology;
+  // expert -> (rank, slots) per pipeline stage, and each layer's stage.
   std::vector<std::vector<std::vector<std::pair<int64_t, int64_t>>>> holders(
-      t.pp, std::vector<std::vector<std::pair<int64_t, int64_t>>>(plan.model.num_experts));
-  std::vector<int64_t> stage_of_layer(plan.model.num_layers, 0);
+      static_cast<size_t>(t.pp),
+      std::vector<std::vector<std::pair<int64_t, int64_t>>>(static_cast<size_t>(m.num_experts)));
+  std::vector<int64_t> stage_of_layer(static_cast<size_t>(m.num_layers), 0);
   for (const RankPlan& r : plan.ranks) {
     std::map<int64_t, int64_t> count;
     for (int64_t e : r.expert_slots) count[e]++;
-    for (const auto& [e, n] : count) holders[r.coords.pp_stage][e].push_back({r.coords.rank, n});
-    for (int64_t l : r.layers) stage_of_layer[l] = r.coords.pp_stage;
+    for (const auto& [e, n] : count) {
+      holders[static_cast<size_t>(r.coords.pp_stage)][static_cast<size_t>(e)].push_back(
+          {r.coords.rank, n});
+    }
+    for (int64_t l : r.layers) stage_of_layer[static_cast<size_t>(l)] = r.coords.pp_stage;
   }
-  const double i_fraction =
-      static_cast<double>(plan.intermediate.raw_local) / static_cast<double>(plan.intermediate.logical);
+  const std::unordered_map<std::string, ExpertPart> expert_templates = ExpertTemplates(plan);
+  const double i_fraction = static_cast<double>(plan.intermediate.raw_local) /
+                            static_cast<double>(plan.intermediate.logical);
   const size_t routed = CategoryIndex(TensorCategory::kRoutedExperts);
+  std::set<int64_t> mtp_layers;
 
-  auto charge_expert = [&](int64_t layer, int64_t expert, int64_t bytes, bool split_by_i) {
+  auto charge_expert = [&](int64_t layer, int64_t expert, double bytes, bool split_by_i) {
     const double f = split_by_i ? i_fraction : 1.0;
-    for (const auto& [rank, n] : holders[stage_of_layer[layer]][expert]) {
-      out.rank_bytes[rank][routed] += static_cast<int64_t>(static_cast<double>(bytes) * f) * n;
+    for (const auto& [rank, n] :
+         holders[static_cast<size_t>(stage_of_layer[static_cast<size_t>(layer)])]
+                [static_cast<size_t>(expert)]) {
+      out.rank_bytes[static_cast<size_t>(rank)][routed] += static_cast<int64_t>(bytes * f) * n;
     }
   };
 
   for (const CheckpointTensorInfo& ct : tensors) {
     out.total_bytes += ct.bytes;
     ++out.num_tensors;
-    std::string_view name = ct.name;
-    ConsumePrefix(name, "language_model.");
+    const NameKey k = KeyOfName(ct.name);
+    if (k.layer >= m.num_layers && k.layer < m.num_layers + m.num_mtp_layers) {
+      ++out.mtp_tensors;
+      out.mtp_bytes += ct.bytes;
+      mtp_layers.insert(k.layer);
+      continue;
+    }
+    const bool in_model = k.layer < m.num_layers;
     bool placed = false;
-    std::string_view rest = name;
-    int64_t layer = -1;
-    if (ConsumePrefix(rest, "model.layers.") && ConsumeInt(rest, layer) && ConsumePrefix(rest, ".") &&
-        layer >= 0 && layer < plan.model.num_layers) {
-      const bool moe = plan.model.layers[layer].moe;
-      std::string_view e = rest;
-      int64_t expert = -1;
-      if (moe && (ConsumePrefix(e, "mlp.experts.") || ConsumePrefix(e, "block_sparse_moe.experts.")) &&
-          ConsumeInt(e, expert) && ConsumePrefix(e, ".") && expert >= 0 &&
-          expert < plan.model.num_experts) {
-        // Per-expert tensors; a down projection bias is [H] and not split by I.
-        const bool is_bias = e.find("bias") != std::string_view::npos;
-        const bool down = e.substr(0, 9) == "down_proj" || e.substr(0, 2) == "w2";
-        charge_expert(layer, expert, ct.bytes, !(is_bias && down));
-        placed = true;
-      } else if (moe && ConsumePrefix(e, "mlp.experts.") &&
-                 (e.substr(0, 12) == "gate_up_proj" || e.substr(0, 9) == "down_proj") &&
-                 !ct.shape.empty() && ct.shape[0] == plan.model.num_experts) {
-        // gpt-oss fused tensors: [E, ...] over all experts.
-        const bool down_bias = e == "down_proj_bias";
-        const int64_t per_expert = ct.bytes / plan.model.num_experts;
-        for (int64_t x = 0; x < plan.model.num_experts; ++x) charge_expert(layer, x, per_expert, !down_bias);
-        placed = true;
-      } else {
-        std::string key = "model.layers.{layer}.";
-        key.append(rest);
-        std::string module_key;
-        if (auto dot = key.rfind('.'); dot != std::string::npos) module_key = key.substr(0, dot);
-        const int64_t stage = stage_of_layer[layer];
-        for (const RankPlan& r : plan.ranks) {
-          if (r.coords.pp_stage != stage) continue;
-          const TensorShard* hit = nullptr;
-          auto it = index[r.coords.rank].by_name.find(key);
-          if (it != index[r.coords.rank].by_name.end()) {
-            for (const TensorShard* s : it->second) {
-              if (std::binary_search(s->layers.begin(), s->layers.end(), layer)) hit = s;
-            }
+    if (in_model) {
+      if (auto e = expert_templates.find(k.key); e != expert_templates.end() && k.layer >= 0 &&
+                                                 m.layers[static_cast<size_t>(k.layer)].moe) {
+        if (e->second.fused && !ct.shape.empty() && ct.shape[0] == m.num_experts) {
+          const double per_expert = static_cast<double>(ct.bytes) / static_cast<double>(m.num_experts);
+          for (int64_t x = 0; x < m.num_experts; ++x) {
+            charge_expert(k.layer, x, per_expert, e->second.split_by_i);
           }
-          if (hit) {
-            out.rank_bytes[r.coords.rank][CategoryIndex(hit->category)] +=
-                static_cast<int64_t>(static_cast<double>(ct.bytes) * HeldFraction(*hit));
-            placed = true;
+          placed = true;
+        } else if (!e->second.fused && k.expert >= 0 && k.expert < m.num_experts) {
+          charge_expert(k.layer, k.expert, static_cast<double>(ct.bytes), e->second.split_by_i);
+          placed = true;
+        }
+      } else if (auto p = plain.find(k.key); p != plain.end()) {
+        for (const Holder& h : p->second) {
+          const TensorShard& s = *h.shard;
+          if (k.layer >= 0 && !std::binary_search(s.layers.begin(), s.layers.end(), k.layer)) {
             continue;
           }
-          // Metadata such as compressed-tensors' weight_shape rides with its module, whole.
-          for (const char* suffix : {".weight", ".weight_packed"}) {
-            auto mt = index[r.coords.rank].by_name.find(module_key + suffix);
-            if (mt == index[r.coords.rank].by_name.end() || !ct.name.ends_with("weight_shape")) continue;
-            for (const TensorShard* s : mt->second) {
-              if (std::binary_search(s->layers.begin(), s->layers.end(), layer)) {
-                out.rank_bytes[r.coords.rank][CategoryIndex(s->category)] += ct.bytes;
-                placed = true;
-                break;
-              }
-            }
-            break;
-          }
+          out.rank_bytes[static_cast<size_t>(h.rank)][CategoryIndex(s.category)] +=
+              static_cast<int64_t>(static_cast<double>(ct.bytes) * HeldFraction(s));
+          placed = true;
         }
-      }
-    } else {
-      // Global tensors: embeddings, head, final norm.
-      const std::string key(name);
-      for (const RankPlan& r : plan.ranks) {
-        auto it = index[r.coords.rank].by_name.find(key);
-        if (it == index[r.coords.rank].by_name.end()) continue;
-        const TensorShard* s = it->second.front();
-        out.rank_bytes[r.coords.rank][CategoryIndex(s->category)] +=
-            static_cast<int64_t>(static_cast<double>(ct.bytes) * HeldFraction(*s));
-        placed = true;
       }
     }
     if (placed) {
@@ -167,6 +160,7 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
       out.unplaced.push_back(ct.name);
     }
   }
+  out.mtp_layers.assign(mtp_layers.begin(), mtp_layers.end());
   return out;
 }
 

@@ -20,31 +20,32 @@ int64_t Bytes(DType d, const std::vector<int64_t>& shape) {
 }
 
 // The tensors a Hugging Face checkpoint of `m` holds, built from the 1-rank plan's logical
-// shapes (non-routed) and per-expert gate/up/down projections (routed), as the headers would
-// list them. `prefix` is "language_model." for Kimi-K3.
-std::vector<CheckpointTensorInfo> FakeCheckpoint(const ModelConfig& m, const std::string& prefix) {
+// shapes (non-routed: their checkpoint names) and per-expert gate/up/down projections named by
+// the family's layout, as the headers would list them. The header-exact copies of released
+// checkpoints (tests/checkpoints) check the same against the releases' own names.
+std::vector<CheckpointTensorInfo> FakeCheckpoint(const ModelConfig& m) {
   const ShardPlan one = PlanOrDie(m, Opts(1, 1, false, "moeshard-cpu"));
   std::vector<CheckpointTensorInfo> out;
   for (const TensorShard& s : one.ranks[0].tensors) {
     if (s.category == TensorCategory::kRoutedExperts) continue;
     if (s.layers.empty()) {
-      out.push_back({prefix + s.name, s.dtype, s.logical_shape, Bytes(s.dtype, s.logical_shape)});
+      out.push_back({s.name, s.dtype, s.logical_shape, Bytes(s.dtype, s.logical_shape)});
       continue;
     }
     for (int64_t l : s.layers) {
-      std::string name = s.name;
-      name.replace(name.find("{layer}"), 7, std::to_string(l));
-      out.push_back({prefix + name, s.dtype, s.logical_shape, Bytes(s.dtype, s.logical_shape)});
+      out.push_back({ExpandName(s.name, l), s.dtype, s.logical_shape, Bytes(s.dtype, s.logical_shape)});
     }
   }
   const int64_t I = m.moe_intermediate_size, H = m.routed_expert_hidden_size;
+  const WeightScheme& q = m.quant.scheme;
   for (int64_t l = 0; l < m.num_layers; ++l) {
     if (!m.layers[l].moe) continue;
     for (int64_t e = 0; e < m.num_experts; ++e) {
-      for (auto [proj, rows, cols] : {std::tuple{"gate_proj", I, H}, std::tuple{"up_proj", I, H},
-                                      std::tuple{"down_proj", H, I}}) {
-        const std::string base = fmt::format("{}model.layers.{}.mlp.experts.{}.{}.", prefix, l, e, proj);
-        if (m.quant.method == QuantMethod::kMxfp4) {
+      for (auto [module, rows, cols] : {std::tuple{&one.experts.gate, I, H},
+                                        std::tuple{&one.experts.up, I, H},
+                                        std::tuple{&one.experts.down, H, I}}) {
+        const std::string base = ExpandName(*module, l, e) + ".";
+        if (q.format == WeightFormat::kMxfp4) {
           out.push_back({base + "weight_packed", DType::kU8, {rows, cols / 2}, rows * cols / 2});
           out.push_back({base + "weight_scale", DType::kU8, {rows, cols / 32}, rows * cols / 32});
         } else {
@@ -59,8 +60,7 @@ std::vector<CheckpointTensorInfo> FakeCheckpoint(const ModelConfig& m, const std
 TEST(CheckpointSizingTest, HeadersReproduceThePlanExactly) {
   for (const char* preset : {"tiny-kimi-k3", "tiny-qwen3-moe", "tiny-mixtral"}) {
     const ModelConfig m = PresetOrDie(preset);
-    const std::vector<CheckpointTensorInfo> ckpt =
-        FakeCheckpoint(m, m.family == ModelFamily::kKimiK3 ? "language_model." : "");
+    const std::vector<CheckpointTensorInfo> ckpt = FakeCheckpoint(m);
     for (PlanOptions o : {Opts(1, 1, false, "moeshard-cpu"), Opts(2, 1, false, "moeshard-cpu"),
                           Opts(4, 1, true, "moeshard-cpu"), Opts(2, 2, true, "moeshard-cpu")}) {
       const ShardPlan p = PlanOrDie(m, o);
@@ -78,7 +78,7 @@ TEST(CheckpointSizingTest, HeadersReproduceThePlanExactly) {
 
 TEST(CheckpointSizingTest, UnknownTensorsAreListed) {
   const ModelConfig m = PresetOrDie("tiny-qwen3-moe");
-  std::vector<CheckpointTensorInfo> ckpt = FakeCheckpoint(m, "");
+  std::vector<CheckpointTensorInfo> ckpt = FakeCheckpoint(m);
   ckpt.push_back({"model.layers.99.mlp.experts.0.gate_proj.weight", DType::kBF16, {4, 4}, 32});
   ckpt.push_back({"model.vision_tower.proj.weight", DType::kBF16, {4, 4}, 32});
   const CheckpointSizing s = SizeFromCheckpoint(PlanOrDie(m, Opts(2)), ckpt);

@@ -58,7 +58,9 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
         holders[key]++;
         if (s.shard_dim < 0) continue;
         slices[key][{s.shard_begin, s.shard_end}]++;
-        extent[key] = s.logical_shape[s.shard_dim];
+        // The split part of one block (fused q/k/v: a third; A_log: the heads it reads).
+        extent[key] = s.split_extent > 0 ? s.split_extent
+                                         : s.logical_shape[s.shard_dim] / std::max<int64_t>(1, s.sections);
       }
     }
     for (const auto& [name, n] : holders) {
@@ -113,7 +115,7 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
   if (I.padded_local % ia != 0) {
     add("backend", fmt::format("{} needs I_local % {} == 0, got {}", b.name, ia, I.padded_local));
   }
-  const int64_t qg = QuantGroupAlong(plan.model.quant);
+  const int64_t qg = plan.model.quant.scheme.SplitGranule();
   if (I.raw_local % qg != 0 || I.padded_local % qg != 0) {
     add("backend", fmt::format("quantization group {} does not divide I_local {} / {}", qg,
                                I.raw_local, I.padded_local));

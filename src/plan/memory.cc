@@ -1,5 +1,7 @@
 #include "moeshard/plan/memory.h"
 
+#include <optional>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -164,8 +166,21 @@ int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const Memor
   return bytes;
 }
 
+namespace {
+
+// Exact checkpoint bytes of the slices the rank holds, plus the padding its plan adds.
+int64_t RankWeightsFromCheckpoint(const CheckpointSizing& sizing, const RankPlan& r) {
+  int64_t padding = 0;
+  for (const TensorShard& s : r.tensors) padding += s.padding_bytes;
+  return sizing.RankTotal(r.coords.rank) + padding;
+}
+
+}  // namespace
+
 MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
   MemoryPlan mp;
+  std::optional<CheckpointSizing> sizing;
+  if (o.checkpoint_tensors != nullptr) sizing = SizeFromCheckpoint(plan, *o.checkpoint_tensors);
   mp.options = o;
   mp.kv_dtype_bytes = KvBytes(plan, o.kv_cache_dtype);
   const int64_t model_max = plan.model.max_position_embeddings;
@@ -180,8 +195,7 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
     RankMemory rm;
     rm.rank = r.coords.rank;
     rm.budget = budget;
-    rm.weights = o.weight_bytes_override.empty() ? r.WeightBytes()
-                                                 : o.weight_bytes_override.at(r.coords.rank);
+    rm.weights = sizing ? RankWeightsFromCheckpoint(*sizing, r) : r.WeightBytes();
     rm.activations = ActivationBytes(plan, r, o);
     rm.overhead = o.overhead_bytes;
     rm.kv_cache = budget - rm.weights - rm.activations - rm.overhead;
@@ -241,13 +255,15 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
 ParamCounts CountParams(const ShardPlan& plan) {
   const ModelConfig& m = plan.model;
   ParamCounts p;
-  for (const internal::LogicalTensor& t : internal::EnumerateTensors(m, plan.options, 1)) {
+  for (const TensorDef& t : internal::PlanTensors(m, plan.options, 1)) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    const int64_t count = t.where == internal::Where::kLayers ? static_cast<int64_t>(t.layers.size()) : 1;
+    const int64_t count =
+        t.where == StagePlacement::kLayers ? static_cast<int64_t>(t.layers.size()) : 1;
     p.total += n * count;
-    // Every token reads the embedding row and all non-routed layers; count them as active.
-    p.active += n * count;
+    // Every text token reads the embedding row and all non-routed layers; count them as
+    // active. The vision tower runs on images, not per token.
+    if (t.category != TensorCategory::kVision) p.active += n * count;
   }
   if (m.tie_word_embeddings) p.active += m.vocab_size * m.hidden_size;  // head shares the table
   const int64_t g = m.gated() ? 2 : 1;

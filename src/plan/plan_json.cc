@@ -13,6 +13,7 @@ json DimLayoutToJson(const DimLayout& d) {
 json TensorShardToJson(const TensorShard& t) {
   json j{{"name", t.name},
          {"category", TensorCategoryName(t.category)},
+         {"role", TensorRoleName(t.role)},
          {"dtype", std::string(DTypeName(t.dtype))},
          {"logical_shape", t.logical_shape},
          {"local_shape", t.local_shape},
@@ -22,6 +23,8 @@ json TensorShardToJson(const TensorShard& t) {
          {"padding_bytes", t.padding_bytes}};
   if (t.shard_dim >= 0) {
     j["shard"] = {{"dim", t.shard_dim}, {"begin", t.shard_begin}, {"end", t.shard_end}};
+    if (t.sections > 1) j["shard"]["sections"] = t.sections;
+    if (t.split_extent > 0) j["shard"]["split_extent"] = t.split_extent;
   }
   if (!t.layers.empty()) j["layers"] = t.layers.vec();
   return j;
@@ -32,7 +35,7 @@ json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
   const ResolvedTopology& t = plan.topology;
   json j;
   j["model"] = {{"name", m.name},
-                {"family", ModelFamilyName(m.family)},
+                {"family", std::string(m.family_name())},
                 {"num_layers", m.num_layers},
                 {"num_moe_layers", m.num_moe_layers()},
                 {"hidden_size", m.hidden_size},
@@ -40,7 +43,7 @@ json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
                 {"num_experts_per_tok", m.num_experts_per_tok},
                 {"moe_intermediate_size", m.moe_intermediate_size},
                 {"routed_expert_hidden_size", m.routed_expert_hidden_size},
-                {"quantization", QuantMethodName(m.quant.method)}};
+                {"quantization", std::string(WeightFormatName(m.quant.scheme.format))}};
   j["topology"] = {{"tp", t.tp},         {"dp", t.dp},         {"pp", t.pp},
                    {"pcp", t.pcp},       {"group", t.group},   {"moe_tp", t.moe_tp},
                    {"moe_ep", t.moe_ep}, {"world", t.world},   {"label", t.Label()},
@@ -50,7 +53,9 @@ json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
                   {"hidden_align", plan.backend.hidden_align},
                   {"source", plan.backend.source}};
   j["padding_policy"] = PaddingPolicyName(plan.options.padding);
-  j["routed_experts"] = {{"format", QuantMethodName(plan.expert_format)},
+  j["routed_experts"] = {{"format", std::string(WeightFormatName(plan.expert_scheme.format))},
+                         {"group", plan.expert_scheme.group},
+                         {"block_rows", plan.expert_scheme.block_rows},
                          {"placement", ExpertPlacementName(plan.options.placement)},
                          {"num_experts", m.num_experts},
                          {"num_slots", plan.num_slots},

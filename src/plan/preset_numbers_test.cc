@@ -28,8 +28,10 @@ TEST(PresetNumbersTest, DeepseekV3Fp8Tp8Ep) {
 TEST(PresetNumbersTest, KimiK2Int4Tp8Ep) {
   // 384 experts / 8 = 48 per rank; 60 MoE layers; int4 = half a byte, bf16 scale per 32:
   //   gate_up [4096, 7168]: 4096 * 3584 + 4096 * 224 * 2;  down [7168, 2048]: 7168 * 1024 + 7168 * 64 * 2
-  const int64_t per_expert = 4096LL * 3584 + 4096 * 224 * 2 + 7168LL * 1024 + 7168 * 64 * 2;
-  EXPECT_EQ(per_expert, 24'772'608);
+  // plus compressed-tensors' weight_shape, I64 [2], for each of gate, up and down: 3 * 16 B.
+  const int64_t per_expert =
+      4096LL * 3584 + 4096 * 224 * 2 + 7168LL * 1024 + 7168 * 64 * 2 + 3 * 16;
+  EXPECT_EQ(per_expert, 24'772'656);
   EXPECT_EQ(Routed("kimi-k2", Opts(8, 1, true)), 48 * 60 * per_expert);
 }
 

@@ -11,25 +11,6 @@
 
 namespace moeshard {
 
-using internal::LogicalTensor;
-using internal::QuantStorage;
-using internal::Split;
-using internal::Where;
-
-const char* TensorCategoryName(TensorCategory c) {
-  switch (c) {
-    case TensorCategory::kEmbedding: return "embedding";
-    case TensorCategory::kAttention: return "attention";
-    case TensorCategory::kDenseMlp: return "dense_mlp";
-    case TensorCategory::kRouter: return "router";
-    case TensorCategory::kSharedExperts: return "shared_experts";
-    case TensorCategory::kLatentProj: return "latent_proj";
-    case TensorCategory::kRoutedExperts: return "routed_experts";
-    case TensorCategory::kNorm: return "norms";
-    case TensorCategory::kLmHead: return "lm_head";
-  }
-  return "?";
-}
 
 const char* PaddingPolicyName(PaddingPolicy p) {
   switch (p) {
@@ -124,7 +105,7 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
         d.logical, d.divisor, d.logical % d.divisor));
   }
   d.raw_local = d.logical / d.divisor;
-  const int64_t group = QuantGroupAlong(m.quant);
+  const int64_t group = m.quant.scheme.SplitGranule();
   if (d.raw_local % group != 0) {
     std::vector<int64_t> ok;
     for (int64_t x : Divisors(d.logical)) {
@@ -134,7 +115,7 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
         "plan: per-rank moe intermediate {} (= {} / MoE TP {}): expected a multiple of the {} "
         "quantization group ({}), got {} (a scale group would be split between ranks; valid MoE "
         "TP sizes: {}; or use -ep)",
-        d.raw_local, d.logical, d.divisor, QuantMethodName(m.quant.method), group, d.raw_local,
+        d.raw_local, d.logical, d.divisor, WeightFormatName(m.quant.scheme.format), group, d.raw_local,
         fmt::join(ok, ", ")));
   }
   d.align = Lcm(backend.IntermediateAlignFor(d.raw_local), group);
@@ -197,33 +178,52 @@ TensorShard MakeShard(std::string name, TensorCategory cat, DType dtype,
   return s;
 }
 
-std::string ReplaceSuffix(const std::string& name, const std::string& suffix) {
-  const std::string w = ".weight";
-  if (name.size() >= w.size() && name.compare(name.size() - w.size(), w.size(), w) == 0) {
-    return name.substr(0, name.size() - w.size()) + "." + suffix;
-  }
-  return name + "." + suffix;
+std::string Dims(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Adds the shards of one non-routed logical tensor for one rank.
-Status AddShards(const LogicalTensor& t, const ModelConfig& m, const ResolvedTopology& topo,
+// The part of `shape[dim]` one rank's slice is taken from: one block of `sections`, or the
+// leading `split_extent` entries of it.
+int64_t SplitExtent(const TensorDef& t, int dim) {
+  const int64_t block = t.shape[static_cast<size_t>(dim)] / std::max<int64_t>(1, t.sections);
+  return t.split_extent > 0 ? t.split_extent : block;
+}
+
+// Adds the shards of one non-routed tensor for one rank: the weight (or plain tensor), its
+// scales when quantized, and compressed-tensors' weight_shape.
+Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopology& topo,
                  const RankCoords& rc, const LayerSet& layers, std::vector<TensorShard>& out) {
   const int64_t tp = topo.tp, r = rc.tp_rank;
+  TpSplit split = t.split;
+  if (t.split_heads > 0 && t.split_heads % tp != 0) split = TpSplit::kReplicated;
+  const int64_t sections = std::max<int64_t>(1, t.sections);
   int dim = -1;
   int64_t begin = 0, end = 0;
   std::vector<int64_t> local = t.shape;
-  switch (t.split) {
-    case Split::kReplicated: break;
-    case Split::kColumn:
-    case Split::kRow: {
-      dim = t.split == Split::kColumn ? 0 : 1;
-      const int64_t n = t.shape[dim] / tp;
+  switch (split) {
+    case TpSplit::kReplicated: break;
+    case TpSplit::kColumn:
+    case TpSplit::kRow: {
+      dim = split == TpSplit::kColumn ? 0 : 1;
+      const int64_t extent = SplitExtent(t, dim);
+      if (extent % tp != 0) {
+        std::vector<int64_t> ok;
+        for (int64_t d : Divisors(extent)) {
+          if (d <= 64) ok.push_back(d);
+        }
+        return InvalidArgumentError(fmt::format(
+            "plan: '{}' {}: expected {} {} to divide by TP {}, got remainder {} (TP sizes that "
+            "divide it: {})",
+            t.name, Dims(t.shape), extent, dim == 0 ? "rows" : "columns", tp, extent % tp,
+            fmt::join(ok, ", ")));
+      }
+      const int64_t n = extent / tp;
       begin = r * n;
       end = begin + n;
-      local[dim] = n;
+      local[static_cast<size_t>(dim)] = sections * n;
       break;
     }
-    case Split::kKvColumn: {
+    case TpSplit::kKvColumn: {
       dim = 0;
       const int64_t heads = t.shape[0] / t.unit;
       if (heads >= tp) {
@@ -239,49 +239,77 @@ Status AddShards(const LogicalTensor& t, const ModelConfig& m, const ResolvedTop
       break;
     }
   }
-  if (dim >= 0 && begin == 0 && end == t.shape[dim]) dim = -1;
-  if (t.quant == QuantMethod::kNone) {
-    out.push_back(MakeShard(t.name, t.category, t.dtype, t.shape, local, local, dim, begin, end, layers));
+  if (dim >= 0 && sections == 1 && begin == 0 && end == t.shape[static_cast<size_t>(dim)]) {
+    dim = -1;
+  }
+  auto push = [&](std::string name, DType dtype, std::vector<int64_t> logical,
+                  std::vector<int64_t> shard_local, int64_t b, int64_t e, TensorPart part) {
+    TensorShard s = MakeShard(std::move(name), t.category, dtype, std::move(logical), shard_local,
+                              shard_local, dim, b, e, layers);
+    s.role = t.role;
+    s.part = part;
+    s.sections = dim >= 0 ? sections : 1;
+    s.split_extent = dim >= 0 ? t.split_extent : 0;
+    s.tied_source = t.tied_source;
+    out.push_back(std::move(s));
+  };
+  if (!t.linear) {
+    push(t.name, t.dtype, t.shape, local, begin, end, TensorPart::kValue);
     return Status::Ok();
   }
-  if (dim >= 0) {
-    // A quantization scale group must not straddle two ranks: fp8 blocks along both dims,
-    // mxfp4 / int4 groups along the input dim.
-    int64_t group = 1;
-    if (t.quant == QuantMethod::kFp8Block) group = dim == 0 ? m.quant.block_out : m.quant.block_in;
-    if (t.quant == QuantMethod::kMxfp4 || t.quant == QuantMethod::kInt4) {
-      group = dim == 1 ? QuantGroupAlong(m.quant) : 1;
-    }
-    if ((end - begin) % group != 0) {
+  const WeightScheme& q = t.format;
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int64_t lrows = local[0], lcols = local[1];
+  if (dim >= 0 && q.quantized()) {
+    // A scale must not straddle two ranks: fp8 blocks along both dims, mxfp4 / int4 groups
+    // along the input dim.
+    const int64_t granule = dim == 0 ? q.RowGranule() : q.ColGranule();
+    if ((end - begin) % granule != 0 || sections != 1 || t.split_extent != 0) {
       std::vector<int64_t> ok;
       for (int64_t d = 1; d <= 64; d *= 2) {
-        if (t.shape[dim] % d == 0 && (t.shape[dim] / d) % group == 0) ok.push_back(d);
+        if (t.shape[static_cast<size_t>(dim)] % d == 0 &&
+            (t.shape[static_cast<size_t>(dim)] / d) % granule == 0) {
+          ok.push_back(d);
+        }
       }
       return InvalidArgumentError(fmt::format(
           "plan: '{}' {} split {} ways by TP gives {} {}: expected a multiple of the {} group {} "
           "(a scale block would straddle ranks; TP sizes that keep it whole: {})",
-          t.name, fmt::format("[{}]", fmt::join(t.shape, ", ")), tp, end - begin,
-          dim == 0 ? "rows" : "columns", QuantMethodName(t.quant), group, fmt::join(ok, ", ")));
+          t.name, Dims(t.shape), tp, end - begin, dim == 0 ? "rows" : "columns",
+          WeightFormatName(q.format), granule, fmt::join(ok, ", ")));
     }
   }
-  const QuantStorage logical = internal::QuantizedLinear(t.quant, m.quant, t.shape, m.dtype);
-  const QuantStorage q = internal::QuantizedLinear(t.quant, m.quant, local, m.dtype);
-  // Storage coordinates: packed weights split the input dim in bytes, scales in groups.
-  auto scaled = [&](const std::vector<int64_t>& lg, const std::vector<int64_t>& lc, int64_t& b,
-                    int64_t& e) {
-    if (dim < 0) return;
-    const int64_t per = lg[dim] / std::max<int64_t>(1, t.shape[dim] / (end - begin));
-    b = (begin / (end - begin)) * per;
-    e = b + lc[dim];
-  };
-  int64_t wb = begin, we = end, sb = begin, se = end;
-  scaled(logical.weight_shape, q.weight_shape, wb, we);
-  out.push_back(MakeShard(ReplaceSuffix(t.name, q.weight_suffix), t.category, q.weight_dtype,
-                          logical.weight_shape, q.weight_shape, q.weight_shape, dim, wb, we, layers));
-  if (!q.scale_shape.empty()) {
-    scaled(logical.scale_shape, q.scale_shape, sb, se);
-    out.push_back(MakeShard(ReplaceSuffix(t.name, q.scale_suffix), t.category, q.scale_dtype,
-                            logical.scale_shape, q.scale_shape, q.scale_shape, dim, sb, se, layers));
+  // Storage coordinates of [begin, end) along the split dim: rows stay rows; columns count
+  // packed bytes in the weight and groups in the scales.
+  const std::vector<int64_t> w_logical = q.WeightShape(rows, cols);
+  const std::vector<int64_t> w_local = q.WeightShape(lrows, lcols);
+  int64_t wb = begin, we = end;
+  if (dim == 1) {
+    wb = q.WeightShape(1, begin)[1];
+    we = q.WeightShape(1, end)[1];
+  }
+  const std::string leaf(q.spec().weight_leaf);
+  push(t.name + "." + leaf, q.WeightDType(t.dtype), w_logical, w_local, wb, we,
+       TensorPart::kWeight);
+  if (q.has_scales()) {
+    int64_t sb = begin, se = end;
+    if (dim == 0) {
+      sb = begin / q.RowGranule();
+      se = CeilDiv(end, q.RowGranule());
+    } else if (dim == 1) {
+      sb = begin / q.group;
+      se = CeilDiv(end, q.group);
+    }
+    push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
+         q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kScale);
+  }
+  if (t.shape_meta) {
+    const int saved = dim;
+    dim = -1;  // metadata: every holder keeps the whole [out, in]
+    push(t.name + ".weight_shape", m.family->shape_meta_dtype, {2}, {2}, 0, 0,
+         TensorPart::kShapeMeta);
+    out.back().meta_values = t.shape;
+    dim = saved;
   }
   return Status::Ok();
 }
@@ -291,64 +319,85 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
                       const LayerSet& moe_layers, std::vector<TensorShard>& out) {
   if (moe_layers.empty() || num_slots_local == 0) return;
   const ModelConfig& m = plan.model;
+  const WeightScheme& q = plan.expert_scheme;
   const int64_t E = m.num_experts, El = num_slots_local;
   const int64_t g = m.gated() ? 2 : 1;
   const DimLayout& I = plan.intermediate;
   const DimLayout& H = plan.hidden;
   const int64_t i_begin = rc.moe_tp_rank * I.raw_local, i_end = i_begin + I.raw_local;
-  const std::string p = "model.layers.{layer}.mlp.experts.";
+  const std::string& p = plan.experts.rank_prefix;
   const auto cat = TensorCategory::kRoutedExperts;
-  const int dim_i_w13 = I.divisor > 1 ? 1 : -1;
-  const int dim_i_w2 = I.divisor > 1 ? 2 : -1;
+  const bool split_i = I.divisor > 1;
 
-  // Logical [E, out, in] per projection, local raw and padded, in storage units.
-  auto add = [&](const std::string& name, int64_t out_logical, int64_t out_raw, int64_t out_pad,
-                 int64_t in_logical, int64_t in_raw, int64_t in_pad, int shard_dim, int64_t begin,
-                 int64_t end) {
-    const QuantMethod qm = plan.expert_format;
-    const QuantStorage lg = internal::QuantizedLinear(qm, m.quant, {out_logical, in_logical}, m.dtype);
-    const QuantStorage raw = internal::QuantizedLinear(qm, m.quant, {out_raw, in_raw}, m.dtype);
-    const QuantStorage pad = internal::QuantizedLinear(qm, m.quant, {out_pad, in_pad}, m.dtype);
-    // Storage-unit begin/end along the split dim (dim 1 = out rows, dim 2 = in columns).
-    // Along the input dim (dim 2) packed weights and scales count bytes / groups, not elements:
-    // the rank's range is its shard index times its local storage width.
-    auto storage_range = [&](const std::vector<int64_t>& raw_shape) {
-      if (shard_dim != 2) return std::pair<int64_t, int64_t>{begin, end};
-      const int64_t shard_idx = begin / (end - begin);
-      return std::pair<int64_t, int64_t>{shard_idx * raw_shape[1], (shard_idx + 1) * raw_shape[1]};
-    };
-    auto [wb, we] = storage_range(raw.weight_shape);
-    out.push_back(MakeShard(p + name + "_" + (qm == QuantMethod::kNone ? "weight" : lg.weight_suffix),
-                            cat, raw.weight_dtype, {E, lg.weight_shape[0], lg.weight_shape[1]},
-                            {El, raw.weight_shape[0], raw.weight_shape[1]},
-                            {El, pad.weight_shape[0], pad.weight_shape[1]}, shard_dim, wb, we,
-                            moe_layers));
-    if (!raw.scale_shape.empty()) {
-      auto [sb, se] = storage_range(raw.scale_shape);
-      if (shard_dim == 1 && qm == QuantMethod::kFp8Block) {
-        sb = begin / m.quant.block_out;
-        se = CeilDiv(end, m.quant.block_out);
+  auto push = [&](TensorShard s, TensorRole role, TensorPart part, int64_t sections) {
+    s.role = role;
+    s.part = part;
+    s.sections = s.shard_dim >= 0 ? sections : 1;
+    out.push_back(std::move(s));
+  };
+  // One projection [E, out, in] (logical / raw local / padded local in elements), split along
+  // `shard_dim` (1 = out rows, 2 = in columns; -1 none) at [begin, end) of each of `sections`
+  // blocks, stored as the expert scheme says.
+  auto add = [&](const std::string& proj, TensorRole role, int64_t out_logical, int64_t out_raw,
+                 int64_t out_pad, int64_t in_logical, int64_t in_raw, int64_t in_pad,
+                 int shard_dim, int64_t sections, int64_t begin, int64_t end) {
+    const std::string wname = p + proj + "_" + std::string(q.spec().weight_leaf);
+    const std::vector<int64_t> lg = q.WeightShape(out_logical, in_logical);
+    const std::vector<int64_t> raw = q.WeightShape(out_raw, in_raw);
+    const std::vector<int64_t> pad = q.WeightShape(out_pad, in_pad);
+    int64_t wb = begin, we = end;
+    if (shard_dim == 2) {
+      wb = q.WeightShape(1, begin)[1];
+      we = q.WeightShape(1, end)[1];
+    }
+    push(MakeShard(wname, cat, q.WeightDType(m.dtype), {E, lg[0], lg[1]}, {El, raw[0], raw[1]},
+                   {El, pad[0], pad[1]}, shard_dim, wb, we, moe_layers),
+         role, TensorPart::kWeight, sections);
+    if (q.has_scales()) {
+      int64_t sb = begin, se = end;
+      if (shard_dim == 1) {
+        sb = begin / q.RowGranule();
+        se = CeilDiv(end, q.RowGranule());
+      } else if (shard_dim == 2) {
+        sb = begin / q.group;
+        se = CeilDiv(end, q.group);
       }
-      out.push_back(MakeShard(p + name + "_" + lg.scale_suffix, cat, raw.scale_dtype,
-                              {E, lg.scale_shape[0], lg.scale_shape[1]},
-                              {El, raw.scale_shape[0], raw.scale_shape[1]},
-                              {El, pad.scale_shape[0], pad.scale_shape[1]}, shard_dim, sb, se,
-                              moe_layers));
+      const std::vector<int64_t> slg = q.ScaleShape(out_logical, in_logical);
+      const std::vector<int64_t> sraw = q.ScaleShape(out_raw, in_raw);
+      const std::vector<int64_t> spad = q.ScaleShape(out_pad, in_pad);
+      push(MakeShard(p + proj + "_" + std::string(q.spec().scale_leaf), cat, q.spec().scale_dtype,
+                     {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]},
+                     shard_dim, sb, se, moe_layers),
+           role, TensorPart::kScale, sections);
+    }
+    if (m.quant.weight_shape_meta && q.quantized()) {
+      // compressed-tensors' per-expert weight_shape: gate and up for w13, down for w2.
+      const int64_t n = proj == "w13" ? g : 1;
+      push(MakeShard(p + proj + "_weight_shape", cat, m.family->shape_meta_dtype, {E, n, 2},
+                     {El, n, 2}, {El, n, 2}, -1, 0, 0, moe_layers),
+           role, TensorPart::kShapeMeta, 1);
     }
   };
-  // gate_up: [E, g*I, H]; the I range of each of gate and up is [i_begin, i_end).
-  add("w13", g * I.logical, g * I.raw_local, g * I.padded_local, H.logical, H.raw_local,
-      H.padded_local, dim_i_w13, g * i_begin, g * i_end);
-  add("w2", H.logical, H.raw_local, H.padded_local, I.logical, I.raw_local, I.padded_local,
-      dim_i_w2, i_begin, i_end);
-  if (m.expert_bias) {
-    // Biases in the model dtype: w13_bias [E, g*I] split like w13's rows; w2_bias [E, H] whole
-    // (added once, by moe_tp rank 0, after the reduction).
-    out.push_back(MakeShard(p + "w13_bias", cat, m.dtype, {E, g * I.logical}, {El, g * I.raw_local},
-                            {El, g * I.padded_local}, dim_i_w13 < 0 ? -1 : 1, g * i_begin,
-                            g * i_end, moe_layers));
-    out.push_back(MakeShard(p + "w2_bias", cat, m.dtype, {E, H.logical}, {El, H.raw_local},
-                            {El, H.padded_local}, -1, 0, 0, moe_layers));
+  // gate_up: [E, g*I, H]: gate rows [0, I) and up rows [I, 2I), each split at [i_begin, i_end)
+  // (interleaved gate/up: the rank's 2*[i_begin, i_end) rows are contiguous).
+  const bool interleaved = plan.experts.gate_up_interleaved;
+  add("w13", TensorRole::kExpertsW13, g * I.logical, g * I.raw_local, g * I.padded_local,
+      H.logical, H.raw_local, H.padded_local, split_i ? 1 : -1, interleaved ? 1 : g,
+      interleaved ? g * i_begin : i_begin, interleaved ? g * i_end : i_end);
+  add("w2", TensorRole::kExpertsW2, H.logical, H.raw_local, H.padded_local, I.logical,
+      I.raw_local, I.padded_local, split_i ? 2 : -1, 1, i_begin, i_end);
+  if (!plan.experts.bias_suffix.empty()) {
+    const DType bd = plan.experts.bias_dtype;
+    // w13_bias [E, g*I] split like w13's rows; w2_bias [E, H] whole (added once, by moe_tp
+    // rank 0, after the reduction).
+    push(MakeShard(p + "w13_bias", cat, bd, {E, g * I.logical}, {El, g * I.raw_local},
+                   {El, g * I.padded_local}, split_i ? 1 : -1,
+                   interleaved ? g * i_begin : i_begin, interleaved ? g * i_end : i_end,
+                   moe_layers),
+         TensorRole::kExpertsW13Bias, TensorPart::kValue, interleaved ? 1 : g);
+    push(MakeShard(p + "w2_bias", cat, bd, {E, H.logical}, {El, H.raw_local}, {El, H.padded_local},
+                   -1, 0, 0, moe_layers),
+         TensorRole::kExpertsW2Bias, TensorPart::kValue, 1);
   }
 }
 
@@ -368,15 +417,17 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
     plan.backend = *b;
   }
   const BackendSpec& backend = plan.backend;
-  plan.expert_format = model.quant.method;
-  if (!backend.Supports(plan.expert_format)) {
+  plan.expert_scheme = model.expert_scheme();
+  plan.experts = model.family->experts(model);
+  if (!backend.Supports(plan.expert_scheme.format)) {
     std::vector<std::string> ok;
     for (const BackendSpec& b : BackendCatalog()) {
-      if (b.Supports(plan.expert_format)) ok.push_back(b.name);
+      if (b.Supports(plan.expert_scheme.format)) ok.push_back(b.name);
     }
     return InvalidArgumentError(fmt::format(
         "plan: '--moe-backend {}': does not run {} experts, which {} has (backends that do: {})",
-        backend.name, QuantMethodName(plan.expert_format), model.name, fmt::join(ok, ", ")));
+        backend.name, WeightFormatName(plan.expert_scheme.format), model.name,
+        fmt::join(ok, ", ")));
   }
   if (backend.ep_only && !t.expert_parallel()) {
     return InvalidArgumentError(fmt::format(
@@ -415,14 +466,12 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
   plan.hidden.logical = model.routed_expert_hidden_size;
   plan.hidden.raw_local = plan.hidden.logical;
   plan.hidden.divisor = 1;
-  int64_t hidden_group = 1;
-  if (model.quant.method == QuantMethod::kFp8Block) hidden_group = model.quant.block_in;
-  if (model.quant.method == QuantMethod::kMxfp4) hidden_group = 32;
-  if (model.quant.method == QuantMethod::kInt4) hidden_group = model.quant.group_size;
+  const int64_t hidden_group = plan.expert_scheme.SplitGranule();
   if (plan.hidden.logical % hidden_group != 0) {
     return InvalidArgumentError(fmt::format(
         "plan: routed expert hidden size {}: expected a multiple of the {} group {}, got {}",
-        plan.hidden.logical, QuantMethodName(model.quant.method), hidden_group, plan.hidden.logical));
+        plan.hidden.logical, WeightFormatName(plan.expert_scheme.format), hidden_group,
+        plan.hidden.logical));
   }
   plan.hidden.align = Lcm(backend.hidden_align, hidden_group);
   plan.hidden.padded_local = RoundUp(plan.hidden.raw_local, plan.hidden.align);
@@ -432,7 +481,7 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         "min_moe_intermediate_per_partition * tp_size even under expert parallelism");
   }
 
-  const std::vector<LogicalTensor> logical = internal::EnumerateTensors(model, options, t.pp);
+  const std::vector<TensorDef> logical = internal::PlanTensors(model, options, t.pp);
   plan.ranks.reserve(t.world);
   std::vector<std::vector<int64_t>> stage_layers(t.pp);
   for (int64_t s = 0; s < t.pp; ++s) stage_layers[s] = internal::StageLayers(model.num_layers, t.pp, s);
@@ -443,7 +492,7 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
   std::vector<LayerSet> stage_moe_layers(t.pp);
   for (int64_t s = 0; s < t.pp; ++s) {
     const std::vector<int64_t>& sl = stage_layers[s];
-    for (const LogicalTensor& lt : logical) {
+    for (const TensorDef& lt : logical) {
       std::vector<int64_t> layers;
       std::set_intersection(lt.layers.begin(), lt.layers.end(), sl.begin(), sl.end(),
                             std::back_inserter(layers));
@@ -466,11 +515,11 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
     const bool first = stage == 0, last = stage == t.pp - 1;
     rp.tensors.reserve(2 * logical.size() + 8);
     for (size_t i = 0; i < logical.size(); ++i) {
-      const LogicalTensor& lt = logical[i];
-      if (lt.where == Where::kLayers) {
+      const TensorDef& lt = logical[i];
+      if (lt.where == StagePlacement::kLayers) {
         if (stage_tensor_layers[stage][i].empty()) continue;
-      } else if ((lt.where == Where::kFirstStage && !first) ||
-                 (lt.where == Where::kLastStage && !last)) {
+      } else if ((lt.where == StagePlacement::kFirstStage && !first) ||
+                 (lt.where == StagePlacement::kLastStage && !last)) {
         continue;
       }
       MOESHARD_RETURN_IF_ERROR(

@@ -1,5 +1,7 @@
 #include "runtime/dense_ops.h"
 
+#include "moeshard/kernels/reference.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -27,44 +29,12 @@ void DenseScratch::Reserve(int num_threads, int64_t cols) {
 }
 
 void DequantizeRow(const DenseWeight& w, int64_t r, float* out) {
-  const int64_t n = w.cols;
-  switch (w.format) {
-    case DenseFormat::kBf16: {
-      const bf16_t* p = static_cast<const bf16_t*>(w.data) + r * n;
-      for (int64_t c = 0; c < n; ++c) out[c] = Bf16ToFloat(p[c]);
-      return;
-    }
-    case DenseFormat::kF32: {
-      const float* p = static_cast<const float*>(w.data) + r * n;
-      std::copy(p, p + n, out);
-      return;
-    }
-    case DenseFormat::kFp8Block: {
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * n;
-      const int64_t scale_cols = (n + w.block - 1) / w.block;
-      const float* s = static_cast<const float*>(w.scales) + (r / w.block) * scale_cols;
-      for (int64_t c = 0; c < n; ++c) out[c] = Fp8E4M3ToFloat(p[c]) * s[c / w.block];
-      return;
-    }
-    case DenseFormat::kMxfp4: {
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * (n / 2);
-      const uint8_t* s = static_cast<const uint8_t*>(w.scales) + r * (n / w.group);
-      for (int64_t c = 0; c < n; ++c) {
-        const uint8_t code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
-        out[c] = Fp4E2M1ToFloat(code) * E8M0ToFloat(s[c / w.group]);
-      }
-      return;
-    }
-    case DenseFormat::kInt4: {
-      const uint8_t* p = static_cast<const uint8_t*>(w.data) + r * (n / 2);
-      const bf16_t* s = static_cast<const bf16_t*>(w.scales) + r * (n / w.group);
-      for (int64_t c = 0; c < n; ++c) {
-        const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
-        out[c] = static_cast<float>(code - 8) * Bf16ToFloat(s[c / w.group]);
-      }
-      return;
-    }
+  if (w.f32) {
+    const float* p = static_cast<const float*>(w.data) + r * w.cols;
+    std::copy(p, p + w.cols, out);
+    return;
   }
+  reference::DequantizeMatrixRow(w.scheme, w.data, w.scales, w.rows, w.cols, r, out);
 }
 
 void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {

@@ -21,19 +21,15 @@
 
 namespace moeshard::internal {
 
-enum class DenseFormat { kBf16, kF32, kFp8Block, kMxfp4, kInt4 };
-
-// A [rows, cols] weight (nn.Linear [out, in]) as one rank holds it.
+// A [rows, cols] weight (nn.Linear [out, in]) as one rank holds it, stored as `scheme` says
+// (base/weight_format.h); unquantized weights are bf16 or (`f32`) fp32.
 struct DenseWeight {
-  DenseFormat format = DenseFormat::kBf16;
+  WeightScheme scheme;
+  bool f32 = false;  // unquantized fp32 rather than bf16
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* data = nullptr;    // bf16/f32 [rows, cols]; fp8 u8 [rows, cols]; mxfp4/int4 u8
-                                 // [rows, cols/2] (low nibble = even column)
-  const void* scales = nullptr;  // fp8: f32 [ceil(rows/128), ceil(cols/128)]; mxfp4: u8 E8M0
-                                 // [rows, cols/32]; int4: bf16 [rows, cols/group]
-  int64_t group = 32;            // mxfp4 / int4 group along cols
-  int64_t block = 128;           // fp8 block (both dims)
+  const void* data = nullptr;    // the weight tensor
+  const void* scales = nullptr;  // the scale tensor (quantized formats)
 };
 
 // Per-thread fp32 rows for dequantisation: [num_threads, max_cols].

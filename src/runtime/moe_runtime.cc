@@ -14,7 +14,6 @@
 
 namespace moeshard {
 
-using internal::DenseFormat;
 using internal::DenseWeight;
 
 TokenRange TokenChunk(int64_t num_tokens, int64_t tp, int64_t tp_rank) {
@@ -72,19 +71,17 @@ std::vector<int64_t> MoeLayersOf(const ModelConfig& model, const std::vector<int
 
 namespace {
 
-std::string LayerName(const std::string& pattern, int64_t layer) {
-  std::string name = pattern;
-  const std::string ph = "{layer}";
-  if (auto pos = name.find(ph); pos != std::string::npos) {
-    name.replace(pos, ph.size(), std::to_string(layer));
-  }
-  return name;
-}
-
-// The plan's entry for `pattern` on this rank (nullptr when the rank holds no such tensor).
-const TensorShard* FindShard(const RankPlan& rp, const std::string& pattern) {
+// The plan's tensor of `role` and `part` on this rank holding `layer` (nullptr when the rank
+// holds none): the runtime finds weights by role, never by spelling a name.
+const TensorShard* FindShard(const RankPlan& rp, TensorRole role, TensorPart part,
+                             int64_t layer = -1) {
   for (const TensorShard& t : rp.tensors) {
-    if (t.name == pattern) return &t;
+    if (t.role != role || t.part != part) continue;
+    if (layer >= 0 && !t.layers.empty() &&
+        !std::binary_search(t.layers.begin(), t.layers.end(), layer)) {
+      continue;
+    }
+    return &t;
   }
   return nullptr;
 }
@@ -159,111 +156,99 @@ struct MoeRuntime::Impl {
   Status Init(const ShardPlan& p, const WeightViews& w, Communicator& wc, KernelContext& kc,
               const MoeRuntimeOptions& o);
   Status LoadLayer(const WeightViews& w, int64_t layer, Layer* out);
-  Result<DenseWeight> Dense(const WeightViews& w, const std::string& module, int64_t layer,
-                            bool required);
+  Result<DenseWeight> Dense(const WeightViews& w, TensorRole role, int64_t layer);
+  Result<const WeightView*> View(const WeightViews& w, TensorRole role, TensorPart part,
+                                 int64_t layer, bool required);
   Status RunLayer(const Layer& ly, int64_t T, TokenRange chunk, const int32_t* given_ids,
                   const float* given_w);
   int64_t WorkspaceBytes() const;
 };
 
-Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, const std::string& module,
-                                            int64_t layer, bool required) {
-  const RankPlan& rp = *rank_plan;
-  const QuantizationConfig& q = plan->model.quant;
+Result<const WeightView*> MoeRuntime::Impl::View(const WeightViews& w, TensorRole role,
+                                                  TensorPart part, int64_t layer,
+                                                  bool required) {
+  const TensorShard* t = FindShard(*rank_plan, role, part, layer);
+  if (t == nullptr) {
+    if (!required) return static_cast<const WeightView*>(nullptr);
+    return NotFoundError(fmt::format(
+        "runtime: layer {}: expected a {} tensor in the plan of rank {} (a model without it "
+        "cannot run here)",
+        layer, TensorRoleName(role), coords.rank));
+  }
+  return w.Get(ExpandName(t->name, layer), t->dtype, t->padded_shape);
+}
+
+Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, TensorRole role,
+                                            int64_t layer) {
+  MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(w, role, TensorPart::kWeight, layer, true));
+  MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, View(w, role, TensorPart::kScale, layer, false));
   DenseWeight d;
-  auto get = [&](const TensorShard& t) -> Result<const WeightView*> {
-    return w.Get(LayerName(t.name, layer), t.dtype, t.padded_shape);
-  };
-  if (const TensorShard* t = FindShard(rp, module + ".weight")) {
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, get(*t));
-    d.rows = v->shape[0];
+  d.rows = v->shape[0];
+  d.data = v->data;
+  if (sv == nullptr) {
+    if (v->dtype != DType::kBF16 && v->dtype != DType::kF32) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: {} of layer {}: expected an unquantized BF16 or F32 weight, got {} without "
+          "scales",
+          TensorRoleName(role), layer, DTypeName(v->dtype)));
+    }
+    d.f32 = v->dtype == DType::kF32;
     d.cols = v->shape[1];
-    d.data = v->data;
-    if (v->dtype == DType::kBF16) {
-      d.format = DenseFormat::kBf16;
-    } else if (v->dtype == DType::kF32) {
-      d.format = DenseFormat::kF32;
-    } else if (v->dtype == DType::kF8E4M3) {
-      d.format = DenseFormat::kFp8Block;
-      d.block = q.block_out > 0 ? q.block_out : 128;
-      const TensorShard* s = FindShard(rp, module + ".weight_scale_inv");
-      if (s == nullptr) {
-        return NotFoundError(fmt::format("runtime: '{}': fp8 weight without weight_scale_inv",
-                                         LayerName(t->name, layer)));
-      }
-      MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, get(*s));
-      d.scales = sv->data;
-      if (q.block_in != q.block_out && q.block_in > 0) {
-        return UnimplementedError(
-            fmt::format("runtime: '{}': expected square fp8 blocks, got {}x{}", module, q.block_out,
-                        q.block_in));
-      }
-    } else {
-      return InvalidArgumentError(
-          fmt::format("runtime: '{}': expected a BF16, F32 or F8_E4M3 weight, got {}",
-                      LayerName(t->name, layer), DTypeName(v->dtype)));
-    }
     return d;
   }
-  if (const TensorShard* t = FindShard(rp, module + ".weight_packed")) {
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, get(*t));
-    const TensorShard* s = FindShard(rp, module + ".weight_scale");
-    if (s == nullptr) {
-      return NotFoundError(fmt::format("runtime: '{}': packed weight without weight_scale",
-                                       LayerName(t->name, layer)));
-    }
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, get(*s));
-    d.rows = v->shape[0];
-    d.cols = v->shape[1] * 2;
-    d.data = v->data;
-    d.scales = sv->data;
-    d.format = sv->dtype == DType::kU8 ? DenseFormat::kMxfp4 : DenseFormat::kInt4;
-    d.group = d.cols / sv->shape[1];
-    return d;
+  // Quantized: the model's scheme (block and group sizes from its config).
+  d.scheme = plan->model.quant.scheme;
+  d.scales = sv->data;
+  d.cols = d.scheme.packed() ? v->shape[1] * 2 : v->shape[1];
+  if (d.scheme.WeightDType() != v->dtype ||
+      d.scheme.ScaleShape(d.rows, d.cols) != sv->shape) {
+    return InvalidArgumentError(fmt::format(
+        "runtime: {} of layer {}: expected {} storage with scales [{}], got {} [{}] with scales "
+        "[{}]",
+        TensorRoleName(role), layer, WeightFormatName(d.scheme.format),
+        fmt::join(d.scheme.ScaleShape(d.rows, d.cols), ", "), DTypeName(v->dtype),
+        fmt::join(v->shape, ", "), fmt::join(sv->shape, ", ")));
   }
-  if (!required) return d;
-  return NotFoundError(fmt::format(
-      "runtime: '{}': expected in the plan of rank {} (a model without it cannot run here)",
-      LayerName(module + ".weight", layer), coords.rank));
+  return d;
 }
 
 Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* ly) {
   const ModelConfig& m = plan->model;
   const RankPlan& rp = *rank_plan;
   ly->layer = layer;
-  const std::string pre = "model.layers.{layer}.";
+  using R = TensorRole;
+  using P = TensorPart;
   {
-    const TensorShard* t = FindShard(rp, pre + "post_attention_layernorm.weight");
-    if (t == nullptr) return NotFoundError("runtime: 'post_attention_layernorm.weight': missing");
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v,
-                              w.Get(LayerName(t->name, layer), DType::kBF16, {H}));
+    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(w, R::kPreMoeNorm, P::kValue, layer, true));
+    if (v->dtype != DType::kBF16 || v->shape != std::vector<int64_t>{H}) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: pre-MoE norm of layer {}: expected BF16 [{}], got {} [{}]", layer, H,
+          DTypeName(v->dtype), fmt::join(v->shape, ", ")));
+    }
     ly->pre_norm = v->as<bf16_t>();
   }
-  const std::string gate = m.family == ModelFamily::kMixtral  ? pre + "block_sparse_moe.gate"
-                           : m.family == ModelFamily::kGptOss ? pre + "mlp.router"
-                                                              : pre + "mlp.gate";
-  MOESHARD_ASSIGN_OR_RETURN(ly->router, Dense(w, gate, layer, true));
+  MOESHARD_ASSIGN_OR_RETURN(ly->router, Dense(w, R::kRouter, layer));
   if (ly->router.rows != E || ly->router.cols != H) {
-    return InvalidArgumentError(fmt::format("runtime: '{}': expected [{}, {}], got [{}, {}]",
-                                            LayerName(gate, layer), E, H, ly->router.rows,
-                                            ly->router.cols));
+    return InvalidArgumentError(fmt::format("runtime: router of layer {}: expected [{}, {}], got [{}, {}]",
+                                            layer, E, H, ly->router.rows, ly->router.cols));
   }
-  if (const TensorShard* t = FindShard(rp, gate + ".bias")) {
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v,
-                              w.Get(LayerName(t->name, layer), t->dtype, t->padded_shape));
-    ly->router_bias = ToFloat(*v);
-  }
-  if (const TensorShard* t = FindShard(rp, gate + ".e_score_correction_bias")) {
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v,
-                              w.Get(LayerName(t->name, layer), DType::kF32, {E}));
-    ly->correction_bias = v->as<float>();
-  } else if (routing.kind == RoutingKind::kSigmoidGroupedTopK) {
-    return NotFoundError(fmt::format("runtime: '{}': missing (noaux_tc routing needs it)",
-                                     LayerName(gate + ".e_score_correction_bias", layer)));
+  MOESHARD_ASSIGN_OR_RETURN(const WeightView* rb, View(w, R::kRouterBias, P::kValue, layer, false));
+  if (rb != nullptr) ly->router_bias = ToFloat(*rb);
+  MOESHARD_ASSIGN_OR_RETURN(const WeightView* cb,
+                            View(w, R::kCorrectionBias, P::kValue, layer,
+                                 routing.kind == RoutingKind::kSigmoidGroupedTopK &&
+                                     m.has_correction_bias));
+  if (cb != nullptr) {
+    if (cb->dtype != DType::kF32 || cb->shape != std::vector<int64_t>{E}) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: correction bias of layer {}: expected F32 [{}], got {} [{}]", layer, E,
+          DTypeName(cb->dtype), fmt::join(cb->shape, ", ")));
+    }
+    ly->correction_bias = cb->as<float>();
   }
   if (latent) {
-    MOESHARD_ASSIGN_OR_RETURN(ly->latent_down, Dense(w, pre + "mlp.latent_down_proj", layer, true));
-    MOESHARD_ASSIGN_OR_RETURN(ly->latent_up, Dense(w, pre + "mlp.latent_up_proj", layer, true));
+    MOESHARD_ASSIGN_OR_RETURN(ly->latent_down, Dense(w, R::kLatentDown, layer));
+    MOESHARD_ASSIGN_OR_RETURN(ly->latent_up, Dense(w, R::kLatentUp, layer));
     if (ly->latent_down.rows != L || ly->latent_down.cols != H || ly->latent_up.rows != H ||
         ly->latent_up.cols != L) {
       return InvalidArgumentError(fmt::format(
@@ -272,18 +257,21 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
           layer, L, H, H, L, ly->latent_down.rows, ly->latent_down.cols, ly->latent_up.rows,
           ly->latent_up.cols));
     }
-    if (m.latent_moe_use_norm) {
-      MOESHARD_ASSIGN_OR_RETURN(
-          const WeightView* v,
-          w.Get(LayerName(pre + "mlp.latent_norm.weight", layer), DType::kBF16, {L}));
-      ly->latent_norm = v->as<bf16_t>();
+    MOESHARD_ASSIGN_OR_RETURN(const WeightView* n,
+                              View(w, R::kLatentNorm, P::kValue, layer, m.latent_moe_use_norm));
+    if (n != nullptr) {
+      if (n->dtype != DType::kBF16 || n->shape != std::vector<int64_t>{L}) {
+        return InvalidArgumentError(fmt::format(
+            "runtime: latent norm of layer {}: expected BF16 [{}], got {} [{}]", layer, L,
+            DTypeName(n->dtype), fmt::join(n->shape, ", ")));
+      }
+      ly->latent_norm = n->as<bf16_t>();
     }
   }
   if (m.num_shared_experts > 0) {
-    const std::string sp = pre + "mlp.shared_experts.";
-    MOESHARD_ASSIGN_OR_RETURN(ly->shared_gate, Dense(w, sp + "gate_proj", layer, true));
-    MOESHARD_ASSIGN_OR_RETURN(ly->shared_up, Dense(w, sp + "up_proj", layer, true));
-    MOESHARD_ASSIGN_OR_RETURN(ly->shared_down, Dense(w, sp + "down_proj", layer, true));
+    MOESHARD_ASSIGN_OR_RETURN(ly->shared_gate, Dense(w, R::kSharedGate, layer));
+    MOESHARD_ASSIGN_OR_RETURN(ly->shared_up, Dense(w, R::kSharedUp, layer));
+    MOESHARD_ASSIGN_OR_RETURN(ly->shared_down, Dense(w, R::kSharedDown, layer));
     ly->has_shared = true;
     if (ly->shared_gate.rows != S_local || ly->shared_up.rows != S_local ||
         ly->shared_down.cols != S_local || ly->shared_gate.cols != H || ly->shared_down.rows != H) {
@@ -295,60 +283,35 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
 
   // Routed experts in the plan's fused layout.
   ExpertWeights& x = ly->experts;
+  x.scheme = plan->expert_scheme;
   x.num_experts_local = static_cast<int64_t>(rp.expert_slots.size());
   x.hidden = Lp;
   x.intermediate = plan->intermediate.padded_local;
   x.gated = m.gated();
-  x.gate_up_interleaved = m.gate_up_fused;
-  x.int4_group_size = m.quant.group_size > 0 ? m.quant.group_size : 32;
-  switch (plan->expert_format) {
-    case QuantMethod::kNone: x.format = WeightFormat::kBf16; break;
-    case QuantMethod::kFp8Block: x.format = WeightFormat::kFp8Block; break;
-    case QuantMethod::kMxfp4: x.format = WeightFormat::kMxfp4; break;
-    case QuantMethod::kInt4: x.format = WeightFormat::kInt4; break;
-  }
+  x.gate_up_interleaved = plan->experts.gate_up_interleaved;
   if (x.num_experts_local == 0) return Status::Ok();
-  const std::string ep = pre + "mlp.experts.";
-  const bool packed =
-      plan->expert_format == QuantMethod::kMxfp4 || plan->expert_format == QuantMethod::kInt4;
-  const std::string wsuf = packed ? "_weight_packed" : "_weight";
-  const std::string ssuf =
-      plan->expert_format == QuantMethod::kFp8Block ? "_weight_scale_inv" : "_weight_scale";
-  for (const char* proj : {"w13", "w2"}) {
-    const TensorShard* t = FindShard(rp, ep + proj + wsuf);
-    if (t == nullptr) {
-      return NotFoundError(fmt::format("runtime: '{}': not in the plan of rank {}",
-                                       LayerName(ep + proj + wsuf, layer), coords.rank));
-    }
-    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v,
-                              w.Get(LayerName(t->name, layer), t->dtype, t->padded_shape));
-    (std::string(proj) == "w13" ? x.w13 : x.w2) = v->data;
-    if (std::string(proj) == "w13") {
+  for (const R role : {R::kExpertsW13, R::kExpertsW2}) {
+    const bool is_w13 = role == R::kExpertsW13;
+    MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(w, role, P::kWeight, layer, true));
+    (is_w13 ? x.w13 : x.w2) = v->data;
+    if (is_w13) {
       x.bf16_row_groups = v->bf16_row_groups;
     } else if (v->bf16_row_groups != x.bf16_row_groups) {
       return InvalidArgumentError(fmt::format(
-          "runtime: '{}': expected the layout of w13 ({}), got {} (rewrite both or neither)",
-          LayerName(ep + proj + wsuf, layer), x.bf16_row_groups ? "row groups" : "row-major",
+          "runtime: routed experts of layer {}: expected w2 in the layout of w13 ({}), got {} "
+          "(rewrite both or neither)",
+          layer, x.bf16_row_groups ? "row groups" : "row-major",
           v->bf16_row_groups ? "row groups" : "row-major"));
     }
-    if (plan->expert_format != QuantMethod::kNone) {
-      const TensorShard* s = FindShard(rp, ep + proj + ssuf);
-      if (s == nullptr) {
-        return NotFoundError(
-            fmt::format("runtime: '{}': not in the plan", LayerName(ep + proj + ssuf, layer)));
-      }
-      MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv,
-                                w.Get(LayerName(s->name, layer), s->dtype, s->padded_shape));
-      (std::string(proj) == "w13" ? x.w13_scales : x.w2_scales) = sv->data;
+    if (x.scheme.quantized()) {
+      MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, View(w, role, P::kScale, layer, true));
+      (is_w13 ? x.w13_scales : x.w2_scales) = sv->data;
     }
   }
-  if (m.expert_bias) {
-    for (const char* b : {"w13_bias", "w2_bias"}) {
-      const TensorShard* t = FindShard(rp, ep + b);
-      if (t == nullptr) return NotFoundError(fmt::format("runtime: '{}': missing", ep + b));
-      MOESHARD_ASSIGN_OR_RETURN(const WeightView* v,
-                                w.Get(LayerName(t->name, layer), t->dtype, t->padded_shape));
-      (std::string(b) == "w13_bias" ? ly->w13_bias : ly->w2_bias) = ToFloat(*v);
+  if (!plan->experts.bias_suffix.empty()) {
+    for (const R role : {R::kExpertsW13Bias, R::kExpertsW2Bias}) {
+      MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(w, role, P::kValue, layer, true));
+      (role == R::kExpertsW13Bias ? ly->w13_bias : ly->w2_bias) = ToFloat(*v);
     }
     x.w13_bias = ly->w13_bias.data();
     x.w2_bias = ly->w2_bias.data();
@@ -403,11 +366,7 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
         "(drop the flag)");
   }
   if (m.num_shared_experts > 0) {
-    const TensorShard* t =
-        FindShard(*rank_plan, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight");
-    if (t == nullptr) {
-      t = FindShard(*rank_plan, "model.layers.{layer}.mlp.shared_experts.gate_proj.weight_packed");
-    }
+    const TensorShard* t = FindShard(*rank_plan, TensorRole::kSharedGate, TensorPart::kWeight);
     S_local = t != nullptr ? t->local_shape[0] : 0;
     shared_split = p.options.shared_experts == SharedExpertsMode::kSharded && tp > 1;
   }

@@ -14,7 +14,6 @@
 namespace moeshard {
 namespace {
 
-constexpr size_t kNumCategories = std::size(kAllCategories);
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();

@@ -5,6 +5,7 @@
 
 #include "moeshard/base/check.h"
 #include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/plan/shard_plan.h"
 #include "moeshard/weights/rank_weights.h"
 
 namespace moeshard {
@@ -45,43 +46,48 @@ WeightViews ViewRankWeights(const RankWeights& weights) {
 Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
                                      RankWeights* weights) {
   MOESHARD_CHECK(weights != nullptr, "UseCpuRowGroupLayout: null weights");
-  constexpr std::string_view kW13 = "mlp.experts.w13_weight";
+  if (plan.expert_scheme.format != WeightFormat::kBf16) return int64_t{0};
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(weights->rank())];
+  const TensorShard* s13 = nullptr;
+  const TensorShard* s2 = nullptr;
+  for (const TensorShard& s : rp.tensors) {
+    if (s.part != TensorPart::kWeight) continue;
+    if (s.role == TensorRole::kExpertsW13) s13 = &s;
+    if (s.role == TensorRole::kExpertsW2) s2 = &s;
+  }
+  if (s13 == nullptr || s2 == nullptr) return int64_t{0};
   int64_t layers = 0;
-  for (const TensorBuffer& t : weights->tensors()) {
-    const std::string_view name = t.name;
-    if (t.category != TensorCategory::kRoutedExperts || t.dtype != DType::kBF16 ||
-        name.size() < kW13.size() || name.substr(name.size() - kW13.size()) != kW13 ||
-        t.bf16_row_groups || t.shape.size() != 3) {
-      continue;
-    }
-    const std::string w2_name =
-        std::string(name.substr(0, name.size() - kW13.size())) + "mlp.experts.w2_weight";
-    TensorBuffer* w13 = weights->FindMutable(t.name);
+  for (int64_t layer : s13->layers) {
+    const std::string w13_name = ExpandName(s13->name, layer);
+    const std::string w2_name = ExpandName(s2->name, layer);
+    TensorBuffer* w13 = weights->FindMutable(w13_name);
     TensorBuffer* w2 = weights->FindMutable(w2_name);
+    if (w13 == nullptr || w13->bf16_row_groups) continue;  // layer not built, or done
     const int64_t rows_per_i = plan.model.gated() ? 2 : 1;
-    if (w2 == nullptr || w2->dtype != DType::kBF16 || w2->shape.size() != 3 ||
-        w2->shape[0] != w13->shape[0] || w2->shape[1] != w13->shape[2] ||
-        w13->shape[1] != rows_per_i * w2->shape[2]) {
+    if (w2 == nullptr || w13->dtype != DType::kBF16 || w2->dtype != DType::kBF16 ||
+        w13->shape.size() != 3 || w2->shape.size() != 3 || w2->shape[0] != w13->shape[0] ||
+        w2->shape[1] != w13->shape[2] || w13->shape[1] != rows_per_i * w2->shape[2]) {
       return InvalidArgumentError(fmt::format(
-          "runtime: '{}': expected BF16 [{}, {}, {}] beside '{}' [{}], got {}", w2_name,
-          w13->shape[0], w13->shape[2], w13->shape[1] / rows_per_i, t.name,
-          fmt::join(w13->shape, ", "),
+          "runtime: '{}': expected BF16 [{}, {}, {}] beside '{}' {} [{}], got {}", w2_name,
+          w13->shape[0], w13->shape.size() == 3 ? w13->shape[2] : -1,
+          w13->shape.size() == 3 ? w13->shape[1] / rows_per_i : -1, w13_name,
+          DTypeName(w13->dtype), fmt::join(w13->shape, ", "),
           w2 == nullptr
               ? std::string("none")
               : fmt::format("{} [{}]", DTypeName(w2->dtype), fmt::join(w2->shape, ", "))));
     }
     ExpertWeights ew;
-    ew.format = WeightFormat::kBf16;
+    ew.scheme = plan.expert_scheme;
     ew.num_experts_local = w13->shape[0];
     ew.hidden = w13->shape[2];
     ew.intermediate = w2->shape[2];
     ew.gated = plan.model.gated();
-    ew.gate_up_interleaved = plan.model.gate_up_fused;
+    ew.gate_up_interleaved = plan.experts.gate_up_interleaved;
     ew.w13 = w13->data.data();
     ew.w2 = w2->data.data();
     if (!CheckBf16RowGroupShape(ew).ok()) continue;  // stays row-major
     MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(ctx, &ew, w13->data.data(), w2->data.data())
-                                 .WithContext(fmt::format("runtime: '{}'", t.name)));
+                                 .WithContext(fmt::format("runtime: '{}'", w13_name)));
     w13->bf16_row_groups = w2->bf16_row_groups = true;
     ++layers;
   }

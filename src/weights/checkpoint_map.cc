@@ -1,4 +1,5 @@
-// Rank tensor -> checkpoint windows, per family naming (see checkpoint_map.h and loader.h).
+// Rank tensor -> checkpoint windows, named by the family descriptor (see checkpoint_map.h and
+// loader.h).
 #include "weights/checkpoint_map.h"
 
 #include <fmt/format.h>
@@ -8,8 +9,6 @@
 
 namespace moeshard::internal {
 namespace {
-
-constexpr std::string_view kExpertsPrefix = "model.layers.{layer}.mlp.experts.";
 
 int64_t Product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
   int64_t n = 1;
@@ -22,10 +21,6 @@ int64_t BytesOf(DType dtype, const std::vector<int64_t>& shape) {
 }
 
 int64_t ElementBytes(DType dtype) { return DTypeBits(dtype) / 8; }
-
-std::string FamilyPrefix(const ModelConfig& m) {
-  return m.family == ModelFamily::kKimiK3 ? "language_model." : "";
-}
 
 Status MapError(const ShardPlan& plan, int64_t rank, const std::string& name,
                 const std::string& what) {
@@ -44,31 +39,45 @@ int AddSource(MappedTensor& t, SourceTensorSpec spec) {
   return static_cast<int>(t.sources.size()) - 1;
 }
 
+// How the dummy source fills a tensor: by its part and storage dtype (the weight-format
+// table's: fp8 codes, packed nibbles, E8M0 or float scales), plain tensors by name (norms,
+// biases).
+DummyKind KindOf(const std::string& name, TensorPart part, DType dtype) {
+  switch (part) {
+    case TensorPart::kWeight:
+      if (dtype == DType::kF8E4M3) return DummyKind::kFp8;
+      return dtype == DType::kU8 ? DummyKind::kNibbles : DummyKind::kWeight;
+    case TensorPart::kScale:
+      return dtype == DType::kU8 || dtype == DType::kF8E8M0 ? DummyKind::kE8M0 : DummyKind::kScale;
+    case TensorPart::kShapeMeta: return DummyKind::kWeight;
+    case TensorPart::kValue: return DummyKindOf(name, dtype);
+  }
+  return DummyKind::kWeight;
+}
+
 // Non-expert tensors: the checkpoint tensor has the plan's logical (storage) shape; the rank
-// holds [begin, end) of shard_dim. View the tensor as [prod(dims before d), bytes from d on]
-// and take byte columns [begin * inner, end * inner).
+// holds [begin, end) of shard_dim in each of its `sections` blocks. View the tensor as
+// [prod(dims before d), bytes from d on] and take the byte columns of each block.
 Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const TensorShard& s = *t.shard;
-  const ModelConfig& m = plan.model;
-  std::string source = FamilyPrefix(m) + t.name;
-  if (s.name == "lm_head.weight" && m.tie_word_embeddings) {
-    source = FamilyPrefix(m) + "model.embed_tokens.weight";  // the tied head's own copy
-  }
+  const std::string source =
+      ExpandName(s.tied_source.empty() ? s.name : s.tied_source, t.layer);
   const int64_t es = ElementBytes(s.dtype);
-  const int src = AddSource(t, {source, s.dtype, s.logical_shape});
-  Piece p;
-  p.source_idx = src;
-  p.element_bytes = es;
+  SourceTensorSpec spec{source, s.dtype, s.logical_shape,
+                        KindOf(source, s.part, s.dtype), {}};
+  if (s.part == TensorPart::kShapeMeta) spec.values = s.meta_values;
+  const int src = AddSource(t, std::move(spec));
   const int64_t total = BytesOf(s.dtype, s.logical_shape);
   if (s.shard_dim < 0) {
     if (s.local_shape != s.logical_shape) {
-      return MapError(
-          plan, rank, t.name,
-          fmt::format("replicated but local shape [{}] differs "
-                      "from logical [{}]",
-                      fmt::join(s.local_shape, ", "), fmt::join(s.logical_shape, ", ")));
+      return MapError(plan, rank, t.name,
+                      fmt::format("replicated but local shape [{}] differs from logical [{}]",
+                                  fmt::join(s.local_shape, ", "), fmt::join(s.logical_shape, ", ")));
     }
     if (total == 0) return Status::Ok();
+    Piece p;
+    p.source_idx = src;
+    p.element_bytes = es;
     p.window = Slice2D{.base_offset = 0,
                        .row_bytes = total,
                        .row_begin = 0,
@@ -76,88 +85,67 @@ Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
                        .col_begin = 0,
                        .col_end = total,
                        .dst_row_stride = total};
-  } else {
-    const size_t d = static_cast<size_t>(s.shard_dim);
-    if (d >= s.logical_shape.size() || s.local_shape.size() != s.logical_shape.size() ||
-        s.local_shape[d] != s.shard_end - s.shard_begin) {
-      return MapError(plan, rank, t.name,
-                      fmt::format("shard dim {} [{}, {}) does not match local shape [{}]", d,
-                                  s.shard_begin, s.shard_end, fmt::join(s.local_shape, ", ")));
-    }
-    const int64_t outer = Product(s.logical_shape, 0, d);
-    const int64_t inner = Product(s.logical_shape, d + 1, s.logical_shape.size()) * es;
-    const int64_t cols = (s.shard_end - s.shard_begin) * inner;
-    if (outer == 0 || cols == 0) return Status::Ok();
+    t.pieces.push_back(p);
+    return Status::Ok();
+  }
+  const size_t d = static_cast<size_t>(s.shard_dim);
+  const int64_t sections = std::max<int64_t>(1, s.sections);
+  const int64_t slice = s.shard_end - s.shard_begin;
+  if (d >= s.logical_shape.size() || s.local_shape.size() != s.logical_shape.size() ||
+      s.local_shape[d] != sections * slice || s.logical_shape[d] % sections != 0) {
+    return MapError(plan, rank, t.name,
+                    fmt::format("shard dim {} [{}, {}) x {} blocks does not match local shape [{}]",
+                                d, s.shard_begin, s.shard_end, sections,
+                                fmt::join(s.local_shape, ", ")));
+  }
+  const int64_t outer = Product(s.logical_shape, 0, d);
+  const int64_t inner = Product(s.logical_shape, d + 1, s.logical_shape.size()) * es;
+  const int64_t block = s.logical_shape[d] / sections;
+  const int64_t cols = slice * inner;
+  if (outer == 0 || cols == 0) return Status::Ok();
+  for (int64_t b = 0; b < sections; ++b) {
+    Piece p;
+    p.source_idx = src;
+    p.element_bytes = es;
     p.window = Slice2D{.base_offset = 0,
                        .row_bytes = s.logical_shape[d] * inner,
                        .row_begin = 0,
                        .row_end = outer,
-                       .col_begin = s.shard_begin * inner,
-                       .col_end = s.shard_end * inner,
-                       .dst_row_stride = cols};
+                       .col_begin = (b * block + s.shard_begin) * inner,
+                       .col_end = (b * block + s.shard_end) * inner,
+                       .dst_row_stride = sections * cols};
+    p.dst_offset = b * cols;
+    t.pieces.push_back(p);
   }
-  t.pieces.push_back(p);
   return Status::Ok();
 }
 
-// Storage geometry of one per-expert [out, in] matrix part in the expert format.
+// Storage geometry of one per-expert [out, in] matrix part in the expert scheme.
 struct Geometry {
-  QuantMethod q;
+  const WeightScheme& q;
   bool scale;  // the scale tensor rather than the weight
-  const QuantizationConfig* quant;
   DType model_dtype;
 
-  // Storage rows holding `n` logical rows (fp8 scales: one per block of rows).
-  int64_t Rows(int64_t n) const {
-    return scale && q == QuantMethod::kFp8Block ? CeilDiv(n, int64_t{quant->block_out}) : n;
-  }
+  // Storage rows holding `n` logical rows.
+  int64_t Rows(int64_t n) const { return scale ? q.ScaleRows(n) : n; }
   // Bytes of `c` logical columns of one storage row.
   int64_t ColBytes(int64_t c) const {
-    if (!scale) {
-      switch (q) {
-        case QuantMethod::kNone: return c * ElementBytes(model_dtype);
-        case QuantMethod::kFp8Block: return c;
-        case QuantMethod::kMxfp4:
-        case QuantMethod::kInt4: return c / 2;
-      }
-      return c;
-    }
-    switch (q) {
-      case QuantMethod::kNone: return 0;
-      case QuantMethod::kFp8Block: return CeilDiv(c, int64_t{quant->block_in}) * 4;
-      case QuantMethod::kMxfp4: return c / 32;
-      case QuantMethod::kInt4: return CeilDiv(c, int64_t{quant->group_size}) * 2;
-    }
-    return 0;
+    return scale ? q.ScaleRowBytes(c) : q.WeightRowBytes(c, model_dtype);
   }
 };
 
-std::string PerExpertName(const ModelConfig& m, int64_t layer, int64_t expert, int proj,
-                          const std::string& leaf) {
-  static const char* kMixtral[] = {"w1", "w3", "w2"};
-  static const char* kDeepseek[] = {"gate_proj", "up_proj", "down_proj"};
-  if (m.family == ModelFamily::kMixtral) {
-    return fmt::format("model.layers.{}.block_sparse_moe.experts.{}.{}.{}", layer, expert,
-                       kMixtral[proj], leaf);
-  }
-  return fmt::format("{}model.layers.{}.mlp.experts.{}.{}.{}", FamilyPrefix(m), layer, expert,
-                     kDeepseek[proj], leaf);
-}
-
 // Routed experts in the fused per-rank layout (shard_plan.h), from per-expert tensors or from
-// gpt-oss's fused ones.
+// fused ones, named by the family's ExpertLayout.
 Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const TensorShard& s = *t.shard;
   const ModelConfig& m = plan.model;
-  const RankPlan& rp = plan.ranks[rank];
-  const std::string suffix = s.name.substr(kExpertsPrefix.size());
-  const bool w13 = suffix.rfind("w13_", 0) == 0;
-  if (!w13 && suffix.rfind("w2_", 0) != 0) {
-    return MapError(plan, rank, t.name, "unknown routed-expert tensor");
-  }
-  const std::string leaf = suffix.substr(w13 ? 4 : 3);  // weight, weight_packed, ..., bias
-  const bool bias = leaf == "bias";
-  const bool scale = leaf == "weight_scale" || leaf == "weight_scale_inv";
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
+  const ExpertLayout& x = plan.experts;
+  const WeightScheme& q = plan.expert_scheme;
+  const bool w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
+  const bool bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
+  const bool scale = s.part == TensorPart::kScale;
+  const bool meta = s.part == TensorPart::kShapeMeta;
   const int64_t g = m.gated() ? 2 : 1;
   const DimLayout& I = plan.intermediate;
   const DimLayout& H = plan.hidden;
@@ -173,23 +161,23 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const int64_t slot_bytes = BytesOf(s.dtype, s.padded_shape) / num_slots;
   const int64_t dst_row = BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()});
   const int64_t layer = t.layer;
+  const DummyKind kind = bias ? DummyKind::kBias : KindOf(t.name, s.part, s.dtype);
 
   if (bias) {
-    if (!m.expert_bias || !m.gate_up_fused) {
+    if (!x.fused || x.bias_suffix.empty()) {
       return UnimplementedError(fmt::format(
-          "[rank {}/{}] load: '{}': expert biases are only known in gpt-oss's fused layout", rank,
+          "[rank {}/{}] load: '{}': expert biases are only known in fused layouts", rank,
           plan.topology.world, t.name));
     }
-    const std::string base = fmt::format("model.layers.{}.mlp.experts.", layer);
-    const int64_t n = w13 ? 2 * I.logical : H.logical;
-    const int src =
-        AddSource(t, {base + (w13 ? "gate_up_proj_bias" : "down_proj_bias"), s.dtype, {E, n}});
-    const int64_t cb = w13 ? 2 * ib * es : 0, ce = w13 ? 2 * ie * es : n * es;
+    const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
+    const int64_t n = w13 ? g * I.logical : H.logical;
+    const int src = AddSource(t, {module + x.bias_suffix, s.dtype, {E, n}, kind, {}});
+    const int64_t cb = w13 ? g * ib * es : 0, ce = w13 ? g * ie * es : n * es;
     for (int64_t slot = 0; slot < num_slots; ++slot) {
       Piece p;
       p.source_idx = src;
       p.element_bytes = es;
-      p.window = Slice2D{.base_offset = rp.expert_slots[slot] * n * es,
+      p.window = Slice2D{.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * n * es,
                          .row_bytes = n * es,
                          .row_begin = 0,
                          .row_end = 1,
@@ -202,86 +190,116 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
     return Status::Ok();
   }
 
-  if (m.gate_up_fused) {
-    // gpt-oss: gate_up_proj with gate/up interleaved (row 2j gate j, 2j+1 up j), so the rank's
-    // rows [2*ib, 2*ie) are contiguous.
-    const std::string base = fmt::format("model.layers.{}.mlp.experts.", layer);
-    const std::string proj = w13 ? "gate_up_proj" : "down_proj";
-    const int64_t out = w13 ? 2 * I.logical : H.logical;  // rows of the out-major matrix
+  if (x.fused) {
+    // Gate and up interleaved (row 2j gate j, 2j+1 up j), so the rank's rows [2*ib, 2*ie) are
+    // contiguous.
+    const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
+    const int64_t out = w13 ? g * I.logical : H.logical;  // rows of the out-major matrix
     const int64_t in = w13 ? H.logical : I.logical;
     const int64_t in_pad = w13 ? H.padded_local : I.padded_local;
-    switch (plan.expert_format) {
-      case QuantMethod::kMxfp4: {
-        const int64_t cols = scale ? in / 32 : in / 2;
-        const std::vector<int64_t> shape = scale ? std::vector<int64_t>{E, out, in / 32}
-                                                 : std::vector<int64_t>{E, out, in / 32, 16};
-        const int src =
-            AddSource(t, {base + proj + (scale ? "_scales" : "_blocks"), s.dtype, shape});
-        const int64_t unit = scale ? 32 : 2;  // logical columns per storage byte column
-        for (int64_t slot = 0; slot < num_slots; ++slot) {
-          Piece p;
-          p.source_idx = src;
-          p.window.base_offset = rp.expert_slots[slot] * out * cols;
-          p.window.row_bytes = cols;
-          if (w13) {
-            p.window.row_begin = 2 * ib, p.window.row_end = 2 * ie;
-            p.window.col_begin = 0, p.window.col_end = cols;
-          } else {
-            p.window.row_begin = 0, p.window.row_end = out;
-            p.window.col_begin = ib / unit, p.window.col_end = ie / unit;
-          }
-          p.window.dst_row_stride = in_pad / unit;
-          p.dst_offset = slot * slot_bytes;
-          t.pieces.push_back(p);
+    if (q.format == WeightFormat::kMxfp4 && !meta) {
+      const Geometry geo{q, scale, m.dtype};
+      const int64_t cols = geo.ColBytes(in);
+      const std::vector<int64_t> shape =
+          scale ? std::vector<int64_t>{E, out, in / q.group}
+                : std::vector<int64_t>{E, out, in / q.group, q.group / 2};
+      const int src = AddSource(
+          t, {module + (scale ? x.fused_scale_suffix : x.fused_weight_suffix), s.dtype, shape,
+              kind, {}});
+      for (int64_t slot = 0; slot < num_slots; ++slot) {
+        Piece p;
+        p.source_idx = src;
+        p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * out * cols;
+        p.window.row_bytes = cols;
+        if (w13) {
+          p.window.row_begin = g * ib, p.window.row_end = g * ie;
+          p.window.col_begin = 0, p.window.col_end = cols;
+        } else {
+          p.window.row_begin = 0, p.window.row_end = out;
+          p.window.col_begin = geo.ColBytes(ib), p.window.col_end = geo.ColBytes(ie);
         }
-        return Status::Ok();
+        p.window.dst_row_stride = geo.ColBytes(in_pad);
+        p.dst_offset = slot * slot_bytes;
+        t.pieces.push_back(p);
       }
-      case QuantMethod::kNone: {
-        // bf16 gpt-oss stores experts in-major: gate_up_proj [E, H, 2I], down_proj [E, I, H].
-        // Read the rank's window and transpose it into the out-major rank layout.
-        const int src = AddSource(t, {base + proj, s.dtype, {E, in, out}});
-        for (int64_t slot = 0; slot < num_slots; ++slot) {
-          Piece p;
-          p.source_idx = src;
-          p.transpose = true;
-          p.element_bytes = es;
-          p.window.base_offset = rp.expert_slots[slot] * in * out * es;
-          p.window.row_bytes = out * es;
-          if (w13) {
-            p.window.row_begin = 0, p.window.row_end = in;
-            p.window.col_begin = 2 * ib * es, p.window.col_end = 2 * ie * es;
-          } else {
-            p.window.row_begin = ib, p.window.row_end = ie;
-            p.window.col_begin = 0, p.window.col_end = out * es;
-          }
-          p.window.dst_row_stride = dst_row;
-          p.dst_offset = slot * slot_bytes;
-          t.pieces.push_back(p);
+      return Status::Ok();
+    }
+    if (q.format == WeightFormat::kBf16 && x.fused_in_major) {
+      // Stored input-major: [E, in, out]. Read the rank's window and transpose it into the
+      // out-major rank layout.
+      const int src = AddSource(t, {module, s.dtype, {E, in, out}, kind, {}});
+      for (int64_t slot = 0; slot < num_slots; ++slot) {
+        Piece p;
+        p.source_idx = src;
+        p.transpose = true;
+        p.element_bytes = es;
+        p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * in * out * es;
+        p.window.row_bytes = out * es;
+        if (w13) {
+          p.window.row_begin = 0, p.window.row_end = in;
+          p.window.col_begin = g * ib * es, p.window.col_end = g * ie * es;
+        } else {
+          p.window.row_begin = ib, p.window.row_end = ie;
+          p.window.col_begin = 0, p.window.col_end = out * es;
         }
-        return Status::Ok();
+        p.window.dst_row_stride = dst_row;
+        p.dst_offset = slot * slot_bytes;
+        t.pieces.push_back(p);
       }
-      case QuantMethod::kFp8Block:
-      case QuantMethod::kInt4: break;
+      return Status::Ok();
     }
     return UnimplementedError(fmt::format(
-        "[rank {}/{}] load: '{}': gpt-oss fused experts in {} are not supported (expected "
-        "bf16 or mxfp4)",
-        rank, plan.topology.world, t.name, QuantMethodName(plan.expert_format)));
+        "[rank {}/{}] load: '{}': fused experts in {} are not supported (expected bf16 stored "
+        "input-major or mxfp4)",
+        rank, plan.topology.world, t.name, WeightFormatName(q.format)));
   }
 
   // Per-expert tensors [out, in]: gate/up [I, H], down [H, I].
-  const Geometry geo{plan.expert_format, scale, &m.quant, m.dtype};
+  const std::string* modules[3] = {&x.gate, &x.up, &x.down};
+  const std::string leaf = meta    ? std::string("weight_shape")
+                           : scale ? std::string(q.spec().scale_leaf)
+                                   : std::string(q.spec().weight_leaf);
+  const Geometry geo{q, scale, m.dtype};
+  auto name_of = [&](int64_t e, int proj) {
+    return ExpandName(*modules[proj] + "." + leaf, layer, e);
+  };
+  if (meta) {
+    // [El, parts, 2]: each part's logical [out, in], whole.
+    const int64_t parts = w13 ? g : 1;
+    for (int64_t slot = 0; slot < num_slots; ++slot) {
+      const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
+      for (int64_t h = 0; h < parts; ++h) {
+        const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
+        const std::vector<int64_t> logical =
+            proj == 2 ? std::vector<int64_t>{H.logical, I.logical}
+                      : std::vector<int64_t>{I.logical, H.logical};
+        Piece p;
+        p.source_idx = AddSource(t, {name_of(e, proj), s.dtype, {2}, kind, logical});
+        p.element_bytes = es;
+        p.window = Slice2D{.base_offset = 0,
+                           .row_bytes = 2 * es,
+                           .row_begin = 0,
+                           .row_end = 1,
+                           .col_begin = 0,
+                           .col_end = 2 * es,
+                           .dst_row_stride = 2 * es};
+        p.dst_offset = slot * slot_bytes + h * 2 * es;
+        t.pieces.push_back(p);
+      }
+    }
+    return Status::Ok();
+  }
   auto spec = [&](int64_t e, int proj) {
     const int64_t out = proj == 2 ? H.logical : I.logical;
     const int64_t in = proj == 2 ? I.logical : H.logical;
-    return SourceTensorSpec{
-        PerExpertName(m, layer, e, proj, leaf), s.dtype, {geo.Rows(out), geo.ColBytes(in) / es}};
+    return SourceTensorSpec{name_of(e, proj), s.dtype, {geo.Rows(out), geo.ColBytes(in) / es},
+                            kind, {}};
   };
   for (int64_t slot = 0; slot < num_slots; ++slot) {
-    const int64_t e = rp.expert_slots[slot];
+    const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
     if (w13) {
       for (int64_t h = 0; h < g; ++h) {
-        const int proj = g == 2 ? static_cast<int>(h) : 1;  // ungated experts: up_proj only
+        const int proj = g == 2 ? static_cast<int>(h) : 1;  // ungated experts: up only
         Piece p;
         p.source_idx = AddSource(t, spec(e, proj));
         p.window = Slice2D{.base_offset = 0,
@@ -351,13 +369,7 @@ Status Validate(const ShardPlan& plan, int64_t rank, const MappedTensor& t) {
 }  // namespace
 
 std::string ConcreteName(const std::string& name, int64_t layer) {
-  if (layer < 0) return name;
-  static const std::string kPlaceholder = "{layer}";
-  std::string out = name;
-  if (const size_t pos = out.find(kPlaceholder); pos != std::string::npos) {
-    out.replace(pos, kPlaceholder.size(), std::to_string(layer));
-  }
-  return out;
+  return ExpandName(name, layer);
 }
 
 Result<MappedTensor> MapRankTensor(const ShardPlan& plan, int64_t rank, const TensorShard& shard,
@@ -371,8 +383,7 @@ Result<MappedTensor> MapRankTensor(const ShardPlan& plan, int64_t rank, const Te
   if (t.buffer_bytes < 0 || t.data_bytes < 0 || DTypeBits(shard.dtype) % 8 != 0) {
     return MapError(plan, rank, t.name, "shape is not a whole number of bytes");
   }
-  if (shard.category == TensorCategory::kRoutedExperts &&
-      shard.name.rfind(kExpertsPrefix, 0) == 0) {
+  if (shard.category == TensorCategory::kRoutedExperts) {
     MOESHARD_RETURN_IF_ERROR(MapExperts(plan, rank, t));
   } else {
     MOESHARD_RETURN_IF_ERROR(MapPlain(plan, rank, t));

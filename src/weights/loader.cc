@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <new>
@@ -264,8 +265,15 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
             ckpt.path(), missing.size(), missing.size() == 1 ? "" : "s",
             fmt::format("'{}'", fmt::join(missing.begin(), missing.begin() + show, "', '"))));
       }
+      const ModelConfig& m = plan.model;
       for (const auto& [name, entry] : ckpt.tensors()) {
-        if (!names.count(name)) loader->unplaced_.push_back(name);
+        if (names.count(name)) continue;
+        const int64_t layer = KeyOfName(name).layer;
+        if (layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers) {
+          loader->mtp_.push_back(name);  // loaded only for speculative decoding
+        } else {
+          loader->unplaced_.push_back(name);
+        }
       }
       break;
     }
@@ -409,6 +417,7 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
       DummyKind kind = DummyKind::kWeight;
       int64_t element_bytes = 1;
       DType dtype = DType::kU8;
+      const std::vector<int64_t>* values = nullptr;  // known values (weight_shape)
     };
     std::vector<std::vector<Source>> sources(tensors.size());
     std::unordered_set<std::string> distinct;
@@ -436,7 +445,8 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
           }
         } else {
           s.key = DummyTensorKey(options_.seed, spec.name);
-          s.kind = DummyKindOf(spec.name, spec.dtype);
+          s.kind = spec.dummy_kind;
+          if (!spec.values.empty()) s.values = &spec.values;
         }
         sources[i].push_back(s);
       }
@@ -459,8 +469,23 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
       }
       for (int64_t r = a; r < b; ++r) {
         const int64_t flat = p.window.base_offset + r * p.window.row_bytes + p.window.col_begin;
+        std::byte* row = out + (r - a) * stride;
+        if (src.values != nullptr) {
+          // Known integers (I32 or I64), element by element from the window's start.
+          for (int64_t c = 0; c < p.cols() / src.element_bytes; ++c) {
+            const int64_t v = (*src.values)[static_cast<size_t>(flat / src.element_bytes + c) %
+                                            src.values->size()];
+            if (src.element_bytes == 8) {
+              std::memcpy(row + c * 8, &v, 8);
+            } else {
+              const int32_t v32 = static_cast<int32_t>(v);
+              std::memcpy(row + c * 4, &v32, 4);
+            }
+          }
+          continue;
+        }
         FillDummy(src.key, src.dtype, src.kind, flat / src.element_bytes,
-                  std::span<std::byte>(out + (r - a) * stride, static_cast<size_t>(p.cols())));
+                  std::span<std::byte>(row, static_cast<size_t>(p.cols())));
       }
       return Status::Ok();
     };

@@ -236,7 +236,7 @@ TEST(LoaderTest, GptOssBf16ExpertsAreTransposed) {
   text = text.substr(0, text.find(",\n  \"quantization_config\"")) + "\n}\n";
   Result<ModelConfig> m = ParseModelConfig(text, "tiny-gpt-oss-bf16", "tiny-gpt-oss-bf16");
   ASSERT_TRUE(m.ok()) << m.status().message();
-  ASSERT_EQ(m->quant.method, QuantMethod::kNone);
+  ASSERT_EQ(m->quant.scheme.format, WeightFormat::kBf16);
   for (const Topology& t : {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true}}) {
     PlanOptions o;
     o.topology = t;

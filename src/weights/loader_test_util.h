@@ -41,7 +41,16 @@ inline FullTensors FullDummyTensors(const std::vector<SourceTensorSpec>& specs, 
   for (const SourceTensorSpec& s : specs) {
     FullTensor t{s.dtype, s.shape, {}};
     t.bytes.resize(static_cast<size_t>(NumElements(s.shape) * DTypeBits(s.dtype) / 8));
-    FillDummy(DummyTensorKey(seed, s.name), s.dtype, DummyKindOf(s.name, s.dtype), 0, t.bytes);
+    if (!s.values.empty()) {  // weight_shape: its known values
+      for (size_t i = 0; i < s.values.size(); ++i) {
+        const int64_t v = s.values[i];
+        const int32_t v32 = static_cast<int32_t>(v);
+        if (s.dtype == DType::kI64) std::memcpy(t.bytes.data() + i * 8, &v, 8);
+        if (s.dtype == DType::kI32) std::memcpy(t.bytes.data() + i * 4, &v32, 4);
+      }
+    } else {
+      FillDummy(DummyTensorKey(seed, s.name), s.dtype, s.dummy_kind, 0, t.bytes);
+    }
     out.emplace(s.name, std::move(t));
   }
   return out;
@@ -68,27 +77,21 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
   const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
   const int64_t es = DTypeBits(s.dtype) / 8;
   std::vector<std::byte> out(static_cast<size_t>(NumElements(s.padded_shape) * es));
-  std::string name = s.name;
-  if (const size_t p = name.find("{layer}"); p != std::string::npos) {
-    name.replace(p, 7, std::to_string(layer));
-  }
-  const std::string prefix = m.family == ModelFamily::kKimiK3 ? "language_model." : "";
+  const std::string name = ExpandName(s.name, layer);
   auto copy_elem = [&](const FullTensor& src, int64_t src_elem, int64_t dst_elem) {
     std::memcpy(out.data() + dst_elem * es, src.bytes.data() + src_elem * es,
                 static_cast<size_t>(es));
   };
 
-  const std::string experts = "model.layers.{layer}.mlp.experts.";
-  if (s.name.rfind(experts, 0) != 0) {
-    // Plain tensor: an N-d slice along shard_dim.
-    std::string src_name = prefix + name;
-    if (name == "lm_head.weight" && m.tie_word_embeddings)
-      src_name = prefix + "model.embed_tokens.weight";
+  if (s.category != TensorCategory::kRoutedExperts) {
+    // Plain tensor: an N-d slice along shard_dim (of each of its `sections` blocks).
+    const std::string src_name = s.tied_source.empty() ? name : s.tied_source;
     const FullTensor& src = full.at(src_name);
     const std::vector<int64_t>& L = s.local_shape;
     const std::vector<int64_t>& G = src.shape;
     std::vector<int64_t> idx(L.size(), 0);
     const int64_t n = NumElements(L);
+    const int64_t slice = s.shard_end - s.shard_begin;
     for (int64_t k = 0; k < n; ++k) {
       int64_t rem = k;
       for (size_t d = L.size(); d-- > 0;) {
@@ -97,7 +100,11 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
       }
       int64_t flat = 0;
       for (size_t d = 0; d < G.size(); ++d) {
-        const int64_t i = idx[d] + (static_cast<int>(d) == s.shard_dim ? s.shard_begin : 0);
+        int64_t i = idx[d];
+        if (static_cast<int>(d) == s.shard_dim) {
+          const int64_t block = G[d] / s.sections;
+          i = (idx[d] / slice) * block + s.shard_begin + idx[d] % slice;
+        }
         flat = flat * G[d] + i;
       }
       copy_elem(src, flat, k);  // local == padded for non-expert tensors
@@ -105,9 +112,14 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
     return out;
   }
 
-  const std::string suffix = s.name.substr(experts.size());
-  const bool w13 = suffix.rfind("w13_", 0) == 0;
-  const std::string leaf = suffix.substr(w13 ? 4 : 3);
+  const ExpertLayout& x = plan.experts;
+  const WeightScheme& q = plan.expert_scheme;
+  const bool w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
+  const bool is_bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
+  const std::string leaf = is_bias                          ? "bias"
+                           : s.part == TensorPart::kShapeMeta ? "weight_shape"
+                           : s.part == TensorPart::kScale     ? std::string(q.spec().scale_leaf)
+                                                              : std::string(q.spec().weight_leaf);
   const int64_t I = m.moe_intermediate_size, H = m.routed_expert_hidden_size;
   const int64_t Ir = plan.intermediate.raw_local, Ip = plan.intermediate.padded_local;
   const int64_t ib = rp.coords.moe_tp_rank * Ir;
@@ -120,19 +132,19 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
   for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
     const int64_t e = rp.expert_slots[slot];
     const auto sl = static_cast<int64_t>(slot);
-    if (m.gate_up_fused) {  // gpt-oss
-      const std::string base = fmt::format("model.layers.{}.mlp.experts.", layer);
+    if (x.fused) {  // gpt-oss
+      const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
       if (leaf == "bias") {
-        const FullTensor& src = full.at(base + (w13 ? "gate_up_proj_bias" : "down_proj_bias"));
+        const FullTensor& src = full.at(module + x.bias_suffix);
         const int64_t n = w13 ? 2 * I : H;
         for (int64_t j = 0; j < (w13 ? 2 * Ir : H); ++j) {
           copy_elem(src, e * n + (w13 ? 2 * ib : 0) + j, sl * s.padded_shape[1] + j);
         }
-      } else if (plan.expert_format == QuantMethod::kMxfp4) {
-        const bool sc = leaf == "weight_scale";
+      } else if (q.format == WeightFormat::kMxfp4) {
+        const bool sc = s.part == TensorPart::kScale;
         const int64_t unit = sc ? 32 : 2;
         const FullTensor& src =
-            full.at(base + (w13 ? "gate_up_proj" : "down_proj") + (sc ? "_scales" : "_blocks"));
+            full.at(module + (sc ? x.fused_scale_suffix : x.fused_weight_suffix));
         const int64_t out_rows = w13 ? 2 * I : H, in = w13 ? H : I;
         const int64_t cols = in / unit;
         if (w13) {
@@ -145,7 +157,7 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
               copy_elem(src, (e * out_rows + h) * cols + ib / unit + c, dst_at(sl, h, c));
         }
       } else {  // bf16, stored in-major [E, in, out]
-        const FullTensor& src = full.at(base + (w13 ? "gate_up_proj" : "down_proj"));
+        const FullTensor& src = full.at(module);
         if (w13) {
           for (int64_t r = 0; r < 2 * Ir; ++r)
             for (int64_t c = 0; c < H; ++c)
@@ -158,24 +170,27 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
       }
       continue;
     }
-    // Per-expert tensors.
+    // Per-expert tensors, named by the family's layout.
     auto src_name = [&](int proj) {
-      static const char* kMix[] = {"w1", "w3", "w2"};
-      static const char* kDs[] = {"gate_proj", "up_proj", "down_proj"};
-      if (m.family == ModelFamily::kMixtral) {
-        return fmt::format("model.layers.{}.block_sparse_moe.experts.{}.{}.{}", layer, e,
-                           kMix[proj], leaf);
-      }
-      return fmt::format("{}model.layers.{}.mlp.experts.{}.{}.{}", prefix, layer, e, kDs[proj],
-                         leaf);
+      const std::string* modules[] = {&x.gate, &x.up, &x.down};
+      return ExpandName(*modules[proj] + "." + leaf, layer, e);
     };
-    const bool fp8_scale = leaf == "weight_scale_inv";
+    if (s.part == TensorPart::kShapeMeta) {
+      // Whole [2] tensors, gate and up for w13, down for w2.
+      const int parts = w13 ? 2 : 1;
+      for (int h = 0; h < parts; ++h) {
+        const FullTensor& src = full.at(src_name(w13 ? h : 2));
+        for (int64_t j = 0; j < 2; ++j) copy_elem(src, j, (sl * parts + h) * 2 + j);
+      }
+      continue;
+    }
     // Logical columns per storage element along the input dim, rows per storage row.
     int64_t col_unit = 1, row_unit = 1;
-    if (leaf == "weight_packed") col_unit = 2;
-    if (leaf == "weight_scale")
-      col_unit = plan.expert_format == QuantMethod::kMxfp4 ? 32 : m.quant.group_size;
-    if (fp8_scale) col_unit = m.quant.block_in, row_unit = m.quant.block_out;
+    if (s.part == TensorPart::kWeight && q.packed()) col_unit = 2;
+    if (s.part == TensorPart::kScale) {
+      col_unit = q.group;
+      if (q.format == WeightFormat::kFp8Block) row_unit = q.block_rows;
+    }
     if (w13) {
       for (int h = 0; h < 2; ++h) {
         const FullTensor& src = full.at(src_name(h));

@@ -18,17 +18,14 @@ TEST(BackendConstraintsTest, CatalogMatchesKernels) {
   EXPECT_EQ((*b)->intermediate_align, kCpuIntermediateAlignment);
   EXPECT_EQ((*b)->hidden_align, kCpuHiddenAlignment);
   EXPECT_EQ((*b)->intermediate_align_small, 0);
-  for (QuantMethod q : {QuantMethod::kNone, QuantMethod::kFp8Block, QuantMethod::kMxfp4,
-                        QuantMethod::kInt4}) {
-    EXPECT_TRUE((*b)->Supports(q)) << QuantMethodName(q);
+  for (WeightFormat q : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
+                        WeightFormat::kInt4}) {
+    EXPECT_TRUE((*b)->Supports(q)) << WeightFormatName(q);
   }
-  QuantizationConfig mx;
-  mx.method = QuantMethod::kMxfp4;
-  EXPECT_EQ(QuantGroupAlong(mx), kCpuMxfp4GroupSize);
-  QuantizationConfig fp8;
-  fp8.method = QuantMethod::kFp8Block;
-  fp8.block_out = fp8.block_in = 128;
-  EXPECT_EQ(QuantGroupAlong(fp8), kCpuFp8BlockSize);
+  // The kernels' MXFP4 group is the format table's, and the table's fp8 default is the block
+  // the kernels' constants name.
+  EXPECT_EQ(WeightScheme::Default(WeightFormat::kMxfp4).SplitGranule(), kCpuMxfp4GroupSize);
+  EXPECT_EQ(WeightScheme::Default(WeightFormat::kFp8Block).SplitGranule(), kCpuFp8BlockSize);
 }
 
 TEST(BackendConstraintsTest, PlannedShapesAreAcceptedByTheKernels) {
@@ -45,20 +42,15 @@ TEST(BackendConstraintsTest, PlannedShapesAreAcceptedByTheKernels) {
       Result<ShardPlan> p = BuildShardPlan(m, o);
       ASSERT_TRUE(p.ok()) << preset << " tp" << tp << ": " << p.status().ToString();
       ExpertWeights w;
-      switch (m.quant.method) {
-        case QuantMethod::kNone: w.format = WeightFormat::kBf16; break;
-        case QuantMethod::kFp8Block: w.format = WeightFormat::kFp8Block; break;
-        case QuantMethod::kMxfp4: w.format = WeightFormat::kMxfp4; break;
-        case QuantMethod::kInt4: w.format = WeightFormat::kInt4; break;
-      }
+      w.scheme = p->expert_scheme;
       w.num_experts_local = static_cast<int64_t>(p->ranks[0].expert_slots.size());
       w.hidden = p->hidden.padded_local;
       w.intermediate = p->intermediate.padded_local;
       w.gated = m.gated();
-      w.gate_up_interleaved = m.gate_up_fused;
+      w.gate_up_interleaved = p->experts.gate_up_interleaved;
       std::vector<std::byte> dummy(1);
       w.w13 = w.w2 = dummy.data();
-      if (w.format != WeightFormat::kBf16) w.w13_scales = w.w2_scales = dummy.data();
+      if (w.scheme.quantized()) w.w13_scales = w.w2_scales = dummy.data();
       ActivationParams act;
       EXPECT_TRUE(ValidateExpertWeights(w, act).ok())
           << preset << " tp" << tp << ": " << ValidateExpertWeights(w, act).ToString();

@@ -27,13 +27,18 @@ def expert_tensors(cfg):
         prefix, E, I = "language_model.", t["num_experts"], t["moe_intermediate_size"]
         H, first, L = t["routed_expert_hidden_size"], t["first_k_dense_replace"], t["num_hidden_layers"]
         fmt = "mxfp4"
+        # The release: block_sparse_moe, experts w1 (gate) / w3 (up) / w2 (down)
+        # (shared/reference/checkpoints.md).
+        module, projs = "block_sparse_moe", ("w1", "w3", "w2")
     elif mt == "deepseek_v3":
         prefix, E, I, H = "", cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         first, L = cfg["first_k_dense_replace"], cfg["num_hidden_layers"]
         fmt = "fp8" if cfg.get("quantization_config", {}).get("quant_method") == "fp8" else "bf16"
+        module, projs = "mlp", ("gate_proj", "up_proj", "down_proj")
     elif mt == "qwen3_moe":
         prefix, E, I, H = "", cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         first, L, fmt = 0, cfg["num_hidden_layers"], "bf16"
+        module, projs = "mlp", ("gate_proj", "up_proj", "down_proj")
     else:
         sys.exit("hand_built_checkpoint.py: unsupported model_type " + mt)
 
@@ -49,10 +54,10 @@ def expert_tensors(cfg):
 
     for layer in range(first, L):
         for e in range(E):
-            base = "%smodel.layers.%d.mlp.experts.%d." % (prefix, layer, e)
-            add(base + "gate_proj", I, H)
-            add(base + "up_proj", I, H)
-            add(base + "down_proj", H, I)
+            base = "%smodel.layers.%d.%s.experts.%d." % (prefix, layer, module, e)
+            add(base + projs[0], I, H)
+            add(base + projs[1], I, H)
+            add(base + projs[2], H, I)
     return out
 
 
@@ -89,7 +94,7 @@ def main():
     out_dir = sys.argv[3]
     by_name = {t["name"]: (t["dtype"], t["shape"]) for t in spec}
     experts = expert_tensors(cfg)
-    spec_experts = {n for n in by_name if ".mlp.experts." in n}
+    spec_experts = {n for n in by_name if ".experts." in n and "shared_experts" not in n}
     if spec_experts != set(experts):
         missing = sorted(set(experts) - spec_experts)[:3]
         extra = sorted(spec_experts - set(experts))[:3]

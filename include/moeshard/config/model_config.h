@@ -1,11 +1,11 @@
 // ModelConfig: what moeshard reads from a Hugging Face `config.json`, normalised across the
 // supported MoE families.
 //
-// Families: deepseek_v3 (DeepSeek-V3/R1, Kimi-K2/K2.5), kimi_k3 (language model nested under
-// `text_config`; latent MoE; hybrid MLA/KDA attention), qwen3_moe, mixtral, gpt_oss. Field
-// spellings differ per family (`n_routed_experts` vs `num_experts` vs `num_local_experts`,
-// `num_experts_per_tok` vs `num_experts_per_token`); this struct uses one vocabulary
-// (docs/glossary.md). Per-layer facts (attention kind, dense or MoE, sliding window) are
+// Each family's descriptor (config/family.h, src/config/families/) reads its own spellings
+// (`n_routed_experts` vs `num_experts` vs `num_local_experts`, `num_experts_per_tok` vs
+// `num_experts_per_token`, Kimi-K3's `moe_router_activation_func`) into this one vocabulary
+// (docs/glossary.md), including the MoE block variant (routing, shared experts, latent
+// projections, biases). Per-layer facts (attention kind, dense or MoE, sliding window) are
 // expanded into `layers` so later layers never re-derive them.
 //
 // Thread safety: plain value type.
@@ -13,13 +13,15 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moeshard/base/dtype.h"
+#include "moeshard/base/weight_format.h"
 
 namespace moeshard {
 
-enum class ModelFamily { kDeepseekV3, kKimiK3, kQwen3Moe, kMixtral, kGptOss };
+struct FamilyDescriptor;  // config/family.h
 
 enum class AttentionKind {
   kMla,  // multi-head latent attention (DeepSeek-V3, Kimi): KV cache holds the compressed latent
@@ -44,25 +46,20 @@ enum class ExpertActivation {
   kGeluTanh,   // gelu_tanh(gate) * up
 };
 
-enum class QuantMethod {
-  kNone,
-  kFp8Block,  // fp8 e4m3 weights with [block_out, block_in] fp32 scales (DeepSeek-V3)
-  kMxfp4,     // E2M1 weights, one E8M0 scale per 32 (compressed-tensors mxfp4, gpt-oss mxfp4)
-  kInt4,      // symmetric int4 with per-group scales (compressed-tensors pack-quantized)
-};
-
 struct QuantizationConfig {
-  QuantMethod method = QuantMethod::kNone;
+  // The format of the quantized weights with the group / block sizes the config gives
+  // (base/weight_format.h); kBf16 when the model is not quantized.
+  WeightScheme scheme;
   std::string quant_method;  // as written: "fp8", "compressed-tensors", "mxfp4", ""
   std::string format;        // compressed-tensors "format", e.g. "pack-quantized"
-  int group_size = 0;        // elements per scale along the input dim (mxfp4 32, int4 32)
-  int block_out = 0;         // fp8 block rows (128)
-  int block_in = 0;          // fp8 block cols (128)
+  // compressed-tensors pack-quantized (int4) stores a `<module>.weight_shape` I64 [2] beside
+  // each quantized weight; mxfp4-pack-quantized does not.
+  bool weight_shape_meta = false;
   // Modules the quantization skips. Entries are exact module names, "re:<regex>" (compressed-
   // tensors), or glob patterns with '*' (gpt-oss modules_to_not_convert).
   std::vector<std::string> ignore;
 
-  bool enabled() const { return method != QuantMethod::kNone; }
+  bool enabled() const { return scheme.quantized(); }
   // Whether `module` (e.g. "model.layers.3.mlp.shared_experts.down_proj") stays unquantized.
   bool IsIgnored(const std::string& module) const;
 };
@@ -82,6 +79,27 @@ struct KdaConfig {
   int64_t short_conv_kernel = 0;
   // Rows of KDA's low-rank projections (= head_dim for Kimi's f_a/g_a): TP must divide it.
   int64_t low_rank_dim = 0;
+  // `use_full_rank_gate`: one full-rank output gate g_proj [heads*head_dim, H] instead of the
+  // low-rank g_a_proj / g_b_proj pair (Kimi-K3).
+  bool full_rank_gate = false;
+};
+
+// A vision tower and its projector into the language model (Kimi-K3's MoonViT + patch merger).
+struct VisionConfig {
+  int64_t num_layers = 0;  // 0: no vision tower
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t qkv_hidden_size = 0;  // width of q, k and v each
+  int64_t num_heads = 0;
+  int64_t patch_size = 0;
+  int64_t pos_emb_height = 0;
+  int64_t pos_emb_width = 0;
+  int64_t merge_tokens = 1;  // patches merged into one projector input (merge_kernel_size h*w)
+  bool linear_bias = true;   // biases on the encoder's linears (`linear_bias`)
+  bool norm_bias = true;     // LayerNorm (weight + bias) rather than RMSNorm (`norm_type`)
+  // `mm_projector_type`: "patchmerger" normalises before the projection (pre_norm, with
+  // biases; Kimi-K2.5), "patchmergerv2" after it (post_norm over the text width; Kimi-K3).
+  bool projector_post_norm = false;
 };
 
 struct LayerSpec {
@@ -95,7 +113,7 @@ struct ModelConfig {
   std::string source;       // file the fields were read from (for error messages)
   std::string model_type;   // as written, e.g. "kimi_k3"
   std::string architecture; // architectures[0]
-  ModelFamily family = ModelFamily::kDeepseekV3;
+  const FamilyDescriptor* family = nullptr;  // never null in a parsed config
   DType dtype = DType::kBF16;  // torch_dtype: unquantized weights
 
   int64_t hidden_size = 0;
@@ -104,7 +122,12 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
-  int64_t num_mtp_layers = 0;  // DeepSeek num_nextn_predict_layers (not planned; reported)
+  // DeepSeek num_nextn_predict_layers: stored as decoder layers [num_layers, num_layers + n);
+  // loaded only for speculative decoding, so not planned (reported as such).
+  int64_t num_mtp_layers = 0;
+  // Kimi-K3 attention residuals (`attn_res_block_size`): every layer carries residual-mixing
+  // norms and projections; 0 when the model has none.
+  int64_t attn_res_block_size = 0;
 
   // Attention.
   int64_t num_attention_heads = 0;
@@ -139,7 +162,6 @@ struct ModelConfig {
   bool router_bias = false;          // gpt-oss router has a bias
   bool has_correction_bias = false;  // e_score_correction_bias (noaux_tc)
   bool expert_bias = false;          // gpt-oss experts have biases
-  bool gate_up_fused = false;        // gpt-oss stores gate_up_proj fused, gate/up interleaved
   ExpertActivation activation = ExpertActivation::kSwiGlu;
   double situ_beta = 4.0;
   double situ_linear_beta = 25.0;
@@ -151,17 +173,20 @@ struct ModelConfig {
 
   std::vector<LayerSpec> layers;  // [num_layers]
   QuantizationConfig quant;
+  VisionConfig vision;
 
   int64_t num_moe_layers() const;
   int64_t num_dense_layers() const { return num_layers - num_moe_layers(); }
   int64_t num_layers_of(AttentionKind kind) const;
   bool gated() const { return activation != ExpertActivation::kRelu2; }
+  // The family's name ("kimi_k3"); "?" before parsing.
+  std::string_view family_name() const;
+  // The routed experts' storage format (the quantization scheme, or kBf16).
+  const WeightScheme& expert_scheme() const { return quant.scheme; }
 };
 
-const char* ModelFamilyName(ModelFamily family);  // "deepseek_v3", "kimi_k3", ...
 const char* AttentionKindName(AttentionKind kind);
 const char* ExpertActivationName(ExpertActivation act);
-const char* QuantMethodName(QuantMethod method);
 const char* RoutingMethodName(RoutingMethod method);
 
 }  // namespace moeshard

@@ -11,10 +11,13 @@
 //       gated, interleaved (gpt-oss): row 2j is gate j, row 2j+1 is up j.
 //   w2  ("down"):    [E_local, H, I].
 //
-// Weight formats (per expert matrix [rows, cols], `cols` = the input dimension):
+// Weight formats (per expert matrix [rows, cols], `cols` = the input dimension), stored as the
+// weight-format table says (base/weight_format.h), with the block / group sizes of the
+// weights' WeightScheme:
 //   kBf16     data bf16 [rows, cols]; no scales.
 //   kFp8Block data fp8 e4m3fn (uint8) [rows, cols]; scales fp32 scale_inv
-//             [ceil(rows/128), ceil(cols/128)]; w = fp8 * scale (DeepSeek-V3 `weight_scale_inv`).
+//             [ceil(rows/block_rows), ceil(cols/group)]; w = fp8 * scale (DeepSeek-V3
+//             `weight_scale_inv`, 128 x 128 in the release; any block size is read).
 //   kMxfp4    data uint8 [rows, cols/2], two E2M1 codes per byte, low nibble = even column;
 //             scales uint8 E8M0 [rows, cols/32]; w = e2m1 * 2^(e - 127). cols % 32 == 0.
 //   kInt4     data uint8 [rows, cols/2], low nibble = even column; scales bf16 [rows, cols/g];
@@ -45,18 +48,12 @@
 
 #include "moeshard/base/dtype.h"
 #include "moeshard/base/status.h"
+#include "moeshard/base/weight_format.h"
 
 namespace moeshard {
 
 class KernelContext;
 
-enum class WeightFormat {
-  kBf16,
-  kFp8Block,
-  kMxfp4,
-  kInt4,
-};
-const char* WeightFormatName(WeightFormat format);
 
 enum class Activation {
   kSwiGlu,        // silu(gate) * up
@@ -84,13 +81,12 @@ float ApplyActivation(const ActivationParams& act, float gate, float up);
 
 // A non-owning view of one MoE layer's local expert weights (layout above).
 struct ExpertWeights {
-  WeightFormat format = WeightFormat::kBf16;
+  WeightScheme scheme;  // format and group / block sizes
   int64_t num_experts_local = 0;
   int64_t hidden = 0;        // H, physical
   int64_t intermediate = 0;  // I, physical
   bool gated = true;         // must equal IsGated(activation)
   bool gate_up_interleaved = false;
-  int64_t int4_group_size = 32;  // kInt4 only
   bool bf16_row_groups = false;  // kBf16 only: the row-group layout above
 
   const void* w13 = nullptr;         // [E_local, R13, H] (format-dependent element, see above)
@@ -120,8 +116,8 @@ Status CheckBf16RowGroupShape(const ExpertWeights& weights);
 // or a shape rule above fails.
 Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13, void* w2);
 
-// Bytes of one expert's data + scales for the matrix [rows, cols] in `format`.
-int64_t ExpertMatrixBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group);
+// Bytes of one expert's data + scales for the matrix [rows, cols] in `scheme`.
+int64_t ExpertMatrixBytes(const WeightScheme& scheme, int64_t rows, int64_t cols);
 
 // Checks the shape rules above (InvalidArgument naming the field and numbers).
 Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act);

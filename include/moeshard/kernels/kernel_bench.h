@@ -83,7 +83,7 @@ struct KernelBenchResult {
 };
 
 // "bf16-rg" for bf16 in the row-group layout, else WeightFormatName.
-const char* KernelBenchFormatName(const KernelBenchResult& r);
+std::string KernelBenchFormatName(const KernelBenchResult& r);
 
 // Recomputes memory/compute seconds, bound and fraction of `results` against each result's own
 // roofline (or `run_best` where a result has none), and fraction_of_run_best against `run_best`.

@@ -4,8 +4,8 @@
 // the same encoded bytes), by benchmarks (random encoded weights generated in place, in
 // parallel, without an fp32 copy) and by anyone producing weights in memory. Encodings:
 //   kBf16      round to nearest even.
-//   kFp8Block  per 128x128 block: scale = amax / 448 (1 when the block is all zero), fp8 =
-//              RNE(w / scale), saturating.
+//   kFp8Block  per block_rows x group block (128 x 128 in DeepSeek-V3): scale = amax / 448 (1
+//              when the block is all zero), fp8 = RNE(w / scale), saturating.
 //   kMxfp4     per 32 values of a row: e = FloatToE8M0Ceil(amax / 6), code = nearest E2M1 of
 //              w / 2^(e-127).
 //   kInt4      per g values of a row: scale = bf16(amax / 7) (1 when zero), nibble =
@@ -25,14 +25,10 @@ namespace moeshard {
 
 class KernelContext;
 
-// Bytes of the data / scales part of one [rows, cols] matrix.
-int64_t WeightDataBytes(WeightFormat format, int64_t rows, int64_t cols);
-int64_t WeightScaleBytes(WeightFormat format, int64_t rows, int64_t cols, int64_t int4_group);
-
-// Encodes w [rows, cols] fp32 row-major into data (WeightDataBytes) and scales
-// (WeightScaleBytes). REQUIRES: the format's divisibility rules (checked).
-void QuantizeMatrix(WeightFormat format, const float* w, int64_t rows, int64_t cols,
-                    int64_t int4_group, uint8_t* data, uint8_t* scales);
+// Encodes w [rows, cols] fp32 row-major into data (scheme.WeightBytes) and scales
+// (scheme.ScaleBytes). REQUIRES: the format's divisibility rules (checked).
+void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                    uint8_t* data, uint8_t* scales);
 
 // Owns the buffers an ExpertWeights view points into. Moving keeps `view` valid (the buffers'
 // storage does not move). The weight data live in huge-page advised AlignedBuffers.
@@ -44,13 +40,12 @@ struct OwnedExpertWeights {
 };
 
 struct ExpertWeightsShape {
-  WeightFormat format = WeightFormat::kBf16;
+  WeightScheme scheme;
   int64_t num_experts_local = 0;
   int64_t hidden = 0;
   int64_t intermediate = 0;
   bool gated = true;
   bool gate_up_interleaved = false;
-  int64_t int4_group_size = 32;
 };
 
 // Encodes fp32 weights: w13 [E, R13, H], w2 [E, H, I]; biases optional ([E, R13], [E, H]).

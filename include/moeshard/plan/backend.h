@@ -26,14 +26,14 @@ struct BackendSpec {
   int64_t intermediate_align_small = 0;
   int64_t small_threshold = 0;
   int64_t hidden_align = 1;
-  std::vector<QuantMethod> formats;  // weight formats it runs
+  std::vector<WeightFormat> formats;  // weight formats it runs
   bool ep_only = false;              // owns dispatch/combine; needs expert parallelism
   bool exact_expert_division = false;  // experts (slots) must divide by the EP size
   std::string source;                  // where the numbers come from
 
   // The alignment for a given raw I_local.
   int64_t IntermediateAlignFor(int64_t raw_local) const;
-  bool Supports(QuantMethod method) const;
+  bool Supports(WeightFormat format) const;
 };
 
 const std::vector<BackendSpec>& BackendCatalog();
@@ -45,8 +45,5 @@ Result<const BackendSpec*> FindBackend(const std::string& name);
 // marlin (mxfp4, int4).
 const BackendSpec& DefaultBackend(const ModelConfig& model);
 
-// Elements per quantization group along the intermediate dimension (the K of down_proj and
-// the rows of gate_up's scale blocks): mxfp4 32, int4 group_size, fp8 block rows; 1 if none.
-int64_t QuantGroupAlong(const QuantizationConfig& quant);
 
 }  // namespace moeshard

@@ -1,16 +1,18 @@
 // Sizing a plan from a checkpoint's tensors (names, dtypes, shapes from the safetensors headers
-// alone): every checkpoint tensor is mapped to the plan tensor it feeds by name, and each rank
-// is charged exactly the bytes of the slice it holds. Tensors the plan cannot place are listed,
-// never dropped.
+// alone): every checkpoint tensor is mapped through the family descriptor (config/family.h) to
+// the plan tensors it feeds, and each rank is charged exactly the bytes of the slice it holds.
+// Tensors the plan cannot place are listed, never dropped; a multi-token-prediction layer
+// (DeepSeek-V3's `model.layers.61.*`, loaded only for speculative decoding) is reported as
+// such.
 //
-// Name mapping (after stripping a "language_model." prefix):
-//   model.layers.L.mlp.experts.E.{gate,up,down}_proj.*      routed expert E (DeepSeek, Kimi)
-//   model.layers.L.block_sparse_moe.experts.E.{w1,w2,w3}.*  routed expert E (Mixtral)
-//   model.layers.L.mlp.experts.{gate_up,down}_proj[_blocks|_scales|_bias]  all experts (gpt-oss)
-//   anything else: the plan tensor "model.layers.{layer}.<rest>" holding layer L, or a global
-//   tensor by its exact name; `<module>.weight_shape` metadata rides with its module.
-// A routed expert's bytes go to every rank holding one of its slots, times the fraction of the
-// intermediate dimension the rank holds (down_proj's bias is not split).
+// Mapping: a checkpoint name's layer and expert indices become "{layer}" / "{expert}"
+// (KeyOfName); the template then names
+//   - a plan tensor (its checkpoint name, or the source of a tied head) on the ranks of the
+//     layer's stage: charged bytes x the fraction of the tensor the rank holds;
+//   - a routed expert's gate/up/down part (ExpertLayout: per expert, or fused over experts):
+//     charged to every rank holding one of the expert's slots, times the fraction of the
+//     intermediate dimension the rank holds (biases of the down projection and weight_shape
+//     metadata whole).
 //
 // Thread safety: pure function. The weights layer reads the headers; see cli plan.
 #pragma once
@@ -32,8 +34,6 @@ struct CheckpointTensorInfo {
   int64_t bytes = 0;
 };
 
-inline constexpr size_t kNumCategories = std::size(kAllCategories);
-
 struct CheckpointSizing {
   int64_t total_bytes = 0;   // all checkpoint tensors
   int64_t placed_bytes = 0;  // those mapped to the plan
@@ -41,6 +41,10 @@ struct CheckpointSizing {
   // [rank][category]: checkpoint bytes each rank holds (unpadded, as stored).
   std::vector<std::array<int64_t, kNumCategories>> rank_bytes;
   std::vector<std::string> unplaced;  // checkpoint tensors with no place in the plan
+  // Tensors of the multi-token-prediction layers: recognised, not planned.
+  int64_t mtp_tensors = 0;
+  int64_t mtp_bytes = 0;
+  std::vector<int64_t> mtp_layers;
 
   int64_t RankTotal(int64_t rank) const;
 };

@@ -15,10 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "moeshard/base/status.h"
+#include "moeshard/plan/checkpoint_sizing.h"
 #include "moeshard/plan/shard_plan.h"
 
 namespace moeshard {
@@ -48,8 +50,10 @@ struct MemoryOptions {
   int64_t max_num_seqs = 1;
   int64_t max_num_batched_tokens = 8192;  // sizes the activation workspace
   int64_t overhead_bytes = int64_t{2} << 30;  // CUDA context, NCCL buffers, graphs
-  // Per-rank weight bytes measured elsewhere (a checkpoint's headers); empty: the plan's.
-  std::vector<int64_t> weight_bytes_override;
+  // A checkpoint's tensors (from its headers): when set, each rank's weights are the bytes of
+  // the checkpoint slices it holds plus the padding its plan adds, sized for whichever plan is
+  // being evaluated (the advice search re-plans other topologies with the same checkpoint).
+  std::shared_ptr<const std::vector<CheckpointTensorInfo>> checkpoint_tensors;
 };
 
 struct RankMemory {

@@ -7,10 +7,12 @@
 //   w13 (gate_up) [num_slots_local, 2 * I_padded, H_padded]   gate rows [0, I), up rows [I, 2I)
 //                 (gpt-oss: gate and up interleaved, row 2j = gate j, 2j+1 = up j)
 //   w2  (down)    [num_slots_local, H_padded, I_padded]
-// with quantized storage: mxfp4 / int4 weights are U8 with two values per byte along the input
-// dim ([.., in/2]); mxfp4 scales U8 E8M0 [.., in/32]; int4 scales BF16 [.., in/group]; fp8
-// weights F8_E4M3 with F32 block scales [.., out/128, in/128]. H is the latent width for latent
-// MoE (Kimi-K3: 3584, not 7168).
+// with quantized storage as the weight-format table says (base/weight_format.h: mxfp4 / int4
+// weights U8 with two values per byte along the input dim, their scales per group; fp8 F8_E4M3
+// with F32 block scales [.., out/block_rows, in/group]). H is the latent width for latent MoE
+// (Kimi-K3: 3584, not 7168). Tensor names: the family's ExpertLayout::rank_prefix + "w13_" +
+// the format's leaf ("w13_weight_packed", "w13_weight_scale", "w2_bias", "w13_weight_shape").
+// Every other tensor carries its checkpoint name (family descriptor, config/family.h).
 //
 // Thread safety: value types; BuildShardPlan is a pure function.
 #pragma once
@@ -22,6 +24,7 @@
 
 #include "moeshard/base/dtype.h"
 #include "moeshard/base/status.h"
+#include "moeshard/config/family.h"
 #include "moeshard/config/model_config.h"
 #include "moeshard/plan/backend.h"
 #include "moeshard/plan/topology.h"
@@ -41,23 +44,6 @@ enum class ExpertPlacement {
 
 enum class SharedExpertsMode { kSharded, kReplicated };
 enum class LatentProjMode { kReplicated, kSharded };
-
-enum class TensorCategory {
-  kEmbedding,
-  kAttention,
-  kDenseMlp,
-  kRouter,
-  kSharedExperts,
-  kLatentProj,
-  kRoutedExperts,
-  kNorm,
-  kLmHead,
-};
-inline constexpr TensorCategory kAllCategories[] = {
-    TensorCategory::kEmbedding,     TensorCategory::kAttention,  TensorCategory::kDenseMlp,
-    TensorCategory::kRouter,        TensorCategory::kSharedExperts, TensorCategory::kLatentProj,
-    TensorCategory::kRoutedExperts, TensorCategory::kNorm,       TensorCategory::kLmHead};
-const char* TensorCategoryName(TensorCategory category);  // "routed_experts", ...
 
 const char* PaddingPolicyName(PaddingPolicy policy);  // "backend", "model-floor", "legacy-tp"
 Result<PaddingPolicy> ParsePaddingPolicy(const std::string& name);
@@ -112,6 +98,8 @@ class LayerSet {
 struct TensorShard {
   std::string name;  // e.g. "model.layers.{layer}.mlp.experts.w13_weight"
   TensorCategory category = TensorCategory::kRoutedExperts;
+  TensorRole role = TensorRole::kOther;  // what the runtime uses it for
+  TensorPart part = TensorPart::kValue;
   DType dtype = DType::kBF16;
   std::vector<int64_t> logical_shape;  // the whole tensor, unpadded
   std::vector<int64_t> local_shape;    // this rank's slice, unpadded
@@ -119,6 +107,16 @@ struct TensorShard {
   int shard_dim = -1;                  // dimension split across ranks; -1: replicated
   int64_t shard_begin = 0;             // [begin, end) of shard_dim in logical coordinates
   int64_t shard_end = 0;
+  // shard_dim is `sections` equal blocks; [begin, end) is the slice of the first block and the
+  // rank holds the same slice of every block (local_shape[shard_dim] = sections * slice).
+  int64_t sections = 1;
+  // The split part of one block of shard_dim, when only a leading part is split and read (the
+  // rest stored but unread: Kimi-K3's A_log); 0: the whole block.
+  int64_t split_extent = 0;
+  // Non-empty: not in the checkpoint; a copy of this tensor (a tied lm_head on the last stage).
+  std::string tied_source;
+  // kShapeMeta: the values it holds (the module's logical [out, in]).
+  std::vector<int64_t> meta_values;
   LayerSet layers;  // layer indices on this rank; empty for non-layer tensors
   int64_t bytes = 0;            // padded bytes, all layers together
   int64_t padding_bytes = 0;    // bytes spent on padding, all layers together
@@ -142,7 +140,8 @@ struct ShardPlan {
   PlanOptions options;
   ResolvedTopology topology;
   BackendSpec backend;
-  QuantMethod expert_format = QuantMethod::kNone;
+  WeightScheme expert_scheme;  // how the routed experts are stored (the model's quantization)
+  ExpertLayout experts;        // how the family names and lays out its routed experts
   int64_t num_slots = 0;  // experts + redundant experts
   DimLayout intermediate;  // routed experts' I
   DimLayout hidden;        // routed experts' H (latent width for latent MoE)

@@ -10,14 +10,11 @@
 // generates exactly those windows from a counter-based hash of (seed, checkpoint tensor name,
 // flat storage index), so every topology holds the same logical model. Padding stays zero.
 //
-// Checkpoint naming per family (Kimi-K3 prefixes everything with "language_model."):
-//   DeepSeek-V3 / Kimi / Qwen3-MoE  model.layers.N.mlp.experts.E.{gate,up,down}_proj.<leaf>
-//   Mixtral                         model.layers.N.block_sparse_moe.experts.E.{w1,w3,w2}.weight
-//   gpt-oss (fused, interleaved)    model.layers.N.mlp.experts.{gate_up_proj,down_proj}
-//                                   [+ _blocks/_scales for MXFP4] and {..}_bias
-// with <leaf> = weight (bf16, fp8 e4m3), weight_scale_inv (fp8 128x128 block scales, F32),
-// weight_packed + weight_scale (compressed-tensors MXFP4 / int4). Other tensors carry the
-// plan's names; a tied lm_head reads model.embed_tokens.weight.
+// Checkpoint names come from the family descriptor (config/family.h): non-routed plan tensors
+// carry their checkpoint names (a tied lm_head reads its source, the embedding); routed
+// experts are read from the descriptor's ExpertLayout (per expert, e.g. Kimi-K3's
+// "language_model.model.layers.N.block_sparse_moe.experts.E.w1", or fused over experts as in
+// gpt-oss) with the leaves of the weight-format table (base/weight_format.h).
 //
 // Errors name the rank, the tensor, what was expected and what was found:
 //   [rank 3/8] load: 'model.layers.4.mlp.experts.17.down_proj.weight' in
@@ -40,6 +37,7 @@
 #include "moeshard/base/thread_pool.h"
 #include "moeshard/plan/shard_plan.h"
 #include "moeshard/weights/checkpoint.h"
+#include "moeshard/weights/dummy_weights.h"
 #include "moeshard/weights/rank_weights.h"
 
 namespace moeshard {
@@ -87,6 +85,11 @@ struct SourceTensorSpec {
   std::string name;  // e.g. "model.layers.3.mlp.experts.17.up_proj.weight"
   DType dtype = DType::kBF16;
   std::vector<int64_t> shape;  // storage shape (packed: bytes along the input dim)
+  // How the dummy source fills it (from the tensor's part and format, not its name).
+  DummyKind dummy_kind = DummyKind::kWeight;
+  // Non-empty: the tensor's values are known (compressed-tensors weight_shape: the logical
+  // [out, in]); the dummy source writes them instead of hashed values.
+  std::vector<int64_t> values;
 };
 
 // Every checkpoint tensor the plan's model reads, over all ranks and layers, sorted by name.
@@ -115,8 +118,11 @@ class WeightLoader {
   // Allocates and fills the rank's tensors. REQUIRES: 0 <= rank < world.
   Result<RankWeights> Load(int64_t rank, LoadStats* stats = nullptr) const;
 
-  // Checkpoint tensors no rank of the plan reads (e.g. DeepSeek's MTP layer), sorted.
+  // Checkpoint tensors no rank of the plan reads and the model does not explain, sorted.
   const std::vector<std::string>& unplaced_tensors() const { return unplaced_; }
+  // Tensors of the multi-token-prediction layers (DeepSeek-V3 `model.layers.61.*`): not read,
+  // because engines load them only for speculative decoding.
+  const std::vector<std::string>& mtp_tensors() const { return mtp_; }
   const ShardPlan& plan() const { return plan_; }
   const LoadOptions& options() const { return options_; }
 
@@ -127,6 +133,7 @@ class WeightLoader {
   std::unique_ptr<Checkpoint> owned_checkpoint_;
   const Checkpoint* checkpoint_ = nullptr;
   std::vector<std::string> unplaced_;
+  std::vector<std::string> mtp_;
 };
 
 // One-shot convenience: WeightLoader::Create(plan, options) then Load(rank).

@@ -137,12 +137,13 @@ struct Fp8Decoder {
   static constexpr bool kScaled = true;
   const uint8_t* rows[kMaxNr];
   const float* scales[kMaxNr];
-  Fp8Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
-    const int64_t scale_cols = CeilDiv(m.cols, kCpuFp8BlockSize);
+  int64_t group;  // block columns
+  Fp8Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group(m.group) {
+    const int64_t scale_cols = CeilDiv(m.cols, m.group);
     for (int j = 0; j < nr; ++j) {
       rows[j] = m.Row(row_idx[j]);
       scales[j] =
-          reinterpret_cast<const float*>(m.scales) + (row_idx[j] / kCpuFp8BlockSize) * scale_cols;
+          reinterpret_cast<const float*>(m.scales) + (row_idx[j] / m.block_rows) * scale_cols;
     }
   }
   static __m512bh Convert(__m256i bytes) {
@@ -163,7 +164,7 @@ struct Fp8Decoder {
     _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k + kPrefetchBytes), _MM_HINT_T0);
   }
   static constexpr int64_t kValuesPerLine = 64;
-  int64_t GroupCols() const { return kCpuFp8BlockSize; }
+  int64_t GroupCols() const { return group; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(scales[j][g] * 256.0f); }
 };
 
@@ -206,7 +207,7 @@ struct Mxfp4Decoder {
     e8m0 = E8M0Table().data();
     for (int j = 0; j < nr; ++j) {
       rows[j] = m.Row(row_idx[j]);
-      scales[j] = m.scales + row_idx[j] * (m.cols / kCpuMxfp4GroupSize);
+      scales[j] = m.scales + row_idx[j] * (m.cols / m.group);
     }
   }
   __m512bh Load(int j, int64_t k) const { return NibblesToBf16(rows[j] + k / 2, table); }
@@ -688,7 +689,7 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const 
                       int next_nr, int64_t k0, int64_t k1, uint8_t* dst) {
   const __m512 table = _mm512_loadu_ps(kFp4E2M1Values.data());
   const float* e8m0 = E8M0Table().data();
-  const int64_t groups = m.cols / kCpuMxfp4GroupSize;
+  const int64_t groups = m.cols / m.group;
   const __m512i nibble = _mm512_set1_epi32(0xf);
   for (int j = 0; j < nr; ++j) {
     if (j < next_nr) {

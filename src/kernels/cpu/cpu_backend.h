@@ -33,7 +33,8 @@ struct MatrixRef {
   const uint8_t* scales = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t group = 32;  // kInt4 group size
+  int64_t group = 32;      // values per scale along a row (fp8: block columns)
+  int64_t block_rows = 1;  // kFp8Block: rows per scale block
   // kBf16 in the row-group layout (expert_gemm.h): Row() does not apply; element (r, c) is at
   // Bf16RowGroupsIndex(r, c, cols). dot_rows then takes row_idx in aligned runs of 16.
   bool row_groups = false;

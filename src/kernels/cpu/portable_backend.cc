@@ -28,18 +28,18 @@ void DecodeRow(const MatrixRef& m, int64_t r, float* out) {
       return;
     }
     case WeightFormat::kFp8Block: {
-      const int64_t scale_cols = CeilDiv(cols, kCpuFp8BlockSize);
+      const int64_t scale_cols = CeilDiv(cols, m.group);
       const float* scale =
-          reinterpret_cast<const float*>(m.scales) + (r / kCpuFp8BlockSize) * scale_cols;
+          reinterpret_cast<const float*>(m.scales) + (r / m.block_rows) * scale_cols;
       for (int64_t c = 0; c < cols; ++c) {
-        out[c] = Fp8E4M3ToFloat(row[c]) * scale[c / kCpuFp8BlockSize];
+        out[c] = Fp8E4M3ToFloat(row[c]) * scale[c / m.group];
       }
       return;
     }
     case WeightFormat::kMxfp4: {
-      const uint8_t* scale = m.scales + r * (cols / kCpuMxfp4GroupSize);
+      const uint8_t* scale = m.scales + r * (cols / m.group);
       for (int64_t c = 0; c < cols; c += 2) {
-        const float s = E8M0ToFloat(scale[c / kCpuMxfp4GroupSize]);
+        const float s = E8M0ToFloat(scale[c / m.group]);
         out[c] = kFp4E2M1Values[row[c / 2] & 0xf] * s;
         out[c + 1] = kFp4E2M1Values[row[c / 2] >> 4] * s;
       }

@@ -152,6 +152,43 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
   return Status::Ok();
 }
 
+void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* scales,
+                         int64_t rows, int64_t cols, int64_t row, float* out) {
+  switch (q.format) {
+    case WeightFormat::kBf16: {
+      const bf16_t* p = static_cast<const bf16_t*>(data) + row * cols;
+      for (int64_t c = 0; c < cols; ++c) out[c] = Bf16ToFloat(p[c]);
+      return;
+    }
+    case WeightFormat::kFp8Block: {
+      const uint8_t* p = static_cast<const uint8_t*>(data) + row * cols;
+      const float* s =
+          static_cast<const float*>(scales) + (row / q.block_rows) * q.ScaleCols(cols);
+      for (int64_t c = 0; c < cols; ++c) out[c] = Fp8E4M3ToFloat(p[c]) * s[c / q.group];
+      return;
+    }
+    case WeightFormat::kMxfp4: {
+      const uint8_t* p = static_cast<const uint8_t*>(data) + row * q.WeightRowBytes(cols);
+      const uint8_t* s = static_cast<const uint8_t*>(scales) + row * q.ScaleCols(cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
+        out[c] = Fp4E2M1ToFloat(code) * E8M0ToFloat(s[c / q.group]);
+      }
+      return;
+    }
+    case WeightFormat::kInt4: {
+      const uint8_t* p = static_cast<const uint8_t*>(data) + row * q.WeightRowBytes(cols);
+      const bf16_t* s = static_cast<const bf16_t*>(scales) + row * q.ScaleCols(cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
+        out[c] = static_cast<float>(code - 8) * Bf16ToFloat(s[c / q.group]);
+      }
+      return;
+    }
+  }
+  (void)rows;
+}
+
 float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, int64_t row,
                        int64_t col) {
   const bool is_w13 = proj == Projection::kW13;
@@ -160,33 +197,33 @@ float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, 
   const void* data = is_w13 ? w.w13 : w.w2;
   const void* scales = is_w13 ? w.w13_scales : w.w2_scales;
   const int64_t elem = (expert * rows + row) * cols + col;  // element index in [E, rows, cols]
-  switch (w.format) {
+  const WeightScheme& q = w.scheme;
+  switch (q.format) {
     case WeightFormat::kBf16: {
       const int64_t i =
           w.bf16_row_groups ? expert * rows * cols + Bf16RowGroupsIndex(row, col, cols) : elem;
       return Bf16ToFloat(static_cast<const bf16_t*>(data)[i]);
     }
     case WeightFormat::kFp8Block: {
-      const int64_t sr = CeilDiv(rows, kCpuFp8BlockSize);
-      const int64_t sc = CeilDiv(cols, kCpuFp8BlockSize);
+      const int64_t sr = q.ScaleRows(rows), sc = q.ScaleCols(cols);
       const float scale = static_cast<const float*>(
-          scales)[(expert * sr + row / kCpuFp8BlockSize) * sc + col / kCpuFp8BlockSize];
+          scales)[(expert * sr + row / q.block_rows) * sc + col / q.group];
       return Fp8E4M3ToFloat(static_cast<const uint8_t*>(data)[elem]) * scale;
     }
     case WeightFormat::kMxfp4: {
       const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
       const uint8_t code = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
-      const int64_t groups = cols / kCpuMxfp4GroupSize;
+      const int64_t groups = q.ScaleCols(cols);
       const uint8_t e = static_cast<const uint8_t*>(
-          scales)[(expert * rows + row) * groups + col / kCpuMxfp4GroupSize];
+          scales)[(expert * rows + row) * groups + col / q.group];
       return Fp4E2M1ToFloat(code) * E8M0ToFloat(e);
     }
     case WeightFormat::kInt4: {
       const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
       const int nibble = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
-      const int64_t groups = cols / w.int4_group_size;
+      const int64_t groups = q.ScaleCols(cols);
       const bf16_t s = static_cast<const bf16_t*>(
-          scales)[(expert * rows + row) * groups + col / w.int4_group_size];
+          scales)[(expert * rows + row) * groups + col / q.group];
       return static_cast<float>(nibble - 8) * Bf16ToFloat(s);
     }
   }

@@ -111,7 +111,7 @@ TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
   fp8[0] = 0x38;
   fp8[1] = 0xC4;
   std::vector<float> fp8_scale = {0.5f};
-  w.format = WeightFormat::kFp8Block;
+  w.scheme = WeightScheme::Default(WeightFormat::kFp8Block);
   w.w13 = fp8.data();
   w.w13_scales = fp8_scale.data();
   EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 0.5f);
@@ -120,7 +120,7 @@ TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
   std::vector<uint8_t> fp4(64 * 16, 0);
   fp4[0] = 0x72;
   std::vector<uint8_t> e8m0(64, 126);
-  w.format = WeightFormat::kMxfp4;
+  w.scheme = WeightScheme::Default(WeightFormat::kMxfp4);
   w.w13 = fp4.data();
   w.w13_scales = e8m0.data();
   EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 0.5f);
@@ -129,7 +129,7 @@ TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
   std::vector<uint8_t> i4(64 * 16, 0x88);
   i4[0] = 0x0F;
   std::vector<bf16_t> i4_scale(64, FloatToBf16(0.25f));
-  w.format = WeightFormat::kInt4;
+  w.scheme = WeightScheme::Default(WeightFormat::kInt4);
   w.w13 = i4.data();
   w.w13_scales = i4_scale.data();
   EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 1.75f);
@@ -146,7 +146,7 @@ TEST(ReferenceGemm, TinySwiGluWithBiases) {
   const std::vector<float> b13 = {0.0f, 0.0f};
   const std::vector<float> b2 = {1.0f, 0.0f};
   ExpertWeightsShape shape{
-      .format = WeightFormat::kBf16, .num_experts_local = 1, .hidden = 2, .intermediate = 1};
+      .scheme = {}, .num_experts_local = 1, .hidden = 2, .intermediate = 1};
   OwnedExpertWeights ow = EncodeExpertWeights(shape, w13.data(), w2.data(), b13.data(), b2.data());
   const std::vector<float> x = {1.0f, 1.0f};
   const std::vector<int64_t> offsets = {0, 1};

@@ -1,0 +1,99 @@
+// Weight formats: the one table that says how each format stores a linear weight [rows, cols]
+// (rows = output features, cols = input features, nn.Linear layout). The planner sizes tensors
+// from it, the loader slices checkpoints by it, the kernels decode by it and the runtime binds
+// weights by it; nothing else restates a format's storage rules.
+//
+//   format     element  weight tensor               scale tensor                       granule
+//   bf16       16 bit   BF16 [rows, cols]           none                               1 x 1
+//   fp8-block   8 bit   F8_E4M3 [rows, cols]        F32 scale_inv                      block_rows x group
+//                                                   [ceil(rows/block_rows), ceil(cols/group)]
+//   mxfp4       4 bit   U8 [rows, cols/2]           U8 E8M0 [rows, cols/32]            1 x 32
+//   int4        4 bit   U8 [rows, cols/2]           BF16 [rows, cols/group]            1 x group
+//
+// 4-bit formats pack two values per byte along the input dimension, the even column in the low
+// nibble; a checkpoint may spell the same bytes as I32 [rows, cols/8] (compressed-tensors
+// pack-quantized). The granule is the smallest slice a rank may hold along each dimension so
+// that no scale is shared by two ranks. fp8 blocks are 128 x 128 in DeepSeek-V3, but the size
+// comes from the checkpoint's config (`weight_block_size`) and travels in WeightScheme.
+//
+// Thread safety: the table is immutable; everything here is a pure function.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "moeshard/base/dtype.h"
+
+namespace moeshard {
+
+enum class WeightFormat {
+  kBf16,      // unquantized (the model dtype; bf16 for every supported release)
+  kFp8Block,  // fp8 e4m3fn with 2-D block scales (DeepSeek-V3 weight_scale_inv)
+  kMxfp4,     // E2M1 with one E8M0 scale per 32 values (OCP MX)
+  kInt4,      // symmetric int4 (nibble - 8) with one bf16 scale per group
+};
+inline constexpr WeightFormat kAllWeightFormats[] = {WeightFormat::kBf16, WeightFormat::kFp8Block,
+                                                     WeightFormat::kMxfp4, WeightFormat::kInt4};
+
+enum class ScaleLayout {
+  kNone,     // no scales
+  kPerRow,   // one scale per `group` values of each row (mxfp4, int4)
+  kBlock2D,  // one scale per [block_rows, group] block (fp8-block)
+};
+
+// One row of the table.
+struct WeightFormatSpec {
+  WeightFormat format;
+  std::string_view name;     // "bf16", "fp8-block", "mxfp4", "int4"
+  int element_bits;          // bits per weight value
+  DType weight_dtype;        // storage dtype of the weight tensor
+  DType scale_dtype;         // storage dtype of the scale tensor (kBool when none)
+  ScaleLayout scale_layout;
+  int64_t default_group;       // input-dimension values per scale
+  int64_t default_block_rows;  // output rows per scale (kBlock2D), else 1
+  bool fixed_group;            // the group size is part of the format (mxfp4: 32)
+  bool zero_points;            // asymmetric formats store zero points (none of these yet)
+  std::string_view weight_leaf;  // checkpoint leaf of the weight: "weight", "weight_packed"
+  std::string_view scale_leaf;   // checkpoint leaf of the scales: "", "weight_scale_inv", ...
+};
+
+const WeightFormatSpec& FormatSpec(WeightFormat format);
+std::string_view WeightFormatName(WeightFormat format);
+
+// A format with the group and block sizes one checkpoint uses.
+struct WeightScheme {
+  WeightFormat format = WeightFormat::kBf16;
+  int64_t group = 1;       // input-dimension values per scale (fp8: block columns)
+  int64_t block_rows = 1;  // output rows per scale (fp8: block rows), else 1
+
+  // The format's defaults (fp8 128 x 128, mxfp4 32, int4 32).
+  static WeightScheme Default(WeightFormat format);
+  const WeightFormatSpec& spec() const { return FormatSpec(format); }
+  bool quantized() const { return format != WeightFormat::kBf16; }
+  bool packed() const { return spec().element_bits == 4; }
+
+  // Storage of one [rows, cols] matrix. `dense_dtype` is the unquantized storage dtype (the
+  // model dtype) and only matters for kBf16.
+  DType WeightDType(DType dense_dtype = DType::kBF16) const;
+  int64_t WeightRowBytes(int64_t cols, DType dense_dtype = DType::kBF16) const;
+  std::vector<int64_t> WeightShape(int64_t rows, int64_t cols) const;  // in weight dtype units
+  bool has_scales() const { return spec().scale_layout != ScaleLayout::kNone; }
+  int64_t ScaleRows(int64_t rows) const;
+  int64_t ScaleCols(int64_t cols) const;
+  int64_t ScaleRowBytes(int64_t cols) const;
+  std::vector<int64_t> ScaleShape(int64_t rows, int64_t cols) const;  // empty when none
+  int64_t WeightBytes(int64_t rows, int64_t cols, DType dense_dtype = DType::kBF16) const;
+  int64_t ScaleBytes(int64_t rows, int64_t cols) const;
+
+  // Smallest slice of the output (rows) and input (cols) dimension a rank may hold so that
+  // every scale stays on one rank; a dimension that is rows of one tensor and columns of
+  // another (the MoE intermediate) needs SplitGranule().
+  int64_t RowGranule() const;
+  int64_t ColGranule() const;
+  int64_t SplitGranule() const;  // lcm of the two
+
+  bool operator==(const WeightScheme&) const = default;
+};
+
+}  // namespace moeshard

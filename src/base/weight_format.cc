@@ -1,0 +1,95 @@
+#include "moeshard/base/weight_format.h"
+
+#include "moeshard/base/check.h"
+#include "moeshard/base/math.h"
+
+namespace moeshard {
+namespace {
+
+// The table (see the header). Sources: DeepSeek-V3 `weight_block_size` [128, 128] with F32
+// `weight_scale_inv`; OCP MX v1.0 (MXFP4: 32 E2M1 values per E8M0 scale); compressed-tensors
+// pack-quantized int4 (`weight_packed`, BF16 `weight_scale` per group).
+constexpr WeightFormatSpec kTable[] = {
+    {WeightFormat::kBf16, "bf16", 16, DType::kBF16, DType::kBool, ScaleLayout::kNone, 1, 1, true,
+     false, "weight", ""},
+    {WeightFormat::kFp8Block, "fp8-block", 8, DType::kF8E4M3, DType::kF32, ScaleLayout::kBlock2D,
+     128, 128, false, false, "weight", "weight_scale_inv"},
+    {WeightFormat::kMxfp4, "mxfp4", 4, DType::kU8, DType::kU8, ScaleLayout::kPerRow, 32, 1, true,
+     false, "weight_packed", "weight_scale"},
+    {WeightFormat::kInt4, "int4", 4, DType::kU8, DType::kBF16, ScaleLayout::kPerRow, 32, 1, false,
+     false, "weight_packed", "weight_scale"},
+};
+
+}  // namespace
+
+const WeightFormatSpec& FormatSpec(WeightFormat format) {
+  for (const WeightFormatSpec& s : kTable) {
+    if (s.format == format) return s;
+  }
+  MOESHARD_CHECK(false, "weight format {} has no table entry", static_cast<int>(format));
+  return kTable[0];
+}
+
+std::string_view WeightFormatName(WeightFormat format) { return FormatSpec(format).name; }
+
+WeightScheme WeightScheme::Default(WeightFormat format) {
+  const WeightFormatSpec& s = FormatSpec(format);
+  return WeightScheme{format, s.default_group, s.default_block_rows};
+}
+
+DType WeightScheme::WeightDType(DType dense_dtype) const {
+  return format == WeightFormat::kBf16 ? dense_dtype : spec().weight_dtype;
+}
+
+int64_t WeightScheme::WeightRowBytes(int64_t cols, DType dense_dtype) const {
+  if (format == WeightFormat::kBf16) return cols * DTypeBits(dense_dtype) / 8;
+  return cols * spec().element_bits / 8;
+}
+
+std::vector<int64_t> WeightScheme::WeightShape(int64_t rows, int64_t cols) const {
+  return {rows, packed() ? CeilDiv(cols, 2) : cols};
+}
+
+int64_t WeightScheme::ScaleRows(int64_t rows) const {
+  switch (spec().scale_layout) {
+    case ScaleLayout::kNone: return 0;
+    case ScaleLayout::kPerRow: return rows;
+    case ScaleLayout::kBlock2D: return CeilDiv(rows, block_rows);
+  }
+  return 0;
+}
+
+int64_t WeightScheme::ScaleCols(int64_t cols) const {
+  return spec().scale_layout == ScaleLayout::kNone ? 0 : CeilDiv(cols, group);
+}
+
+int64_t WeightScheme::ScaleRowBytes(int64_t cols) const {
+  if (!has_scales()) return 0;
+  return ScaleCols(cols) * DTypeBits(spec().scale_dtype) / 8;
+}
+
+std::vector<int64_t> WeightScheme::ScaleShape(int64_t rows, int64_t cols) const {
+  if (!has_scales()) return {};
+  return {ScaleRows(rows), ScaleCols(cols)};
+}
+
+int64_t WeightScheme::WeightBytes(int64_t rows, int64_t cols, DType dense_dtype) const {
+  return rows * WeightRowBytes(cols, dense_dtype);
+}
+
+int64_t WeightScheme::ScaleBytes(int64_t rows, int64_t cols) const {
+  return ScaleRows(rows) * ScaleRowBytes(cols);
+}
+
+int64_t WeightScheme::RowGranule() const {
+  return spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1;
+}
+
+int64_t WeightScheme::ColGranule() const {
+  if (!has_scales()) return packed() ? 2 : 1;
+  return group;
+}
+
+int64_t WeightScheme::SplitGranule() const { return Lcm(RowGranule(), ColGranule()); }
+
+}  // namespace moeshard

@@ -1,0 +1,79 @@
+// Qwen3-MoE (`qwen3_moe`: Qwen3-30B-A3B, Qwen3-235B-A22B): GQA with q/k norms, softmax top-k
+// routing (renormalised when norm_topk_prob), no shared expert, MoE every
+// `decoder_sparse_step` layers except `mlp_only_layers`. Configs written by transformers 5
+// spell the expert count `num_local_experts` (older ones `num_experts`).
+#include <set>
+
+#include "config/config_fields.h"
+#include "config/family_blocks.h"
+
+namespace moeshard {
+namespace {
+
+Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
+  MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
+                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.head_dim,
+                            f.Int("head_dim", c.hidden_size / c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", false));
+  MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size,
+                            f.Int("moe_intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_experts,
+                            f.IntAlias({"num_experts", "num_local_experts"}, std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_experts_per_tok,
+                            f.IntAlias({"num_experts_per_tok"}, std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob", false));
+  MOESHARD_ASSIGN_OR_RETURN(int64_t step, f.Int("decoder_sparse_step", 1, 1));
+  std::set<int64_t> mlp_only;
+  if (f.Has("mlp_only_layers")) {
+    MOESHARD_ASSIGN_OR_RETURN(std::vector<int64_t> l,
+                              f.IntList("mlp_only_layers", 0, c.num_layers - 1));
+    mlp_only.insert(l.begin(), l.end());
+  }
+  MOESHARD_RETURN_IF_ERROR(f.Choice("hidden_act", "silu", {"silu"}).status());
+  c.activation = ExpertActivation::kSwiGlu;
+  c.scoring = ScoringFunc::kSoftmax;
+  c.routing = RoutingMethod::kSoftmaxTopK;
+  c.routed_expert_hidden_size = c.hidden_size;
+  c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    c.layers[static_cast<size_t>(i)].moe = !mlp_only.count(i) && (i + 1) % step == 0;
+  }
+  return Status::Ok();
+}
+
+std::vector<TensorDef> Tensors(const ModelConfig& c) {
+  family::TensorList t(c, "");
+  family::AddEmbeddingsAndHead(t);
+  family::AddLayerNorms(t);
+  family::AddGqaAttention(t, family::AllLayers(c),
+                          {.bias = c.attention_bias, .qk_norm = true});
+  family::AddGatedMlp(t, "model.layers.{layer}.mlp", TensorCategory::kDenseMlp,
+                      c.intermediate_size, family::DenseLayers(c));
+  family::AddRouter(t, "model.layers.{layer}.mlp.gate", family::MoeLayers(c));
+  return t.Take();
+}
+
+ExpertLayout Experts(const ModelConfig& c) {
+  return family::PerExpertLayout(c, "", "model.layers.{layer}.mlp", "gate_proj", "up_proj",
+                                 "down_proj");
+}
+
+}  // namespace
+
+const FamilyDescriptor& MoeshardFamily_qwen3_moe() {
+  static const FamilyDescriptor d{
+      .name = "qwen3_moe",
+      .model_types = {"qwen3_moe"},
+      .summary = "Qwen3-MoE: GQA with q/k norms, softmax top-k, no shared expert",
+      .text_prefix = "",
+      .parse = Parse,
+      .tensors = Tensors,
+      .experts = Experts,
+  };
+  return d;
+}
+
+}  // namespace moeshard

@@ -1,0 +1,423 @@
+#include "config/family_blocks.h"
+
+#include <functional>
+
+#include "config/config_fields.h"
+
+namespace moeshard::family {
+namespace {
+
+std::vector<int64_t> LayersWhere(const ModelConfig& c,
+                                 const std::function<bool(const LayerSpec&)>& keep) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (keep(c.layers[static_cast<size_t>(i)])) out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> AllLayers(const ModelConfig& c) {
+  return LayersWhere(c, [](const LayerSpec&) { return true; });
+}
+std::vector<int64_t> MoeLayers(const ModelConfig& c) {
+  return LayersWhere(c, [](const LayerSpec& l) { return l.moe; });
+}
+std::vector<int64_t> DenseLayers(const ModelConfig& c) {
+  return LayersWhere(c, [](const LayerSpec& l) { return !l.moe; });
+}
+std::vector<int64_t> LayersOf(const ModelConfig& c, AttentionKind kind) {
+  return LayersWhere(c, [kind](const LayerSpec& l) { return l.attention == kind; });
+}
+
+TensorDef& TensorList::Add(TensorDef t) {
+  if (t.where == StagePlacement::kLayers && t.layers.empty()) {
+    dropped_ = std::move(t);
+    return dropped_;
+  }
+  out_.push_back(std::move(t));
+  return out_.back();
+}
+
+TensorDef& TensorList::Linear(const std::string& module, TensorCategory cat, int64_t out,
+                              int64_t in, TpSplit split, const std::vector<int64_t>& layers,
+                              Quantizable q, TensorRole role) {
+  TensorDef t;
+  t.name = prefix_ + module;
+  t.linear = true;
+  t.role = role;
+  t.category = cat;
+  t.dtype = c_.dtype;
+  t.shape = {out, in};
+  t.split = split;
+  t.layers = layers;
+  if (q == Quantizable::kYes && c_.quant.enabled() && !layers.empty() &&
+      !c_.quant.IsIgnored(ExpandName(t.name, layers.front()))) {
+    t.format = c_.quant.scheme;
+    t.shape_meta = c_.quant.weight_shape_meta;
+  }
+  return Add(std::move(t));
+}
+
+TensorDef& TensorList::Vector(const std::string& name, TensorCategory cat,
+                              std::vector<int64_t> shape, TpSplit split,
+                              const std::vector<int64_t>& layers, DType dtype, TensorRole role) {
+  TensorDef t;
+  t.name = prefix_ + name;
+  t.role = role;
+  t.category = cat;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.split = split;
+  t.layers = layers;
+  return Add(std::move(t));
+}
+
+TensorDef& TensorList::Global(const std::string& name, TensorCategory cat,
+                              std::vector<int64_t> shape, TpSplit split, StagePlacement where,
+                              DType dtype) {
+  TensorDef t;
+  t.name = prefix_ + name;
+  t.category = cat;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.split = split;
+  t.where = where;
+  return Add(std::move(t));
+}
+
+TensorDef& TensorList::GlobalLinear(const std::string& module, TensorCategory cat, int64_t out,
+                                    int64_t in, TpSplit split, StagePlacement where,
+                                    Quantizable q) {
+  TensorDef t;
+  t.name = prefix_ + module;
+  t.linear = true;
+  t.category = cat;
+  t.dtype = c_.dtype;
+  t.shape = {out, in};
+  t.split = split;
+  t.where = where;
+  if (q == Quantizable::kYes && c_.quant.enabled() && !c_.quant.IsIgnored(t.name)) {
+    t.format = c_.quant.scheme;
+    t.shape_meta = c_.quant.weight_shape_meta;
+  }
+  return Add(std::move(t));
+}
+
+void AddEmbeddingsAndHead(TensorList& t) {
+  const ModelConfig& c = t.config();
+  using C = TensorCategory;
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  const TensorDef& embed = t.Global("model.embed_tokens.weight", C::kEmbedding, {V, H},
+                                    TpSplit::kColumn, StagePlacement::kFirstStage, c.dtype);
+  const std::string embed_name = embed.name;
+  TensorDef& head = t.Global("lm_head.weight", C::kLmHead, {V, H}, TpSplit::kColumn,
+                             StagePlacement::kLastStage, c.dtype);
+  if (c.tie_word_embeddings) head.tied_source = embed_name;
+  t.Global("model.norm.weight", C::kNorm, {H}, TpSplit::kReplicated, StagePlacement::kLastStage,
+           c.dtype);
+}
+
+void AddLayerNorms(TensorList& t) {
+  const ModelConfig& c = t.config();
+  const std::vector<int64_t> all = AllLayers(c);
+  t.Vector("model.layers.{layer}.input_layernorm.weight", TensorCategory::kNorm,
+           {c.hidden_size}, TpSplit::kReplicated, all, c.dtype);
+  t.Vector("model.layers.{layer}.post_attention_layernorm.weight", TensorCategory::kNorm,
+           {c.hidden_size}, TpSplit::kReplicated, all, c.dtype, TensorRole::kPreMoeNorm);
+}
+
+void AddMlaAttention(TensorList& t, const std::vector<int64_t>& layers) {
+  const ModelConfig& c = t.config();
+  const MlaConfig& a = c.mla;
+  using C = TensorCategory;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
+  const std::string p = "model.layers.{layer}.self_attn.";
+  if (a.q_lora_rank > 0) {
+    t.Linear(p + "q_a_proj", C::kAttention, a.q_lora_rank, H, TpSplit::kReplicated, layers);
+    t.Vector(p + "q_a_layernorm.weight", C::kAttention, {a.q_lora_rank}, TpSplit::kReplicated,
+             layers, c.dtype);
+    t.Linear(p + "q_b_proj", C::kAttention, nh * qk, a.q_lora_rank, TpSplit::kColumn, layers);
+  } else {
+    t.Linear(p + "q_proj", C::kAttention, nh * qk, H, TpSplit::kColumn, layers);
+  }
+  t.Linear(p + "kv_a_proj_with_mqa", C::kAttention, a.kv_lora_rank + a.qk_rope_head_dim, H,
+           TpSplit::kReplicated, layers);
+  t.Vector(p + "kv_a_layernorm.weight", C::kAttention, {a.kv_lora_rank}, TpSplit::kReplicated,
+           layers, c.dtype);
+  t.Linear(p + "kv_b_proj", C::kAttention, nh * (a.qk_nope_head_dim + a.v_head_dim),
+           a.kv_lora_rank, TpSplit::kColumn, layers);
+  if (a.output_gate) {
+    // Kimi-K3: sigmoid output gate, sharded like the attention output (SGLang
+    // KimiK3MLAAttention: ColumnParallelLinear over attention TP).
+    t.Linear(p + "g_proj", C::kAttention, nh * a.v_head_dim, H, TpSplit::kColumn, layers);
+  }
+  t.Linear(p + "o_proj", C::kAttention, H, nh * a.v_head_dim, TpSplit::kRow, layers);
+}
+
+void AddGqaAttention(TensorList& t, const std::vector<int64_t>& layers, const GqaOptions& o) {
+  const ModelConfig& c = t.config();
+  using C = TensorCategory;
+  const int64_t H = c.hidden_size;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const std::string p = "model.layers.{layer}.self_attn.";
+  t.Linear(p + "q_proj", C::kAttention, q, H, TpSplit::kColumn, layers, o.quant);
+  t.Linear(p + "k_proj", C::kAttention, kv, H, TpSplit::kKvColumn, layers, o.quant).unit =
+      c.head_dim;
+  t.Linear(p + "v_proj", C::kAttention, kv, H, TpSplit::kKvColumn, layers, o.quant).unit =
+      c.head_dim;
+  t.Linear(p + "o_proj", C::kAttention, H, q, TpSplit::kRow, layers, o.quant);
+  if (o.bias) {
+    t.Vector(p + "q_proj.bias", C::kAttention, {q}, TpSplit::kColumn, layers, c.dtype);
+    t.Vector(p + "k_proj.bias", C::kAttention, {kv}, TpSplit::kKvColumn, layers, c.dtype).unit =
+        c.head_dim;
+    t.Vector(p + "v_proj.bias", C::kAttention, {kv}, TpSplit::kKvColumn, layers, c.dtype).unit =
+        c.head_dim;
+    t.Vector(p + "o_proj.bias", C::kAttention, {H}, TpSplit::kReplicated, layers, c.dtype);
+  }
+  if (o.sinks) {
+    t.Vector(p + "sinks", C::kAttention, {c.num_attention_heads}, TpSplit::kColumn, layers,
+             c.dtype);
+  }
+  if (o.qk_norm) {
+    t.Vector(p + "q_norm.weight", C::kAttention, {c.head_dim}, TpSplit::kReplicated, layers,
+             c.dtype);
+    t.Vector(p + "k_norm.weight", C::kAttention, {c.head_dim}, TpSplit::kReplicated, layers,
+             c.dtype);
+  }
+}
+
+void AddGatedMlp(TensorList& t, const std::string& module, TensorCategory cat, int64_t width,
+                 const std::vector<int64_t>& layers, TensorRole gate_role, TensorRole up_role,
+                 TensorRole down_role) {
+  const int64_t H = t.config().hidden_size;
+  t.Linear(module + ".gate_proj", cat, width, H, TpSplit::kColumn, layers, Quantizable::kYes,
+           gate_role);
+  t.Linear(module + ".up_proj", cat, width, H, TpSplit::kColumn, layers, Quantizable::kYes,
+           up_role);
+  t.Linear(module + ".down_proj", cat, H, width, TpSplit::kRow, layers, Quantizable::kYes,
+           down_role);
+}
+
+void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers) {
+  const ModelConfig& c = t.config();
+  using C = TensorCategory;
+  t.Linear(module, C::kRouter, c.num_experts, c.hidden_size, TpSplit::kReplicated, layers,
+           Quantizable::kNo, TensorRole::kRouter);
+  if (c.router_bias) {
+    t.Vector(module + ".bias", C::kRouter, {c.num_experts}, TpSplit::kReplicated, layers, c.dtype,
+             TensorRole::kRouterBias);
+  }
+  if (c.has_correction_bias) {
+    // fp32 in the releases (transformers keeps e_score_correction_bias in fp32).
+    t.Vector(module + ".e_score_correction_bias", C::kRouter, {c.num_experts},
+             TpSplit::kReplicated, layers, DType::kF32, TensorRole::kCorrectionBias);
+  }
+}
+
+void AddSharedExperts(TensorList& t, const std::string& module,
+                      const std::vector<int64_t>& layers) {
+  const ModelConfig& c = t.config();
+  if (c.num_shared_experts == 0) return;
+  AddGatedMlp(t, module, TensorCategory::kSharedExperts, c.shared_expert_intermediate_size,
+              layers, TensorRole::kSharedGate, TensorRole::kSharedUp, TensorRole::kSharedDown);
+}
+
+ExpertLayout PerExpertLayout(const ModelConfig& c, const std::string& prefix,
+                             const std::string& moe_module, const std::string& gate,
+                             const std::string& up, const std::string& down) {
+  ExpertLayout x;
+  const std::string base = prefix + moe_module + ".experts.";
+  x.rank_prefix = base;
+  if (c.gated()) x.gate = base + "{expert}." + gate;
+  x.up = base + "{expert}." + up;
+  x.down = base + "{expert}." + down;
+  return x;
+}
+
+}  // namespace moeshard::family
+
+namespace moeshard::family {
+
+Status ParseMla(const ConfigFields& f, ModelConfig& c) {
+  MOESHARD_ASSIGN_OR_RETURN(c.mla.q_lora_rank, f.Int("q_lora_rank", 0));
+  MOESHARD_ASSIGN_OR_RETURN(c.mla.kv_lora_rank, f.Int("kv_lora_rank", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.mla.qk_nope_head_dim, f.Int("qk_nope_head_dim", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.mla.qk_rope_head_dim, f.Int("qk_rope_head_dim", std::nullopt, 0));
+  MOESHARD_ASSIGN_OR_RETURN(c.mla.v_head_dim, f.Int("v_head_dim", std::nullopt, 1));
+  return Status::Ok();
+}
+
+Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c) {
+  MOESHARD_ASSIGN_OR_RETURN(std::string scoring,
+                            f.StringAlias({"scoring_func", "moe_router_activation_func"},
+                                          "sigmoid"));
+  MOESHARD_ASSIGN_OR_RETURN(
+      std::string topk_method,
+      f.Choice("topk_method", "noaux_tc", {"noaux_tc", "greedy", "group_limited_greedy"}));
+  if (scoring == "sigmoid") {
+    c.scoring = ScoringFunc::kSigmoid;
+    c.routing = RoutingMethod::kSigmoidGroupedTopK;
+    c.has_correction_bias = topk_method == "noaux_tc";
+  } else if (scoring == "softmax") {
+    c.scoring = ScoringFunc::kSoftmax;
+    c.routing = RoutingMethod::kSoftmaxTopK;
+  } else {
+    const char* key = f.Has("scoring_func") ? "scoring_func" : "moe_router_activation_func";
+    return f.Error(key, "\"sigmoid\" or \"softmax\"", "\"" + scoring + "\"");
+  }
+  MOESHARD_ASSIGN_OR_RETURN(c.n_group, f.IntAlias({"n_group", "num_expert_group"}, 1, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.topk_group, f.Int("topk_group", 1, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob,
+                            f.BoolAlias({"norm_topk_prob", "moe_renormalize"}, true));
+  MOESHARD_ASSIGN_OR_RETURN(c.routed_scaling_factor, f.Double("routed_scaling_factor", 1.0));
+  return Status::Ok();
+}
+
+Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c) {
+  MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
+                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_RETURN_IF_ERROR(ParseMla(f, c));
+  MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size,
+                            f.Int("moe_intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_experts,
+                            f.IntAlias({"n_routed_experts", "num_experts"}, std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_experts_per_tok,
+                            f.IntAlias({"num_experts_per_tok"}, std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_shared_experts, f.IntAlias({"n_shared_experts"}, 0));
+  c.shared_expert_intermediate_size = c.num_shared_experts * c.moe_intermediate_size;
+  MOESHARD_ASSIGN_OR_RETURN(c.first_k_dense_replace, f.Int("first_k_dense_replace", 0));
+  MOESHARD_ASSIGN_OR_RETURN(int64_t freq, f.Int("moe_layer_freq", 1, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_mtp_layers, f.Int("num_nextn_predict_layers", 0));
+  MOESHARD_RETURN_IF_ERROR(ParseDeepseekRouting(f, c));
+  MOESHARD_RETURN_IF_ERROR(f.Choice("hidden_act", "silu", {"silu"}).status());
+  c.activation = ExpertActivation::kSwiGlu;
+  c.routed_expert_hidden_size = c.hidden_size;
+  c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    c.layers[static_cast<size_t>(i)].attention = AttentionKind::kMla;
+    c.layers[static_cast<size_t>(i)].moe = i >= c.first_k_dense_replace && (i % freq == 0);
+  }
+  return Status::Ok();
+}
+
+void AddDeepseekTextTensors(TensorList& t) {
+  const ModelConfig& c = t.config();
+  const std::vector<int64_t> moe = MoeLayers(c);
+  AddEmbeddingsAndHead(t);
+  AddLayerNorms(t);
+  AddMlaAttention(t, AllLayers(c));
+  AddGatedMlp(t, "model.layers.{layer}.mlp", TensorCategory::kDenseMlp, c.intermediate_size,
+              DenseLayers(c));
+  AddRouter(t, "model.layers.{layer}.mlp.gate", moe);
+  AddSharedExperts(t, "model.layers.{layer}.mlp.shared_experts", moe);
+}
+
+ExpertLayout DeepseekExperts(const ModelConfig& c, const std::string& prefix) {
+  return PerExpertLayout(c, prefix, "model.layers.{layer}.mlp", "gate_proj", "up_proj",
+                         "down_proj");
+}
+
+}  // namespace moeshard::family
+
+namespace moeshard::family {
+
+Status ParseMoonVit(const ConfigFields& top, ModelConfig& c) {
+  if (!top.Has("vision_config")) return Status::Ok();
+  MOESHARD_ASSIGN_OR_RETURN(ConfigFields v, top.Object("vision_config"));
+  VisionConfig& x = c.vision;
+  MOESHARD_ASSIGN_OR_RETURN(x.num_layers, v.Int("vt_num_hidden_layers", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.hidden_size, v.Int("vt_hidden_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.intermediate_size, v.Int("vt_intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.num_heads, v.Int("vt_num_attention_heads", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.qkv_hidden_size, v.Int("qkv_hidden_size", x.hidden_size, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.patch_size, v.Int("patch_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.pos_emb_height, v.Int("init_pos_emb_height", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.pos_emb_width, v.Int("init_pos_emb_width", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(x.linear_bias, v.Bool("linear_bias", true));
+  MOESHARD_ASSIGN_OR_RETURN(std::string norm,
+                            v.Choice("norm_type", "layernorm", {"layernorm", "rmsnorm"}));
+  x.norm_bias = norm == "layernorm";
+  MOESHARD_ASSIGN_OR_RETURN(
+      std::string projector,
+      v.Choice("mm_projector_type", "patchmerger", {"patchmerger", "patchmergerv2"}));
+  x.projector_post_norm = projector == "patchmergerv2";
+  x.merge_tokens = 1;
+  if (v.Has("merge_kernel_size")) {
+    MOESHARD_ASSIGN_OR_RETURN(std::vector<int64_t> k, v.IntList("merge_kernel_size", 1, 64));
+    for (int64_t d : k) x.merge_tokens *= d;
+  }
+  MOESHARD_ASSIGN_OR_RETURN(int64_t text_hidden, v.Int("text_hidden_size", c.hidden_size, 1));
+  if (text_hidden != c.hidden_size) {
+    return v.Error("text_hidden_size",
+                   fmt::format("the language model's hidden_size ({})", c.hidden_size),
+                   std::to_string(text_hidden));
+  }
+  if (x.qkv_hidden_size % x.num_heads != 0) {
+    return v.Error("qkv_hidden_size",
+                   fmt::format("a multiple of vt_num_attention_heads ({})", x.num_heads),
+                   std::to_string(x.qkv_hidden_size));
+  }
+  return Status::Ok();
+}
+
+void AddMoonVit(const ModelConfig& c, std::vector<TensorDef>& out) {
+  const VisionConfig& v = c.vision;
+  if (v.num_layers == 0) return;
+  TensorList t(c, "");
+  using C = TensorCategory;
+  const auto every = StagePlacement::kEveryStage;
+  const auto rep = TpSplit::kReplicated;
+  const int64_t Hv = v.hidden_size, Q = v.qkv_hidden_size, Iv = v.intermediate_size;
+  // A tensor that is TP-split only when TP divides the heads.
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, TpSplit split,
+                 int64_t sections = 1) {
+    TensorDef& d = t.Global(name, C::kVision, std::move(shape), split, every, c.dtype);
+    if (split != rep) {
+      d.split_heads = v.num_heads;
+      d.sections = sections;
+    }
+  };
+  auto norm = [&](const std::string& module, int64_t width) {
+    add(module + ".weight", {width}, rep);
+    if (v.norm_bias) add(module + ".bias", {width}, rep);
+  };
+  for (int64_t b = 0; b < v.num_layers; ++b) {
+    const std::string p = fmt::format("vision_tower.encoder.blocks.{}.", b);
+    add(p + "wqkv.weight", {3 * Q, Hv}, TpSplit::kColumn, 3);
+    add(p + "wo.weight", {Hv, Q}, TpSplit::kRow);
+    add(p + "mlp.fc0.weight", {Iv, Hv}, TpSplit::kColumn);
+    add(p + "mlp.fc1.weight", {Hv, Iv}, TpSplit::kRow);
+    if (v.linear_bias) {
+      add(p + "wqkv.bias", {3 * Q}, TpSplit::kColumn, 3);
+      add(p + "wo.bias", {Hv}, rep);  // a row-parallel layer's bias is added once, whole
+      add(p + "mlp.fc0.bias", {Iv}, TpSplit::kColumn);
+      add(p + "mlp.fc1.bias", {Hv}, rep);
+    }
+    norm(p + "norm0", Hv);
+    norm(p + "norm1", Hv);
+  }
+  norm("vision_tower.encoder.final_layernorm", Hv);
+  add("vision_tower.patch_embed.pos_emb.weight", {v.pos_emb_height, v.pos_emb_width, Hv}, rep);
+  add("vision_tower.patch_embed.proj.weight", {Hv, 3, v.patch_size, v.patch_size}, rep);
+  if (v.linear_bias) add("vision_tower.patch_embed.proj.bias", {Hv}, rep);
+  const int64_t M = Hv * v.merge_tokens;
+  if (v.projector_post_norm) {
+    add("mm_projector.post_norm.weight", {c.hidden_size}, rep);
+  } else {
+    norm("mm_projector.pre_norm", Hv);
+  }
+  add("mm_projector.proj.0.weight", {M, M}, rep);
+  add("mm_projector.proj.2.weight", {c.hidden_size, M}, rep);
+  if (!v.projector_post_norm) {
+    add("mm_projector.proj.0.bias", {M}, rep);
+    add("mm_projector.proj.2.bias", {c.hidden_size}, rep);
+  }
+  for (TensorDef& d : t.Take()) out.push_back(std::move(d));
+}
+
+}  // namespace moeshard::family

@@ -1,0 +1,130 @@
+// Building blocks the family descriptors compose (private to the config layer): a builder of
+// TensorDef lists, and the tensor sets several families share (MLA, GQA and KDA attention,
+// dense MLPs, routers, shared experts, embeddings). A shared block owns the names of its
+// tensors; a family passes only the module path where the block sits.
+//
+// Thread safety: a builder is used by one thread; the blocks are pure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moeshard/config/family.h"
+
+namespace moeshard::family {
+
+std::vector<int64_t> AllLayers(const ModelConfig& c);
+std::vector<int64_t> MoeLayers(const ModelConfig& c);
+std::vector<int64_t> DenseLayers(const ModelConfig& c);
+std::vector<int64_t> LayersOf(const ModelConfig& c, AttentionKind kind);
+
+enum class Quantizable {
+  kNo,   // engines build it unquantized whatever the config says (routers, latent projections)
+  kYes,  // quantized with the config's scheme unless its ignore list names the module
+};
+
+// Collects TensorDefs. Names given to it are relative to the language model; it prepends the
+// family's text prefix ("language_model.") unless the list was made with prefix "".
+class TensorList {
+ public:
+  TensorList(const ModelConfig& c, std::string prefix) : c_(c), prefix_(std::move(prefix)) {}
+
+  // A linear weight [out, in] named by its module.
+  TensorDef& Linear(const std::string& module, TensorCategory cat, int64_t out, int64_t in,
+                    TpSplit split, const std::vector<int64_t>& layers,
+                    Quantizable q = Quantizable::kYes, TensorRole role = TensorRole::kOther);
+  // A plain tensor (norm, bias, conv, per-head vector) with its stored dtype.
+  TensorDef& Vector(const std::string& name, TensorCategory cat, std::vector<int64_t> shape,
+                    TpSplit split, const std::vector<int64_t>& layers, DType dtype,
+                    TensorRole role = TensorRole::kOther);
+  // A non-layer tensor on one stage (embeddings, head, final norms, vision tower).
+  TensorDef& Global(const std::string& name, TensorCategory cat, std::vector<int64_t> shape,
+                    TpSplit split, StagePlacement where, DType dtype);
+  // A non-layer linear weight.
+  TensorDef& GlobalLinear(const std::string& module, TensorCategory cat, int64_t out, int64_t in,
+                          TpSplit split, StagePlacement where, Quantizable q);
+
+  const ModelConfig& config() const { return c_; }
+  std::vector<TensorDef> Take() { return std::move(out_); }
+
+ private:
+  TensorDef& Add(TensorDef t);
+  const ModelConfig& c_;
+  std::string prefix_;
+  std::vector<TensorDef> out_;
+  TensorDef dropped_;  // returned for a per-layer tensor on no layer (not listed)
+};
+
+// model.embed_tokens, model.norm and lm_head (vocab-parallel). A tied head is not stored: it is
+// listed with `tied_source` so the planner can give the last stage its own copy under PP.
+void AddEmbeddingsAndHead(TensorList& t);
+// input_layernorm and post_attention_layernorm on every layer (the second is the MoE block's
+// input norm).
+void AddLayerNorms(TensorList& t);
+// DeepSeek-style multi-head latent attention on `layers` (q LoRA or full q, the compressed KV,
+// optional output gate g_proj): LoRA down-projections replicated, up-projections split by head.
+void AddMlaAttention(TensorList& t, const std::vector<int64_t>& layers);
+struct GqaOptions {
+  // gpt-oss's MXFP4 covers only the experts: its attention stays bf16 whatever the config says.
+  Quantizable quant = Quantizable::kYes;
+  bool bias = false;     // q/k/v/o biases (gpt-oss)
+  bool sinks = false;    // per-head attention sinks (gpt-oss)
+  bool qk_norm = false;  // q_norm / k_norm over head_dim (Qwen3)
+};
+// Grouped-query attention: q column-parallel, k/v split by KV head (replicated when fewer KV
+// heads than TP), o row-parallel.
+void AddGqaAttention(TensorList& t, const std::vector<int64_t>& layers, const GqaOptions& o);
+// A gated dense MLP `<module>.{gate,up,down}_proj` of width `width` on `layers`.
+void AddGatedMlp(TensorList& t, const std::string& module, TensorCategory cat, int64_t width,
+                 const std::vector<int64_t>& layers, TensorRole gate_role = TensorRole::kOther,
+                 TensorRole up_role = TensorRole::kOther, TensorRole down_role = TensorRole::kOther);
+// The router `<module>` [E, H] (never quantized), with its bias and the noaux_tc correction
+// bias when the config has them.
+void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers);
+// Shared experts at `<module>` (gate/up column-parallel, down row-parallel by default).
+void AddSharedExperts(TensorList& t, const std::string& module,
+                      const std::vector<int64_t>& layers);
+
+// The per-expert layout of DeepSeek-style checkpoints: `<moe>.experts.{expert}.<gate|up|down>`
+// with rank tensors `<moe>.experts.w13_*` (names relative to the text prefix).
+ExpertLayout PerExpertLayout(const ModelConfig& c, const std::string& prefix,
+                             const std::string& moe_module, const std::string& gate,
+                             const std::string& up, const std::string& down);
+
+}  // namespace moeshard::family
+
+namespace moeshard {
+class ConfigFields;
+}
+
+namespace moeshard::family {
+
+// Config reading shared by families.
+// The MLA fields of DeepSeek-V3 and Kimi (q_lora_rank, kv_lora_rank, head dims).
+Status ParseMla(const ConfigFields& f, ModelConfig& c);
+// DeepSeek-style routing: sigmoid (noaux_tc, correction bias) or softmax scores, grouped
+// top-k, renormalisation, scaling. Kimi-K3 spells the keys moe_router_activation_func,
+// num_expert_group and moe_renormalize; both spellings are read.
+Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c);
+// The DeepSeek-V3 text model (Kimi-K2, K2-Thinking, K2.5's backbone): MLA on every layer,
+// dense first layers, shared experts, SwiGLU.
+Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c);
+// Its tensors under `t`'s prefix, and its per-expert layout.
+void AddDeepseekTextTensors(TensorList& t);
+ExpertLayout DeepseekExperts(const ModelConfig& c, const std::string& prefix);
+
+}  // namespace moeshard::family
+
+namespace moeshard::family {
+
+// MoonViT (Kimi-K2.5, Kimi-K3): `vision_config` at the top level of config.json.
+Status ParseMoonVit(const ConfigFields& top, ModelConfig& c);
+// Its tensors, without the text prefix: encoder blocks `vision_tower.encoder.blocks.B.{wqkv,
+// wo, mlp.fc0, mlp.fc1, norm0, norm1}`, final_layernorm, patch_embed.{pos_emb, proj}, and the
+// patch-merger projector `mm_projector.*`. Splits follow vLLM kimi_k25_vit.py in its default
+// mm_encoder_tp_mode "weights" (wqkv per head, wo / fc1 row-, fc0 column-parallel) when TP
+// divides the heads, else replicated (its data-parallel fallback); norms, patch embedding and
+// projector replicated (ReplicatedLinear). Every pipeline stage loads it.
+void AddMoonVit(const ModelConfig& c, std::vector<TensorDef>& out);
+
+}  // namespace moeshard::family

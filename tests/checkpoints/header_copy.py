@@ -1,0 +1,824 @@
+#!/usr/bin/env python3
+"""Header-exact copies of released Hugging Face MoE checkpoints.
+
+A *header-exact copy* of a release is a directory that holds
+
+* the release's ``config.json`` (``configs/<release>.json`` beside this script),
+* the release's shard file names, each shard a valid safetensors file whose 8-byte
+  little-endian header length and JSON header list the tensors the release stores in that
+  shard (names, dtypes, shapes, ``data_offsets`` contiguous from 0, ``__metadata__``
+  ``{"format": "pt"}``), with the data region left as a sparse hole (the file is truncated
+  to its full apparent size, so it occupies almost no disk), and
+* ``model.safetensors.index.json`` (``{"metadata": {"total_size": N}, "weight_map": ...}``).
+
+It encodes published facts about what each release stores and is independent of moeshard,
+so moeshard's model descriptors can be tested against it.  Sources of every fact are cited
+next to the code that encodes it and collected in README.md beside this script.
+
+Usage::
+
+    header_copy.py --list
+    header_copy.py RELEASE --summary [--layers N]
+    header_copy.py RELEASE OUT_DIR [--layers N]
+
+``--layers N`` cuts the model to its first N decoder layers: the config's
+``num_hidden_layers`` becomes N (inside ``text_config`` where the config nests one),
+per-layer config lists are cut to match, and only those layers' tensors (plus the
+model-level, vision and multi-token-prediction tensors) are written.  Shards keep the
+release's names; only shards that receive tensors are written.
+
+Python 3.11, standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+HERE = Path(__file__).resolve().parent
+CONFIG_DIR = HERE / "configs"
+
+# Bytes per element of each safetensors dtype used here.
+DTYPE_SIZE = {"BF16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "F8_E4M3": 1}
+
+# Position of each dtype in the safetensors library's Dtype enum (BOOL, U8, I8, F8_E5M2,
+# F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64).  The library writes a file's
+# tensors sorted by dtype (descending in that order) and then by name, and its header lists
+# them in that order; the copy lays out each shard the same way.  Only the order of the
+# data region depends on this: names, dtypes and shapes do not.
+_ST_DTYPE_ORDER = {"U8": 1, "F8_E4M3": 4, "BF16": 8, "I32": 9, "F32": 11, "I64": 13}
+
+# A tensor: (name, dtype, shape, tag).  tag says what the tensor belongs to:
+#   ("layer", L)  decoder layer L (0-based)
+#   ("mtp", L)    multi-token-prediction layer stored as layer index L (DeepSeek-V3: 61)
+#   ("model",)    text model-level tensor (embeddings, final norm, head)
+#   ("proj",)     multimodal projector
+#   ("vision",)   vision tower
+Tensor = tuple[str, str, tuple[int, ...], tuple]
+
+
+def nbytes(dtype: str, shape: Iterable[int]) -> int:
+    n = DTYPE_SIZE[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def load_config(release: str) -> dict:
+    with open(CONFIG_DIR / f"{release}.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------
+# Kimi-K3 (moonshotai/Kimi-K3)
+#
+# Everything here follows /work/shared/reference/checkpoints.md ("Kimi-K3"), which records
+# the released headers (sources named there: SGLang models/kimi_k3.py, llama.cpp
+# conversion/kimi_k3.py and PR 26185, vLLM PR 50817, TensorRT-LLM PR 17269, llm-compressor
+# PR 2980).  Check: 497,220 tensors, 1,560,860,324,864 bytes, 96 shards.
+# ---------------------------------------------------------------------------------------
+
+def build_kimi_k3(cfg: dict) -> list[Tensor]:
+    tc = cfg["text_config"]
+    H = tc["hidden_size"]
+    L = tc["num_hidden_layers"]
+    lac = tc["linear_attn_config"]
+    nh, hd = lac["num_heads"], lac["head_dim"]
+    P = nh * hd                                   # 96 x 128 = 12288
+    kconv = lac["short_conv_kernel_size"]         # 4
+    # kda_layers / full_attn_layers are 1-based layer numbers.
+    kda = {k - 1 for k in lac["kda_layers"]}
+    mla = {k - 1 for k in lac["full_attn_layers"]}
+    heads = tc["num_attention_heads"]
+    q_lora, kv_lora = tc["q_lora_rank"], tc["kv_lora_rank"]
+    nope, rope, vdim = tc["qk_nope_head_dim"], tc["qk_rope_head_dim"], tc["v_head_dim"]
+    E = tc["num_experts"]
+    I = tc["moe_intermediate_size"]               # 3072
+    R = tc["routed_expert_hidden_size"]           # 3584 (latent)
+    shared = tc["num_shared_experts"] * I         # 6144
+    dense = tc["intermediate_size"]               # 33792
+    fk = tc["first_k_dense_replace"]
+    V = tc["vocab_size"]
+    g = 32                                        # mxfp4 group (one E8M0 scale byte per 32)
+
+    out: list[Tensor] = []
+    for li in range(L):
+        tag = ("layer", li)
+        p = f"language_model.model.layers.{li}."
+        t = [
+            (p + "input_layernorm.weight", "BF16", (H,)),
+            (p + "post_attention_layernorm.weight", "BF16", (H,)),
+            # attention residuals: on every layer
+            (p + "self_attention_res_norm.weight", "BF16", (H,)),
+            (p + "mlp_res_norm.weight", "BF16", (H,)),
+            (p + "self_attention_res_proj.weight", "BF16", (1, H)),
+            (p + "mlp_res_proj.weight", "BF16", (1, H)),
+        ]
+        a = p + "self_attn."
+        if li in kda:
+            t += [
+                (a + "q_proj.weight", "BF16", (P, H)),
+                (a + "k_proj.weight", "BF16", (P, H)),
+                (a + "v_proj.weight", "BF16", (P, H)),
+                (a + "q_conv1d.weight", "F32", (P, 1, kconv)),
+                (a + "k_conv1d.weight", "F32", (P, 1, kconv)),
+                (a + "v_conv1d.weight", "F32", (P, 1, kconv)),
+                (a + "A_log", "F32", (hd,)),      # stored as [head_dim] (128)
+                (a + "dt_bias", "F32", (P,)),
+                (a + "f_a_proj.weight", "BF16", (hd, H)),
+                (a + "f_b_proj.weight", "BF16", (P, hd)),
+                (a + "b_proj.weight", "BF16", (nh, H)),
+                (a + "g_proj.weight", "BF16", (P, H)),  # use_full_rank_gate: one g_proj
+                (a + "o_norm.weight", "F32", (hd,)),
+                (a + "o_proj.weight", "BF16", (H, P)),
+            ]
+        elif li in mla:
+            t += [
+                (a + "q_a_proj.weight", "BF16", (q_lora, H)),
+                (a + "q_a_layernorm.weight", "BF16", (q_lora,)),
+                (a + "q_b_proj.weight", "BF16", (heads * (nope + rope), q_lora)),
+                (a + "kv_a_proj_with_mqa.weight", "BF16", (kv_lora + rope, H)),
+                (a + "kv_a_layernorm.weight", "BF16", (kv_lora,)),
+                (a + "kv_b_proj.weight", "BF16", (heads * (nope + vdim), kv_lora)),
+                (a + "g_proj.weight", "BF16", (heads * vdim, H)),
+                (a + "o_proj.weight", "BF16", (H, heads * vdim)),
+            ]
+        else:
+            raise ValueError(f"kimi-k3 layer {li} is neither KDA nor MLA in the config")
+        if li < fk:
+            m = p + "mlp."
+            t += [
+                (m + "gate_proj.weight", "BF16", (dense, H)),
+                (m + "up_proj.weight", "BF16", (dense, H)),
+                (m + "down_proj.weight", "BF16", (H, dense)),
+            ]
+        else:
+            m = p + "block_sparse_moe."
+            t += [
+                (m + "gate.weight", "BF16", (E, H)),
+                (m + "gate.e_score_correction_bias", "F32", (E,)),
+                (m + "shared_experts.gate_proj.weight", "BF16", (shared, H)),
+                (m + "shared_experts.up_proj.weight", "BF16", (shared, H)),
+                (m + "shared_experts.down_proj.weight", "BF16", (H, shared)),
+                # latent projections are stored BF16 (not matched by `ignore`, still BF16)
+                (m + "routed_expert_down_proj.weight", "BF16", (R, H)),
+                (m + "routed_expert_up_proj.weight", "BF16", (H, R)),
+                (m + "routed_expert_norm.weight", "BF16", (R,)),
+            ]
+            for e in range(E):
+                x = f"{m}experts.{e}."
+                # w1 gate, w3 up: R -> I; w2 down: I -> R.  MXFP4: two values per byte,
+                # one U8 scale per group of 32.
+                t += [
+                    (x + "w1.weight_packed", "U8", (I, R // 2)),
+                    (x + "w1.weight_scale", "U8", (I, R // g)),
+                    (x + "w3.weight_packed", "U8", (I, R // 2)),
+                    (x + "w3.weight_scale", "U8", (I, R // g)),
+                    (x + "w2.weight_packed", "U8", (R, I // 2)),
+                    (x + "w2.weight_scale", "U8", (R, I // g)),
+                ]
+        out += [(n, d, s, tag) for n, d, s in t]
+
+    mt = ("model",)
+    out += [
+        ("language_model.model.embed_tokens.weight", "BF16", (V, H), mt),
+        ("language_model.model.norm.weight", "BF16", (H,), mt),
+        ("language_model.model.output_attn_res_norm.weight", "BF16", (H,), mt),
+        ("language_model.model.output_attn_res_proj.weight", "BF16", (1, H), mt),
+        ("language_model.lm_head.weight", "BF16", (V, H), mt),
+    ]
+
+    vc = cfg["vision_config"]
+    vh = vc["vt_hidden_size"]                      # 1024
+    qkvh = vc["qkv_hidden_size"]                   # 1536
+    vi = vc["vt_intermediate_size"]                # 4096
+    ps = vc["patch_size"]
+    kh, kw = vc["merge_kernel_size"]
+    th = vc["text_hidden_size"]
+    pt = ("proj",)
+    out += [
+        ("mm_projector.post_norm.weight", "BF16", (th,), pt),
+        ("mm_projector.proj.0.weight", "BF16", (vh * kh * kw, vh * kh * kw), pt),
+        ("mm_projector.proj.2.weight", "BF16", (th, vh * kh * kw), pt),
+    ]
+    vt = ("vision",)
+    for b in range(vc["vt_num_hidden_layers"]):
+        p = f"vision_tower.encoder.blocks.{b}."
+        out += [
+            (p + "wqkv.weight", "BF16", (3 * qkvh, vh), vt),
+            (p + "wo.weight", "BF16", (vh, qkvh), vt),
+            (p + "mlp.fc0.weight", "BF16", (vi, vh), vt),
+            (p + "mlp.fc1.weight", "BF16", (vh, vi), vt),
+            (p + "norm0.weight", "BF16", (vh,), vt),
+            (p + "norm1.weight", "BF16", (vh,), vt),
+        ]
+    out += [
+        ("vision_tower.encoder.final_layernorm.weight", "BF16", (vh,), vt),
+        ("vision_tower.patch_embed.pos_emb.weight", "BF16",
+         (vc["init_pos_emb_height"], vc["init_pos_emb_width"], vh), vt),
+        ("vision_tower.patch_embed.proj.weight", "BF16", (vh, 3, ps, ps), vt),
+    ]
+    return out
+
+
+def shard_kimi_k3(tensors: list[Tensor], n_shards: int) -> list[int]:
+    # checkpoints.md: decoder layers in shards 1-93 in order (one layer per shard, layer 0
+    # with its dense MLP in 1), embeddings/head/final norms in 94, projector in 95, vision
+    # tower in 96.  Shard indices here are 0-based.
+    fixed = {"model": n_shards - 3, "proj": n_shards - 2, "vision": n_shards - 1}
+    return [t[3][1] if t[3][0] == "layer" else fixed[t[3][0]] for t in tensors]
+
+
+def cut_kimi_k3(cfg: dict, n: int) -> None:
+    tc = cfg["text_config"]
+    tc["num_hidden_layers"] = n
+    lac = tc["linear_attn_config"]
+    lac["kda_layers"] = [k for k in lac["kda_layers"] if k <= n]
+    lac["full_attn_layers"] = [k for k in lac["full_attn_layers"] if k <= n]
+
+
+# ---------------------------------------------------------------------------------------
+# DeepSeek-V3 layout (DeepSeek-V3, Kimi-K2-Thinking, Kimi-K2.5)
+# ---------------------------------------------------------------------------------------
+
+def _mla_attention(p: str, cfg: dict, linear) -> list[tuple]:
+    H = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    q_lora, kv_lora = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, rope, vdim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    a = p + "self_attn."
+    t = []
+    t += linear(a + "q_a_proj", q_lora, H)
+    t += [(a + "q_a_layernorm.weight", "BF16", (q_lora,))]
+    t += linear(a + "q_b_proj", heads * (nope + rope), q_lora)
+    t += linear(a + "kv_a_proj_with_mqa", kv_lora + rope, H)
+    t += [(a + "kv_a_layernorm.weight", "BF16", (kv_lora,))]
+    t += linear(a + "kv_b_proj", heads * (nope + vdim), kv_lora)
+    t += linear(a + "o_proj", H, heads * vdim)
+    return t
+
+
+def _deepseek_layer(p: str, li: int, cfg: dict, attn_linear, dense_linear, expert_linear
+                    ) -> list[tuple]:
+    """One DeepSeek-V3-style decoder layer.  *_linear(prefix, out, in) -> tensors."""
+    H = cfg["hidden_size"]
+    t = [(p + "input_layernorm.weight", "BF16", (H,))]
+    t += _mla_attention(p, cfg, attn_linear)
+    t += [(p + "post_attention_layernorm.weight", "BF16", (H,))]
+    m = p + "mlp."
+    if li < cfg["first_k_dense_replace"]:
+        d = cfg["intermediate_size"]
+        t += dense_linear(m + "gate_proj", d, H)
+        t += dense_linear(m + "up_proj", d, H)
+        t += dense_linear(m + "down_proj", H, d)
+    else:
+        E = cfg["n_routed_experts"]
+        I = cfg["moe_intermediate_size"]
+        S = cfg["n_shared_experts"] * I
+        # router BF16, correction bias F32 (checkpoints.md; transformers commit 2e29a9a)
+        t += [(m + "gate.weight", "BF16", (E, H)),
+              (m + "gate.e_score_correction_bias", "F32", (E,))]
+        t += dense_linear(m + "shared_experts.gate_proj", S, H)
+        t += dense_linear(m + "shared_experts.up_proj", S, H)
+        t += dense_linear(m + "shared_experts.down_proj", H, S)
+        for e in range(E):
+            x = f"{m}experts.{e}."
+            t += expert_linear(x + "gate_proj", I, H)
+            t += expert_linear(x + "up_proj", I, H)
+            t += expert_linear(x + "down_proj", H, I)
+    return t
+
+
+def _bf16_linear(prefix: str, o: int, i: int) -> list[tuple]:
+    return [(prefix + ".weight", "BF16", (o, i))]
+
+
+def _fp8_linear(prefix: str, o: int, i: int) -> list[tuple]:
+    # DeepSeek-V3 fp8: e4m3 weight + F32 weight_scale_inv per 128x128 block
+    # (checkpoints.md; config quantization_config.weight_block_size [128, 128]).
+    return [(prefix + ".weight", "F8_E4M3", (o, i)),
+            (prefix + ".weight_scale_inv", "F32", (cdiv(o, 128), cdiv(i, 128)))]
+
+
+def _int4_linear(shape_dtype: str):
+    # compressed-tensors pack-quantized int4, group 32: eight 4-bit values per int32,
+    # one BF16 scale per 32 inputs, and the logical [out, in] (checkpoints.md "Kimi-K2").
+    def lin(prefix: str, o: int, i: int) -> list[tuple]:
+        return [(prefix + ".weight_packed", "I32", (o, i // 8)),
+                (prefix + ".weight_scale", "BF16", (o, i // 32)),
+                (prefix + ".weight_shape", shape_dtype, (2,))]
+    return lin
+
+
+def build_deepseek_v3(cfg: dict) -> list[Tensor]:
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    L = cfg["num_hidden_layers"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        p = f"model.layers.{li}."
+        out += [(n, d, s, ("layer", li)) for n, d, s in
+                _deepseek_layer(p, li, cfg, _fp8_linear, _fp8_linear, _fp8_linear)]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    for k in range(cfg.get("num_nextn_predict_layers", 0)):
+        li = L + k
+        p = f"model.layers.{li}."
+        tag = ("mtp", li)
+        # The MTP layer is a full MoE layer plus its own embedding, norms, projection and
+        # head (checkpoints.md; DeepSeek-V3 README_WEIGHTS.md).  eh_proj is BF16: the
+        # published R1 count of 91,991 tensors holds only with an unquantized eh_proj (no
+        # weight_scale_inv), and the public DeepSeek-V3.2 header dump lists it as bf16.
+        t = [(p + "embed_tokens.weight", "BF16", (V, H)),
+             (p + "enorm.weight", "BF16", (H,)),
+             (p + "hnorm.weight", "BF16", (H,)),
+             (p + "eh_proj.weight", "BF16", (H, 2 * H))]
+        moe_cfg = dict(cfg, first_k_dense_replace=0)  # the MTP layer is always MoE
+        t += _deepseek_layer(p, li, moe_cfg, _fp8_linear, _fp8_linear, _fp8_linear)
+        t += [(p + "shared_head.norm.weight", "BF16", (H,)),
+              (p + "shared_head.head.weight", "BF16", (V, H))]
+        out += [(n, d, s, tag) for n, d, s in t]
+    return out
+
+
+def cut_deepseek_v3(cfg: dict, n: int) -> None:
+    cfg["num_hidden_layers"] = n
+    # The MTP layer (stored as layer index n after the cut) is a MoE layer.  Keeping
+    # first_k_dense_replace <= n keeps the config consistent with that: layers < n keep
+    # their kind, and layer n reads as MoE.
+    cfg["first_k_dense_replace"] = min(cfg["first_k_dense_replace"], n)
+
+
+def _kimi_k2_text(cfg: dict, prefix: str, shape_dtype: str) -> list[Tensor]:
+    """Kimi-K2-family text model (DeepSeek-V3 layout, int4 routed experts)."""
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    out: list[Tensor] = []
+    for li in range(L):
+        p = f"{prefix}model.layers.{li}."
+        out += [(n, d, s, ("layer", li)) for n, d, s in
+                _deepseek_layer(p, li, cfg, _bf16_linear, _bf16_linear,
+                                _int4_linear(shape_dtype))]
+    out += [(f"{prefix}model.embed_tokens.weight", "BF16", (V, H), ("model",)),
+            (f"{prefix}model.norm.weight", "BF16", (H,), ("model",)),
+            (f"{prefix}lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def build_kimi_k2_thinking(cfg: dict) -> list[Tensor]:
+    # checkpoints.md: weight_shape I64 [2] for K2 / K2-Thinking.
+    return _kimi_k2_text(cfg, "", "I64")
+
+
+# Kimi-K2.5 stores weight_shape as I32: the public header dump of moonshotai/Kimi-K2.5
+# (README.md, "Sources") lists `...weight_shape` as torch.int32 [2] with 180 KB for the
+# 23,040 of each projection (23,040 x 2 x 4 bytes).  checkpoints.md does not spell the
+# K2.5 dtype out (it says "the same text backbone"); set this to "I64" to follow K2-Thinking.
+K25_WEIGHT_SHAPE_DTYPE = "I32"
+
+
+def build_kimi_k25(cfg: dict) -> list[Tensor]:
+    out = _kimi_k2_text(cfg["text_config"], "language_model.", K25_WEIGHT_SHAPE_DTYPE)
+    # Vision tower (MoonViT 3D) and patch-merger projector, without prefix, all BF16, as
+    # listed by the public Kimi-K2.5 header dump (335 tensors; the exo PR 2167 for
+    # Kimi-K2.7-Code, same vision config, also counts 335 vision_tower/mm_projector
+    # tensors).  Shapes follow vision_config: hidden 1152, MLP 4304, 27 blocks, patch 14.
+    vc = cfg["vision_config"]
+    vh, vi = vc["vt_hidden_size"], vc["vt_intermediate_size"]
+    kh, kw = vc["merge_kernel_size"]
+    th = vc["text_hidden_size"]
+    ps = vc["patch_size"]
+    merged = vh * kh * kw                      # 4608
+    pt = ("proj",)
+    out += [
+        ("mm_projector.pre_norm.weight", "BF16", (vh,), pt),
+        ("mm_projector.pre_norm.bias", "BF16", (vh,), pt),
+        ("mm_projector.proj.0.weight", "BF16", (merged, merged), pt),
+        ("mm_projector.proj.0.bias", "BF16", (merged,), pt),
+        ("mm_projector.proj.2.weight", "BF16", (th, merged), pt),
+        ("mm_projector.proj.2.bias", "BF16", (th,), pt),
+    ]
+    vt = ("vision",)
+    for b in range(vc["vt_num_hidden_layers"]):
+        p = f"vision_tower.encoder.blocks.{b}."
+        out += [
+            (p + "wqkv.weight", "BF16", (3 * vh, vh), vt),
+            (p + "wqkv.bias", "BF16", (3 * vh,), vt),
+            (p + "wo.weight", "BF16", (vh, vh), vt),
+            (p + "wo.bias", "BF16", (vh,), vt),
+            (p + "mlp.fc0.weight", "BF16", (vi, vh), vt),
+            (p + "mlp.fc0.bias", "BF16", (vi,), vt),
+            (p + "mlp.fc1.weight", "BF16", (vh, vi), vt),
+            (p + "mlp.fc1.bias", "BF16", (vh,), vt),
+            (p + "norm0.weight", "BF16", (vh,), vt),
+            (p + "norm0.bias", "BF16", (vh,), vt),
+            (p + "norm1.weight", "BF16", (vh,), vt),
+            (p + "norm1.bias", "BF16", (vh,), vt),
+        ]
+    out += [
+        ("vision_tower.encoder.final_layernorm.weight", "BF16", (vh,), vt),
+        ("vision_tower.encoder.final_layernorm.bias", "BF16", (vh,), vt),
+        ("vision_tower.patch_embed.pos_emb.weight", "BF16",
+         (vc["init_pos_emb_height"], vc["init_pos_emb_width"], vh), vt),
+        ("vision_tower.patch_embed.proj.weight", "BF16", (vh, 3, ps, ps), vt),
+        ("vision_tower.patch_embed.proj.bias", "BF16", (vh,), vt),
+    ]
+    return out
+
+
+def shard_layer_per_file(tensors: list[Tensor], n_shards: int) -> list[int]:
+    """Layer L in shard L (0-based), then text model-level, projector, vision in the next
+    shards.  Kimi-K2.5 (64 shards: 61 layers, 62 embeddings/head/norm, 63 projector, 64
+    vision, as its public header dump shows for layer 0, 62, 63 and 64) and, by analogy,
+    Kimi-K2-Thinking (62 shards: 61 layers, then 62)."""
+    n_layers = 1 + max(t[3][1] for t in tensors if t[3][0] == "layer")
+    extra = {"model": n_layers, "proj": n_layers + 1, "vision": n_layers + 2}
+    out = [t[3][1] if t[3][0] == "layer" else extra[t[3][0]] for t in tensors]
+    if max(out) >= n_shards:
+        raise ValueError("more groups than shards")
+    return out
+
+
+def cut_plain(cfg: dict, n: int) -> None:
+    cfg["num_hidden_layers"] = n
+
+
+def cut_text_config(cfg: dict, n: int) -> None:
+    cfg["text_config"]["num_hidden_layers"] = n
+
+
+# ---------------------------------------------------------------------------------------
+# Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B) and Mixtral-8x7B (mistralai/Mixtral-8x7B-v0.1)
+# ---------------------------------------------------------------------------------------
+
+def _gqa_attention(p: str, cfg: dict, qk_norm: bool) -> list[tuple]:
+    H = cfg["hidden_size"]
+    nh, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    a = p + "self_attn."
+    t = [(a + "q_proj.weight", "BF16", (nh * hd, H)),
+         (a + "k_proj.weight", "BF16", (kv * hd, H)),
+         (a + "v_proj.weight", "BF16", (kv * hd, H)),
+         (a + "o_proj.weight", "BF16", (H, nh * hd))]
+    if qk_norm:
+        t += [(a + "q_norm.weight", "BF16", (hd,)), (a + "k_norm.weight", "BF16", (hd,))]
+    return t
+
+
+def build_qwen3_moe(cfg: dict) -> list[Tensor]:
+    # checkpoints.md "Qwen3-MoE"; every tensor BF16.
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    E, I = cfg["num_experts"], cfg["moe_intermediate_size"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        p = f"model.layers.{li}."
+        t = [(p + "input_layernorm.weight", "BF16", (H,))]
+        t += _gqa_attention(p, cfg, qk_norm=True)
+        t += [(p + "post_attention_layernorm.weight", "BF16", (H,)),
+              (p + "mlp.gate.weight", "BF16", (E, H))]
+        for e in range(E):
+            x = f"{p}mlp.experts.{e}."
+            t += [(x + "gate_proj.weight", "BF16", (I, H)),
+                  (x + "up_proj.weight", "BF16", (I, H)),
+                  (x + "down_proj.weight", "BF16", (H, I))]
+        out += [(n, d, s, ("layer", li)) for n, d, s in t]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def cut_qwen3_moe(cfg: dict, n: int) -> None:
+    cfg["num_hidden_layers"] = n
+    cfg["mlp_only_layers"] = [x for x in cfg.get("mlp_only_layers", []) if x < n]
+
+
+def build_mixtral(cfg: dict) -> list[Tensor]:
+    # checkpoints.md "Mixtral": block_sparse_moe.gate, experts.E.{w1,w2,w3} (w1 gate,
+    # w3 up, w2 down), BF16.
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    E, I = cfg["num_local_experts"], cfg["intermediate_size"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        p = f"model.layers.{li}."
+        t = [(p + "input_layernorm.weight", "BF16", (H,))]
+        t += _gqa_attention(p, cfg, qk_norm=False)
+        t += [(p + "post_attention_layernorm.weight", "BF16", (H,)),
+              (p + "block_sparse_moe.gate.weight", "BF16", (E, H))]
+        for e in range(E):
+            x = f"{p}block_sparse_moe.experts.{e}."
+            t += [(x + "w1.weight", "BF16", (I, H)),
+                  (x + "w2.weight", "BF16", (H, I)),
+                  (x + "w3.weight", "BF16", (I, H))]
+        out += [(n, d, s, ("layer", li)) for n, d, s in t]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# gpt-oss-20b / gpt-oss-120b (openai/gpt-oss-*)
+# ---------------------------------------------------------------------------------------
+
+# Per-layer tensor order of the released gpt-oss index (openai/gpt-oss-20b
+# model.safetensors.index.json, public copy cited in README.md).
+_GPT_OSS_LAYER_ORDER = [
+    "input_layernorm.weight",
+    "self_attn.o_proj.bias", "self_attn.o_proj.weight",
+    "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.sinks",
+    "mlp.router.bias", "mlp.router.weight",
+    "mlp.experts.gate_up_proj_bias", "mlp.experts.gate_up_proj_blocks",
+    "mlp.experts.gate_up_proj_scales",
+    "mlp.experts.down_proj_bias", "mlp.experts.down_proj_blocks",
+    "mlp.experts.down_proj_scales",
+    "post_attention_layernorm.weight",
+]
+
+
+def build_gpt_oss(cfg: dict) -> list[Tensor]:
+    # checkpoints.md "gpt-oss": fused MXFP4 experts (U8 blocks of 16 bytes = 32 values,
+    # U8 E8M0 scales per 32), BF16 biases, BF16 sinks [num_heads], everything else BF16.
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    E, I = cfg["num_local_experts"], cfg["intermediate_size"]
+    nh, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    shapes = {
+        "input_layernorm.weight": ("BF16", (H,)),
+        "post_attention_layernorm.weight": ("BF16", (H,)),
+        "self_attn.q_proj.weight": ("BF16", (nh * hd, H)),
+        "self_attn.q_proj.bias": ("BF16", (nh * hd,)),
+        "self_attn.k_proj.weight": ("BF16", (kv * hd, H)),
+        "self_attn.k_proj.bias": ("BF16", (kv * hd,)),
+        "self_attn.v_proj.weight": ("BF16", (kv * hd, H)),
+        "self_attn.v_proj.bias": ("BF16", (kv * hd,)),
+        "self_attn.o_proj.weight": ("BF16", (H, nh * hd)),
+        "self_attn.o_proj.bias": ("BF16", (H,)),
+        "self_attn.sinks": ("BF16", (nh,)),
+        "mlp.router.weight": ("BF16", (E, H)),
+        "mlp.router.bias": ("BF16", (E,)),
+        "mlp.experts.gate_up_proj_blocks": ("U8", (E, 2 * I, H // 32, 16)),
+        "mlp.experts.gate_up_proj_scales": ("U8", (E, 2 * I, H // 32)),
+        "mlp.experts.gate_up_proj_bias": ("BF16", (E, 2 * I)),
+        "mlp.experts.down_proj_blocks": ("U8", (E, H, I // 32, 16)),
+        "mlp.experts.down_proj_scales": ("U8", (E, H, I // 32)),
+        "mlp.experts.down_proj_bias": ("BF16", (E, H)),
+    }
+    assert set(shapes) == set(_GPT_OSS_LAYER_ORDER)
+    out: list[Tensor] = []
+    # The released index lists layers in string order (0, 1, 10, 11, ..., 19, 2, 20, ...)
+    # and fills the shards in that order; the model-level tensors come last.
+    for li in sorted(range(L), key=str):
+        for suffix in _GPT_OSS_LAYER_ORDER:
+            d, s = shapes[suffix]
+            out.append((f"model.layers.{li}.{suffix}", d, s, ("layer", li)))
+    out += [("model.embed_tokens.weight", "BF16", (V, H), ("model",)),
+            ("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def shard_gpt_oss_20b(tensors: list[Tensor], n_shards: int) -> list[int]:
+    # The released openai/gpt-oss-20b index (public copy, README.md): shard 00000 holds the
+    # tensors up to and including model.layers.18.self_attn.v_proj.bias, shard 00001 the
+    # next ones up to and including model.layers.6.mlp.experts.gate_up_proj_bias, shard
+    # 00002 the rest, in the order build_gpt_oss() produces.
+    starts = ["model.layers.18.self_attn.q_proj.weight",
+              "model.layers.6.mlp.experts.gate_up_proj_blocks"]
+    assert n_shards == len(starts) + 1
+    out, cur = [], 0
+    for name, *_ in tensors:
+        if cur < len(starts) and name == starts[cur]:
+            cur += 1
+        out.append(cur)
+    assert cur == len(starts), "gpt-oss-20b split points not found"
+    return out
+
+
+def cut_gpt_oss(cfg: dict, n: int) -> None:
+    cfg["num_hidden_layers"] = n
+    cfg["layer_types"] = cfg["layer_types"][:n]
+
+
+# ---------------------------------------------------------------------------------------
+# Shard assignment where the release's assignment is not published
+# ---------------------------------------------------------------------------------------
+
+def shard_balanced(tensors: list[Tensor], n_shards: int) -> list[int]:
+    """Fill the release's shard count in tensor order with about equal bytes each: a tensor
+    goes to the shard its byte midpoint falls in.  Order-preserving, whole tensors."""
+    sizes = [nbytes(t[1], t[2]) for t in tensors]
+    total = sum(sizes)
+    out, cum = [], 0
+    for s in sizes:
+        out.append(min(n_shards - 1, (2 * cum + s) * n_shards // (2 * total)))
+        cum += s
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Releases
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Release:
+    key: str
+    hf_repo: str
+    n_shards: int
+    name_fmt: Callable[[int, int], str]           # (0-based index, n_shards) -> file name
+    build: Callable[[dict], list[Tensor]]
+    assign: Callable[[list[Tensor], int], list[int]]
+    cut: Callable[[dict, int], None]
+    published: str                                # published totals, for --list / README
+
+
+def _names_1based(width: int, total_width: int):
+    return lambda i, n: f"model-{i + 1:0{width}d}-of-{n:0{total_width}d}.safetensors"
+
+
+def _names_0based(i: int, n: int) -> str:
+    # gpt-oss: zero-based, "of" the last index: model-00000-of-00002 ... model-00002-of-00002
+    return f"model-{i:05d}-of-{n - 1:05d}.safetensors"
+
+
+RELEASES: dict[str, Release] = {r.key: r for r in [
+    Release("kimi-k3", "moonshotai/Kimi-K3", 96, _names_1based(5, 6),
+            build_kimi_k3, shard_kimi_k3, cut_kimi_k3,
+            "497,220 tensors, 1,560,860,324,864 bytes, 96 shards"),
+    Release("kimi-k2-thinking", "moonshotai/Kimi-K2-Thinking", 62, _names_1based(5, 6),
+            build_kimi_k2_thinking, shard_layer_per_file, cut_plain,
+            "62 shards (no published total found)"),
+    Release("kimi-k2.5", "moonshotai/Kimi-K2.5", 64, _names_1based(5, 6),
+            build_kimi_k25, shard_layer_per_file, cut_text_config,
+            "208,550 tensors, 554.27 GiB of tensors, 64 shards (public header dump)"),
+    Release("deepseek-v3", "deepseek-ai/DeepSeek-V3", 163, _names_1based(5, 6),
+            build_deepseek_v3, shard_balanced, cut_deepseek_v3,
+            "163 shards; R1 (same layout): 91,991 tensors, 641.29 GiB"),
+    Release("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 16, _names_1based(5, 5),
+            build_qwen3_moe, shard_balanced, cut_qwen3_moe,
+            "total_size 61,064,245,248, 16 shards"),
+    Release("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 19, _names_1based(5, 5),
+            build_mixtral, shard_balanced, cut_plain,
+            "total_size 93,405,585,408, 19 shards"),
+    Release("gpt-oss-20b", "openai/gpt-oss-20b", 3, _names_0based,
+            build_gpt_oss, shard_gpt_oss_20b, cut_gpt_oss,
+            "total_size 13,761,264,768, 3 shards (00000-00002 of 00002)"),
+    Release("gpt-oss-120b", "openai/gpt-oss-120b", 15, _names_0based,
+            build_gpt_oss, shard_balanced, cut_gpt_oss,
+            "tensor bytes 65,248,815,744, 15 shards (00000-00014 of 00014)"),
+]}
+
+
+@dataclass
+class Plan:
+    config: dict
+    tensors: list[Tensor]          # after the cut, names final
+    shard_of: list[int]            # 0-based shard index per tensor
+    shard_names: list[str]         # all of the release's shard names
+
+
+def make_plan(rel: Release, layers: int | None) -> Plan:
+    cfg = load_config(rel.key)
+    full = rel.build(cfg)
+    shard_of = rel.assign(full, rel.n_shards)
+    used = set(shard_of)
+    if len(used) != rel.n_shards:
+        raise AssertionError(f"{rel.key}: {rel.n_shards - len(used)} shards got no tensors")
+    names = [rel.name_fmt(i, rel.n_shards) for i in range(rel.n_shards)]
+    if layers is None:
+        return Plan(cfg, full, shard_of, names)
+
+    text = cfg.get("text_config", cfg)
+    n_full = text["num_hidden_layers"]
+    if not 1 <= layers <= n_full:
+        raise SystemExit(f"--layers must be between 1 and {n_full} for {rel.key}")
+    kept, kept_shard = [], []
+    for t, s in zip(full, shard_of):
+        kind = t[3][0]
+        if kind == "layer":
+            if t[3][1] >= layers:
+                continue
+        elif kind == "mtp":
+            # The MTP layer is stored after the last decoder layer: model.layers.N.* once
+            # the model is cut to N layers.
+            old = f"model.layers.{t[3][1]}."
+            new_index = layers + (t[3][1] - n_full)
+            assert t[0].startswith(old)
+            t = (f"model.layers.{new_index}." + t[0][len(old):], t[1], t[2], ("mtp", new_index))
+        kept.append(t)
+        kept_shard.append(s)
+    rel.cut(cfg, layers)
+    return Plan(cfg, kept, kept_shard, names)
+
+
+def summarize(plan: Plan) -> tuple[int, int, int]:
+    total = sum(nbytes(t[1], t[2]) for t in plan.tensors)
+    return len(plan.tensors), total, len(set(plan.shard_of))
+
+
+def _shard_header(entries: list[Tensor]) -> tuple[bytes, int]:
+    """safetensors header bytes (length prefix included) and data-region size."""
+    entries = sorted(entries, key=lambda t: (-_ST_DTYPE_ORDER[t[1]], t[0]))
+    header: dict = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, dtype, shape, _ in entries:
+        n = nbytes(dtype, shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    js = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    js += b" " * (-len(js) % 8)
+    return struct.pack("<Q", len(js)) + js, off
+
+
+def write_copy(plan: Plan, out_dir: Path) -> None:
+    if out_dir.exists():
+        if not out_dir.is_dir() or any(out_dir.iterdir()):
+            raise SystemExit(f"{out_dir} exists and is not an empty directory")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        raise SystemExit(f"{tmp} exists (left by an interrupted run?); remove it first")
+    tmp.mkdir(parents=True)
+    try:
+        _write_into(plan, tmp)
+    except BaseException:
+        shutil.rmtree(tmp)          # only the directory this call created
+        raise
+    if out_dir.exists():
+        out_dir.rmdir()
+    os.rename(tmp, out_dir)
+
+
+def _write_into(plan: Plan, tmp: Path) -> None:
+    with open(tmp / "config.json", "w", encoding="utf-8") as f:
+        json.dump(plan.config, f, indent=2)
+        f.write("\n")
+
+    by_shard: dict[int, list[Tensor]] = {}
+    for t, s in zip(plan.tensors, plan.shard_of):
+        by_shard.setdefault(s, []).append(t)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for s in sorted(by_shard):
+        fname = plan.shard_names[s]
+        head, data = _shard_header(by_shard[s])
+        with open(tmp / fname, "wb") as f:
+            f.write(head)
+            f.truncate(len(head) + data)   # data region: a sparse hole
+        total += data
+        for t in by_shard[s]:
+            weight_map[t[0]] = fname
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(tmp / "model.safetensors.index.json", "w", encoding="utf-8") as f:
+        json.dump(index, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Write header-exact copies of released MoE checkpoints "
+                    "(real config.json, real shard names and headers, sparse data).")
+    ap.add_argument("release", nargs="?", help="release name (see --list)")
+    ap.add_argument("out_dir", nargs="?", help="output directory (must not exist or be empty)")
+    ap.add_argument("--layers", type=int, help="keep only the first N decoder layers")
+    ap.add_argument("--list", action="store_true", help="list the releases")
+    ap.add_argument("--summary", action="store_true",
+                    help="print tensor count, total bytes and shard count; write nothing")
+    a = ap.parse_args(argv)
+
+    if a.list:
+        for r in RELEASES.values():
+            print(f"{r.key:18} {r.hf_repo:30} published: {r.published}")
+        return 0
+    if not a.release:
+        ap.error("RELEASE is required (or --list)")
+    rel = RELEASES.get(a.release)
+    if rel is None:
+        ap.error(f"unknown release {a.release!r}; known: {', '.join(RELEASES)}")
+    if a.summary == bool(a.out_dir):
+        ap.error("give either OUT_DIR or --summary")
+
+    plan = make_plan(rel, a.layers)
+    n_tensors, n_bytes, n_shards = summarize(plan)
+    if a.summary:
+        print(f"release:  {rel.key} ({rel.hf_repo})"
+              + (f", cut to {a.layers} layers" if a.layers else ""))
+        print(f"tensors:  {n_tensors}")
+        print(f"bytes:    {n_bytes} ({n_bytes / 2**30:.2f} GiB)")
+        print(f"shards:   {n_shards} of {rel.n_shards}")
+        print(f"published: {rel.published}")
+        return 0
+    write_copy(plan, Path(a.out_dir))
+    print(f"wrote {a.out_dir}: {n_tensors} tensors, {n_bytes} bytes in {n_shards} shards")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
