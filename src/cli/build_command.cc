@@ -73,31 +73,6 @@ int64_t PhysicalMemoryBytes() {
   return pages > 0 && size > 0 ? static_cast<int64_t>(pages) * size : 0;
 }
 
-Result<LoadOptions::Source> ResolveSource(const BuildFlags& f) {
-  std::string fmt_name = f.load_format;
-  if (fmt_name == "auto") {
-    if (f.checkpoint.empty()) return LoadOptions::Source::kDummy;
-    return IsPreshardedDir(f.checkpoint) ? LoadOptions::Source::kPresharded
-                                         : LoadOptions::Source::kCheckpoint;
-  }
-  if (fmt_name == "dummy") {
-    if (!f.checkpoint.empty()) {
-      return InvalidArgumentError("'--load-format dummy': expected no --checkpoint, got one");
-    }
-    return LoadOptions::Source::kDummy;
-  }
-  if (fmt_name == "safetensors" || fmt_name == "presharded") {
-    if (f.checkpoint.empty()) {
-      return InvalidArgumentError(
-          fmt::format("'--load-format {}': expected --checkpoint DIR", fmt_name));
-    }
-    return fmt_name == "safetensors" ? LoadOptions::Source::kCheckpoint
-                                     : LoadOptions::Source::kPresharded;
-  }
-  return InvalidArgumentError(
-      fmt::format("'--load-format {}': expected auto, dummy, safetensors or presharded", fmt_name));
-}
-
 std::string SourceText(LoadOptions::Source s, const BuildFlags& f) {
   switch (s) {
     case LoadOptions::Source::kDummy: return fmt::format("dummy weights (seed {})", f.seed);
@@ -114,7 +89,7 @@ int RunBuild(const BuildFlags& f) {
     return ReportError(
         cmd, InvalidArgumentError(fmt::format("'--format {}': expected table or json", f.format)));
   }
-  Result<LoadOptions::Source> source = ResolveSource(f);
+  Result<LoadOptions::Source> source = ParseLoadFormat(f.load_format, f.checkpoint);
   if (!source.ok()) return ReportError(cmd, source.status());
   Result<ModelConfig> model = LoadModelConfig(f.plan.model);
   if (!model.ok()) return ReportError(cmd, model.status());

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,6 +18,8 @@
 #include "cli/cli_common.h"
 #include "cli/command.h"
 #include "moeshard/base/units.h"
+#include "moeshard/config/config_loader.h"
+#include "moeshard/plan/checkpoint_sizing.h"
 #include "moeshard/weights/checkpoint.h"
 #include "moeshard/weights/tensor_names.h"
 
@@ -107,6 +110,71 @@ nlohmann::json StructureJson(const CheckpointStructure& s) {
   return j;
 }
 
+// With a config.json beside the checkpoint: every tensor matched against the family
+// descriptor's names, dtypes' bytes charged by category on one rank (the whole model).
+struct FamilyMatch {
+  bool present = false;
+  std::string family;
+  std::string error;  // config or plan error
+  CheckpointSizing sizing;
+};
+
+FamilyMatch MatchFamily(const std::string& path, const Checkpoint& ckpt) {
+  FamilyMatch out;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  if (!fs::exists(dir / "config.json", ec)) return out;
+  out.present = true;
+  Result<ModelConfig> model = LoadModelConfigFile((dir / "config.json").string());
+  if (!model.ok()) {
+    out.error = model.status().message();
+    return out;
+  }
+  out.family = std::string(model->family_name());
+  PlanOptions o;
+  o.backend = "moeshard-cpu";  // one rank, no backend padding: the checkpoint as stored
+  Result<ShardPlan> plan = BuildShardPlan(*model, o);
+  if (!plan.ok()) {
+    out.error = plan.status().message();
+    return out;
+  }
+  std::vector<CheckpointTensorInfo> tensors;
+  for (const auto& [name, e] : ckpt.tensors()) {
+    tensors.push_back({name, e.info->dtype, e.info->shape, e.info->num_bytes()});
+  }
+  out.sizing = SizeFromCheckpoint(*plan, tensors);
+  return out;
+}
+
+std::string FamilyText(const FamilyMatch& m) {
+  if (!m.present) return "";
+  if (!m.error.empty()) return fmt::format("\nfamily: config.json does not plan: {}\n", m.error);
+  const CheckpointSizing& s = m.sizing;
+  std::string out = fmt::format(
+      "\nfamily {} (config.json): {} of {} tensors placed by the descriptor, {} of {}\n",
+      m.family, FormatCount(s.num_tensors - static_cast<int64_t>(s.unplaced.size()) -
+                            s.mtp_tensors),
+      FormatCount(s.num_tensors), FormatBytes(s.placed_bytes), FormatBytes(s.total_bytes));
+  Table t({"category", "bytes", ""}, {true});
+  for (size_t c = 0; c < kNumCategories; ++c) {
+    const int64_t b = s.rank_bytes[0][c];
+    if (b > 0) t.Row({TensorCategoryName(kAllCategories[c]), FormatCount(b), FormatBytes(b)});
+  }
+  out += t.Text();
+  if (s.mtp_tensors > 0) {
+    out += fmt::format(
+        "  multi-token prediction layer(s) {}: {} tensors, {} (loaded only for speculative "
+        "decoding)\n",
+        Ranges(s.mtp_layers), s.mtp_tensors, FormatBytes(s.mtp_bytes));
+  }
+  for (size_t i = 0; i < s.unplaced.size() && i < 20; ++i) {
+    out += fmt::format("  not in the {} descriptor: {}\n", m.family, s.unplaced[i]);
+  }
+  if (s.unplaced.size() > 20) out += fmt::format("  ... and {} more\n", s.unplaced.size() - 20);
+  return out;
+}
+
 int RunInspect(const InspectFlags& f) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "moeshard inspect: error: %s\n", s.message().c_str());
@@ -128,6 +196,7 @@ int RunInspect(const InspectFlags& f) {
             [](const auto* a, const auto* b) { return NaturalLess(a->info->name, b->info->name); });
   for (const auto* e : entries) infos.push_back(e->info);
   const CheckpointStructure s = SummarizeCheckpoint(infos);
+  const FamilyMatch family = MatchFamily(f.path, ckpt);
 
   if (f.format == "json") {
     nlohmann::json j;
@@ -154,6 +223,18 @@ int RunInspect(const InspectFlags& f) {
       }
     }
     j["structure"] = StructureJson(s);
+    if (family.present) {
+      nlohmann::json fj{{"family", family.family}, {"error", family.error}};
+      if (family.error.empty()) {
+        fj["placed_bytes"] = family.sizing.placed_bytes;
+        fj["unplaced"] = family.sizing.unplaced;
+        fj["mtp_tensors"] = family.sizing.mtp_tensors;
+        for (size_t c = 0; c < kNumCategories; ++c) {
+          fj["bytes"][TensorCategoryName(kAllCategories[c])] = family.sizing.rank_bytes[0][c];
+        }
+      }
+      j["family"] = fj;
+    }
     j["warnings"] = ckpt.warnings();
     // Names may hold any UTF-8 (validated when parsed), so dumping cannot throw; replace anyway.
     std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -207,6 +288,7 @@ int RunInspect(const InspectFlags& f) {
                 FormatBytes(b)});
   }
   out += dtypes.Text();
+  out += FamilyText(family);
   for (const std::string& w : ckpt.warnings()) out += fmt::format("\nwarning: {}\n", w);
   std::fputs(out.c_str(), stdout);
   return 0;

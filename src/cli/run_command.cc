@@ -19,6 +19,7 @@
 #include "moeshard/config/config_loader.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/sharded_job.h"
+#include "moeshard/weights/presharded.h"
 #include "moeshard/weights/safetensors.h"
 #include "moeshard/weights/safetensors_writer.h"
 
@@ -215,8 +216,19 @@ int RunRun(const RunFlags& f) {
   auto fail = [](const Status& s) { return ReportError("run", s); };
   auto model = LoadModelConfig(f.plan.model);
   if (!model.ok()) return fail(model.status());
+  auto source = ParseLoadFormat(f.load_format, f.checkpoint);
+  if (!source.ok()) return fail(source.status().WithContext("run"));
   PlanFlags pf = f.plan;
-  if (pf.backend == "auto") pf.backend = "moeshard-cpu";  // the kernels this binary runs
+  if (pf.backend == "auto") {
+    // The kernels this binary runs; a pre-sharded directory holds the layout of the backend it
+    // was sharded for, so take that one.
+    pf.backend = "moeshard-cpu";
+    if (*source == LoadOptions::Source::kPresharded) {
+      auto manifest = ReadPreshardedManifest(f.checkpoint);
+      if (!manifest.ok()) return fail(manifest.status());
+      pf.backend = (*manifest)["plan"].value("/backend/name"_json_pointer, pf.backend);
+    }
+  }
   auto options = ToPlanOptions(pf);
   if (!options.ok()) return fail(options.status());
   auto plan = BuildShardPlan(*model, *options);
@@ -224,21 +236,12 @@ int RunRun(const RunFlags& f) {
 
   ShardedJobSpec spec;
   spec.plan = &*plan;
-  const std::string format =
-      f.load_format.empty() ? (f.checkpoint.empty() ? "dummy" : "safetensors") : f.load_format;
-  if (format == "dummy") {
-    spec.load.source = LoadOptions::Source::kDummy;
-  } else if (format == "safetensors" || format == "presharded") {
-    if (f.checkpoint.empty()) {
-      return fail(InvalidArgumentError(
-          fmt::format("run: '--load-format {}': expected --checkpoint DIR", format)));
-    }
-    spec.load.source = format == "safetensors" ? LoadOptions::Source::kCheckpoint
-                                               : LoadOptions::Source::kPresharded;
-    spec.load.checkpoint_dir = f.checkpoint;
-  } else {
-    return fail(InvalidArgumentError(
-        fmt::format("run: '--load-format {}': expected dummy, safetensors or presharded", format)));
+  spec.load.source = *source;
+  spec.load.checkpoint_dir = f.checkpoint;
+  if (*source == LoadOptions::Source::kPresharded && f.verify) {
+    auto origin = PreshardedOrigin(f.checkpoint);
+    if (!origin.ok()) return fail(origin.status());
+    spec.reference_load = *origin;
   }
   spec.load.seed = f.seed;
   spec.num_layers = f.layers;
@@ -555,7 +558,9 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--checkpoint", f->checkpoint,
                                "checkpoint directory (safetensors, or presharded)");
                sub->add_option("--load-format", f->load_format,
-                               "dummy (default without --checkpoint), safetensors, presharded");
+                               "auto (default: dummy without --checkpoint, presharded for a "
+                               "directory written by `moeshard shard`, else safetensors), dummy, "
+                               "safetensors, presharded");
                sub->add_option("--tokens", f->tokens,
                                "tokens per DP rank (one value, or one per DP rank, cycled)")
                    ->delimiter(',');

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -49,24 +50,11 @@ nlohmann::json ModelConfigJson(const std::string& spec, const ModelConfig& m) {
 
 int RunShard(const ShardFlags& f) {
   const char* cmd = "shard";
-  LoadOptions::Source source = LoadOptions::Source::kCheckpoint;
-  if (f.load_format == "dummy") {
-    if (!f.checkpoint.empty()) {
-      return ReportError(
-          cmd, InvalidArgumentError("'--load-format dummy': expected no --checkpoint, got one"));
-    }
-    source = LoadOptions::Source::kDummy;
-  } else if (f.load_format == "auto" || f.load_format == "safetensors") {
-    if (f.checkpoint.empty()) {
-      return ReportError(
-          cmd, InvalidArgumentError("'--checkpoint': expected the checkpoint to shard (or "
-                                    "--load-format dummy)"));
-    }
-  } else {
-    return ReportError(
-        cmd, InvalidArgumentError(fmt::format(
-                 "'--load-format {}': expected auto, safetensors or dummy", f.load_format)));
-  }
+  Result<LoadOptions::Source> parsed =
+      ParseLoadFormat(f.load_format, f.checkpoint,
+                      {LoadOptions::Source::kDummy, LoadOptions::Source::kCheckpoint});
+  if (!parsed.ok()) return ReportError(cmd, parsed.status());
+  const LoadOptions::Source source = *parsed;
   Result<ModelConfig> model = LoadModelConfig(f.plan.model);
   if (!model.ok()) return ReportError(cmd, model.status());
   Result<PlanOptions> plan_options = ToPlanOptions(f.plan);
@@ -105,9 +93,12 @@ int RunShard(const ShardFlags& f) {
                                 {"num_redundant_experts", p.num_redundant_experts},
                                 {"shared_experts", p.shared_experts},
                                 {"latent_proj", p.latent_proj}};
+  // Where the weights came from, absolute, so `run --verify` can check the shards against it.
+  std::error_code ec;
   wo.extra["source"] = {
-      {"load_format", source == LoadOptions::Source::kDummy ? "dummy" : "safetensors"},
-      {"checkpoint", f.checkpoint},
+      {"load_format", LoadSourceName(source)},
+      {"checkpoint",
+       f.checkpoint.empty() ? std::string() : std::filesystem::absolute(f.checkpoint, ec).string()},
       {"seed", f.seed}};
   wo.extra["unplaced_tensors"] = (*loader)->unplaced_tensors();
   int64_t written = 0;

@@ -162,6 +162,7 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
     // The reference keeps bf16 experts row-major, so verification also crosses the layouts.
     ShardedJobSpec ref_spec = spec;
     ref_spec.cpu_row_groups = false;
+    if (spec.reference_load) ref_spec.load = *spec.reference_load;
     Instance ref;
     MOESHARD_RETURN_IF_ERROR(Build(plan1, 0, ref_spec, *solo, ctx, std::max<int64_t>(T, 1), &ref)
                                  .WithContext("run: single-rank reference"));

@@ -156,6 +156,53 @@ void ScatterTransposed(const Piece& p, int64_t a, int64_t b, const std::byte* ro
 
 }  // namespace
 
+const char* LoadSourceName(LoadOptions::Source source) {
+  switch (source) {
+    case LoadOptions::Source::kDummy: return "dummy";
+    case LoadOptions::Source::kCheckpoint: return "safetensors";
+    case LoadOptions::Source::kPresharded: return "presharded";
+  }
+  return "?";
+}
+
+Result<LoadOptions::Source> ParseLoadFormat(const std::string& load_format,
+                                            const std::string& checkpoint,
+                                            std::initializer_list<LoadOptions::Source> allowed) {
+  using S = LoadOptions::Source;
+  std::string names = "auto";
+  for (S a : allowed) names += fmt::format(", {}", LoadSourceName(a));
+  S source = S::kDummy;
+  if (load_format == "auto" || load_format.empty()) {
+    source = checkpoint.empty() ? S::kDummy
+             : IsPreshardedDir(checkpoint) ? S::kPresharded
+                                            : S::kCheckpoint;
+  } else if (load_format == "dummy") {
+    source = S::kDummy;
+  } else if (load_format == "safetensors") {
+    source = S::kCheckpoint;
+  } else if (load_format == "presharded") {
+    source = S::kPresharded;
+  } else {
+    return InvalidArgumentError(
+        fmt::format("'--load-format {}': expected {}", load_format, names));
+  }
+  if (std::find(allowed.begin(), allowed.end(), source) == allowed.end()) {
+    return InvalidArgumentError(fmt::format(
+        "'--load-format {}': this command reads {}, not {} (--checkpoint {})",
+        load_format.empty() ? "auto" : load_format, names, LoadSourceName(source),
+        checkpoint.empty() ? "not given" : checkpoint));
+  }
+  if (source == S::kDummy && !checkpoint.empty()) {
+    return InvalidArgumentError(
+        fmt::format("'--load-format dummy': expected no --checkpoint, got '{}'", checkpoint));
+  }
+  if (source != S::kDummy && checkpoint.empty()) {
+    return InvalidArgumentError(
+        fmt::format("'--load-format {}': expected --checkpoint DIR", LoadSourceName(source)));
+  }
+  return source;
+}
+
 std::vector<int64_t> LayersToBuild(const ShardPlan& plan, const RankPlan& rank_plan,
                                    int64_t max_moe_layers) {
   if (max_moe_layers < 0) return rank_plan.layers;
@@ -281,16 +328,33 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
       MOESHARD_ASSIGN_OR_RETURN(nlohmann::json manifest,
                                 ReadPreshardedManifest(options.checkpoint_dir));
       const nlohmann::json want = ShardPlanToJson(plan, true);
-      if (manifest["plan"] != want) {
-        auto label = [](const nlohmann::json& j) {
-          return j.contains("topology") ? j["topology"].dump() : std::string("?");
-        };
+      const nlohmann::json& got = manifest["plan"];
+      if (got != want) {
+        // Name the first part that differs, in the order a user would fix it.
+        for (const char* key : {"model", "topology", "backend", "padding_policy",
+                                "routed_experts", "ranks", "notes"}) {
+          const nlohmann::json a = want.value(key, nlohmann::json()),
+                               b = got.value(key, nlohmann::json());
+          if (a == b) continue;
+          std::string fix = "pass the model and flags it was sharded with; see its manifest.json";
+          if (std::string_view(key) == "backend") {
+            fix = fmt::format("pass --moe-backend {}, or shard it again for {}",
+                              b.value("name", std::string("?")), plan.backend.name);
+          }
+          auto brief = [](const nlohmann::json& j) {
+            std::string t = j.dump();
+            return t.size() > 160 ? t.substr(0, 157) + "..." : t;
+          };
+          return InvalidArgumentError(fmt::format(
+              "load: pre-sharded checkpoint '{}': '{}': expected {} (this plan: {} {}), got {} "
+              "({})",
+              options.checkpoint_dir, key, brief(a), plan.model.name, plan.topology.Label(),
+              brief(b), fix));
+        }
         return InvalidArgumentError(fmt::format(
-            "load: pre-sharded checkpoint '{}': made for a different plan: expected {} of {}, "
-            "got {} of {} (pass the model and topology flags it was sharded with; see its "
+            "load: pre-sharded checkpoint '{}': made for a different plan than {} {} (see its "
             "manifest.json)",
-            options.checkpoint_dir, label(want), plan.model.name, label(manifest["plan"]),
-            manifest["plan"].value("/model/name"_json_pointer, std::string("?"))));
+            options.checkpoint_dir, plan.model.name, plan.topology.Label()));
       }
       break;
     }

@@ -80,6 +80,41 @@ Result<nlohmann::json> ReadPreshardedManifest(const std::string& dir) {
   return j;
 }
 
+Result<LoadOptions> PreshardedOrigin(const std::string& dir) {
+  MOESHARD_ASSIGN_OR_RETURN(nlohmann::json j, ReadPreshardedManifest(dir));
+  const std::string path = (fs::path(dir) / kPreshardedManifestName).string();
+  const nlohmann::json src = j.value("source", nlohmann::json::object());
+  if (!src.is_object() || !src.contains("load_format") || !src["load_format"].is_string()) {
+    return DataLossError(fmt::format(
+        "pre-sharded manifest '{}': 'source': expected the load format it was made from, got "
+        "{} (written by an older moeshard shard? shard it again)",
+        path, src.dump()));
+  }
+  LoadOptions o;
+  const std::string format = src["load_format"].get<std::string>();
+  if (format == "dummy") {
+    o.source = LoadOptions::Source::kDummy;
+    o.seed = src.value("seed", uint64_t{0});
+    return o;
+  }
+  if (format != "safetensors") {
+    return DataLossError(fmt::format(
+        "pre-sharded manifest '{}': 'source.load_format': expected dummy or safetensors, got "
+        "\"{}\"",
+        path, format));
+  }
+  o.source = LoadOptions::Source::kCheckpoint;
+  o.checkpoint_dir = src.value("checkpoint", std::string());
+  std::error_code ec;
+  if (o.checkpoint_dir.empty() || !fs::exists(o.checkpoint_dir, ec)) {
+    return NotFoundError(fmt::format(
+        "pre-sharded checkpoint '{}': made from checkpoint '{}', which is not there (an "
+        "independent check reads the original; --verify needs it)",
+        dir, o.checkpoint_dir));
+  }
+  return o;
+}
+
 Status WritePreshardedCheckpoint(const WeightLoader& loader, const std::string& out_dir,
                                  const WritePreshardedOptions& options) {
   const ShardPlan& plan = loader.plan();

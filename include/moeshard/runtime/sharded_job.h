@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ namespace moeshard {
 struct ShardedJobSpec {
   const ShardPlan* plan = nullptr;
   LoadOptions load;         // weight source; max_moe_layers is set from num_layers
+  // The weights the single-rank reference loads for verification; unset: `load`. A
+  // pre-sharded source serves one plan only, so its reference reads the checkpoint (or dummy
+  // seed) the directory was made from (PreshardedOrigin).
+  std::optional<LoadOptions> reference_load;
   int64_t num_layers = -1;  // the first N MoE layers of the stage; -1: all
   std::vector<int64_t> tokens_per_unit = {16};  // without inputs; cycled over the units
   uint64_t input_seed = 0;

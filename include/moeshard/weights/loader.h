@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,19 @@ struct LoadStats {
   int64_t num_source_tensors = 0;  // distinct checkpoint tensors touched
   std::map<TensorCategory, int64_t> bytes_by_category;  // allocated, per category
 };
+
+// `--load-format` as every command spells it: auto (dummy without a checkpoint, a pre-sharded
+// directory when it holds manifest.json, else safetensors), dummy, safetensors, presharded.
+// `allowed` lists the sources a command can take (shard cannot read a pre-sharded directory).
+// Errors name the flag and the expected values: "'--load-format x': expected auto, dummy,
+// safetensors or presharded".
+Result<LoadOptions::Source> ParseLoadFormat(
+    const std::string& load_format, const std::string& checkpoint,
+    std::initializer_list<LoadOptions::Source> allowed = {LoadOptions::Source::kDummy,
+                                                          LoadOptions::Source::kCheckpoint,
+                                                          LoadOptions::Source::kPresharded});
+// "dummy", "safetensors", "presharded".
+const char* LoadSourceName(LoadOptions::Source source);
 
 // A checkpoint tensor the model consists of, as the family stores it.
 struct SourceTensorSpec {

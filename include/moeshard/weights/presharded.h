@@ -50,6 +50,12 @@ struct WritePreshardedOptions {
   std::function<void(int64_t rank, const LoadStats& stats)> on_rank = {};
 };
 
+// The source the pre-sharded directory was made from (manifest "source": a safetensors
+// checkpoint by absolute path, or dummy weights and their seed), as LoadOptions: what an
+// independent check of the pre-sharded files loads (run --verify's single-rank reference).
+// NotFound when that checkpoint is no longer there.
+Result<LoadOptions> PreshardedOrigin(const std::string& dir);
+
 // Loads every rank through `loader` (one at a time) and writes the directory. REQUIRES: the
 // loader builds every layer (LoadOptions::max_moe_layers < 0).
 Status WritePreshardedCheckpoint(const WeightLoader& loader, const std::string& out_dir,
