@@ -346,8 +346,8 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
             return t.size() > 160 ? t.substr(0, 157) + "..." : t;
           };
           return InvalidArgumentError(fmt::format(
-              "load: pre-sharded checkpoint '{}': '{}': expected {} (this plan: {} {}), got {} "
-              "({})",
+              "load: pre-sharded checkpoint '{}' was made for a different plan: '{}': expected {} "
+              "(this plan: {} {}), got {} ({})",
               options.checkpoint_dir, key, brief(a), plan.model.name, plan.topology.Label(),
               brief(b), fix));
         }
