@@ -1,0 +1,18 @@
+# Writes a cut copy of every release and checks it with check_copy.py (an independent reader).
+file(REMOVE_RECURSE ${WORK})
+set(dirs "")
+foreach(r kimi-k3 kimi-k2-thinking kimi-k2.5 deepseek-v3 qwen3-30b-a3b mixtral-8x7b gpt-oss-20b
+          gpt-oss-120b)
+  execute_process(COMMAND ${PY} ${DIR}/header_copy.py ${r} ${WORK}/${r} --layers 2
+                  RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "header_copy.py ${r}: ${err}")
+  endif()
+  list(APPEND dirs ${WORK}/${r})
+endforeach()
+execute_process(COMMAND ${PY} ${DIR}/check_copy.py ${dirs} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+file(REMOVE_RECURSE ${WORK})
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "check_copy.py: ${out}${err}")
+endif()
