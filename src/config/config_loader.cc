@@ -352,7 +352,13 @@ const std::vector<PresetInfo>& ModelPresets() {
   static const std::vector<PresetInfo> presets = [] {
     std::vector<PresetInfo> out;
     for (const EmbeddedPreset& e : EmbeddedPresets()) {
-      out.push_back(PresetInfo{e.name, PresetDescription(e.name), e.json});
+      std::string description = PresetDescription(e.name);
+      if (description.empty()) {
+        // A preset without a hand-written line is described by its family's descriptor.
+        Result<ModelConfig> m = ParseModelConfig(e.json, "preset '" + e.name + "'", e.name);
+        if (m.ok()) description = std::string(m->family->summary);
+      }
+      out.push_back(PresetInfo{e.name, std::move(description), e.json});
     }
     std::sort(out.begin(), out.end(),
               [](const PresetInfo& a, const PresetInfo& b) { return a.name < b.name; });
