@@ -136,5 +136,19 @@ TEST(FamilyTest, KimiK3AsReleased) {
   EXPECT_EQ(c.quant.scheme.format, WeightFormat::kMxfp4);
 }
 
+// OLMoE (transformers modular_olmoe.py): q_norm over the whole q projection, k_norm over the
+// KV width, router mlp.gate, softmax top-k without renormalisation.
+TEST(FamilyTest, Olmoe) {
+  const ModelConfig c = Preset("olmoe-1b-7b");
+  EXPECT_EQ(c.family_name(), "olmoe");
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.num_moe_layers(), 16);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("model.layers.{layer}.self_attn.q_norm.weight").shape,
+            (std::vector<int64_t>{2048}));
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.gate").role, TensorRole::kRouter);
+  EXPECT_EQ(c.family->experts(c).down, "model.layers.{layer}.mlp.experts.{expert}.down_proj");
+}
+
 }  // namespace
 }  // namespace moeshard

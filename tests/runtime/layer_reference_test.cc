@@ -26,6 +26,7 @@ TEST(RuntimeLayerReferenceTest, Qwen3MoeRowGroupLayout) { CheckPreset("tiny-qwen
 TEST(RuntimeLayerReferenceTest, MixtralRowGroupLayout) { CheckPreset("tiny-mixtral", true); }
 TEST(RuntimeLayerReferenceTest, Mixtral) { CheckPreset("tiny-mixtral"); }
 TEST(RuntimeLayerReferenceTest, GptOss) { CheckPreset("tiny-gpt-oss"); }
+TEST(RuntimeLayerReferenceTest, Olmoe) { CheckPreset("tiny-olmoe"); }
 
 }  // namespace
 }  // namespace moeshard

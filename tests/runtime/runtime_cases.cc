@@ -314,7 +314,7 @@ std::vector<RuntimeCase> BuildCases() {
   const std::vector<Family> families = {
       {"tiny-kimi-k3", "kimi", "marlin", 2},   {"tiny-deepseek-v3", "deepseek", "", 2},
       {"tiny-qwen3-moe", "qwen", "triton", 2}, {"tiny-mixtral", "mixtral", "aiter-ck", 2},
-      {"tiny-gpt-oss", "gptoss", "marlin", 2},
+      {"tiny-gpt-oss", "gptoss", "marlin", 2}, {"tiny-olmoe", "olmoe", "triton", 2},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
   for (const Family& f : families) {
