@@ -110,8 +110,7 @@ Result<int64_t> ConfigFields::IntAlias(std::initializer_list<const char*> keys,
                           [&](const char* k) { return Int(k, std::nullopt, min); });
 }
 
-Result<bool> ConfigFields::BoolAlias(std::initializer_list<const char*> keys,
-                                     bool fallback) const {
+Result<bool> ConfigFields::BoolAlias(std::initializer_list<const char*> keys, bool fallback) const {
   return FirstOf<bool>(*this, keys, fallback, [&](const char* k) { return Bool(k, false); });
 }
 

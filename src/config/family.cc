@@ -51,8 +51,9 @@ const char* TensorRoleName(TensorRole r) {
 std::span<const FamilyDescriptor* const> Families() {
   static const std::vector<const FamilyDescriptor*> sorted = [] {
     std::vector<const FamilyDescriptor*> v = internal::RegisteredFamilies();
-    std::sort(v.begin(), v.end(),
-              [](const FamilyDescriptor* a, const FamilyDescriptor* b) { return a->name < b->name; });
+    std::sort(v.begin(), v.end(), [](const FamilyDescriptor* a, const FamilyDescriptor* b) {
+      return a->name < b->name;
+    });
     return v;
   }();
   return sorted;

@@ -122,8 +122,8 @@ void AddEmbeddingsAndHead(TensorList& t) {
 void AddLayerNorms(TensorList& t) {
   const ModelConfig& c = t.config();
   const std::vector<int64_t> all = AllLayers(c);
-  t.Vector("model.layers.{layer}.input_layernorm.weight", TensorCategory::kNorm,
-           {c.hidden_size}, TpSplit::kReplicated, all, c.dtype);
+  t.Vector("model.layers.{layer}.input_layernorm.weight", TensorCategory::kNorm, {c.hidden_size},
+           TpSplit::kReplicated, all, c.dtype);
   t.Vector("model.layers.{layer}.post_attention_layernorm.weight", TensorCategory::kNorm,
            {c.hidden_size}, TpSplit::kReplicated, all, c.dtype, TensorRole::kPreMoeNorm);
 }
@@ -147,8 +147,8 @@ void AddMlaAttention(TensorList& t, const std::vector<int64_t>& layers) {
            TpSplit::kReplicated, layers);
   t.Vector(p + "kv_a_layernorm.weight", C::kAttention, {a.kv_lora_rank}, TpSplit::kReplicated,
            layers, c.dtype);
-  t.Linear(p + "kv_b_proj", C::kAttention, nh * (a.qk_nope_head_dim + a.v_head_dim),
-           a.kv_lora_rank, TpSplit::kColumn, layers);
+  t.Linear(p + "kv_b_proj", C::kAttention, nh * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank,
+           TpSplit::kColumn, layers);
   if (a.output_gate) {
     // Kimi-K3: sigmoid output gate, sharded like the attention output (SGLang
     // KimiK3MLAAttention: ColumnParallelLinear over attention TP).
@@ -212,8 +212,8 @@ void AddRouter(TensorList& t, const std::string& module, const std::vector<int64
   }
   if (c.has_correction_bias) {
     // fp32 in the releases (transformers keeps e_score_correction_bias in fp32).
-    t.Vector(module + ".e_score_correction_bias", C::kRouter, {c.num_experts},
-             TpSplit::kReplicated, layers, DType::kF32, TensorRole::kCorrectionBias);
+    t.Vector(module + ".e_score_correction_bias", C::kRouter, {c.num_experts}, TpSplit::kReplicated,
+             layers, DType::kF32, TensorRole::kCorrectionBias);
   }
 }
 
@@ -221,8 +221,8 @@ void AddSharedExperts(TensorList& t, const std::string& module,
                       const std::vector<int64_t>& layers) {
   const ModelConfig& c = t.config();
   if (c.num_shared_experts == 0) return;
-  AddGatedMlp(t, module, TensorCategory::kSharedExperts, c.shared_expert_intermediate_size,
-              layers, TensorRole::kSharedGate, TensorRole::kSharedUp, TensorRole::kSharedDown);
+  AddGatedMlp(t, module, TensorCategory::kSharedExperts, c.shared_expert_intermediate_size, layers,
+              TensorRole::kSharedGate, TensorRole::kSharedUp, TensorRole::kSharedDown);
 }
 
 ExpertLayout PerExpertLayout(const ModelConfig& c, const std::string& prefix,
@@ -251,9 +251,9 @@ Status ParseMla(const ConfigFields& f, ModelConfig& c) {
 }
 
 Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c) {
-  MOESHARD_ASSIGN_OR_RETURN(std::string scoring,
-                            f.StringAlias({"scoring_func", "moe_router_activation_func"},
-                                          "sigmoid"));
+  MOESHARD_ASSIGN_OR_RETURN(
+      std::string scoring,
+      f.StringAlias({"scoring_func", "moe_router_activation_func"}, "sigmoid"));
   MOESHARD_ASSIGN_OR_RETURN(
       std::string topk_method,
       f.Choice("topk_method", "noaux_tc", {"noaux_tc", "greedy", "group_limited_greedy"}));
@@ -278,8 +278,7 @@ Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c) {
 
 Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
-                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   MOESHARD_RETURN_IF_ERROR(ParseMla(f, c));
   MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size,
@@ -342,9 +341,8 @@ Status ParseMoonVit(const ConfigFields& top, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(std::string norm,
                             v.Choice("norm_type", "layernorm", {"layernorm", "rmsnorm"}));
   x.norm_bias = norm == "layernorm";
-  MOESHARD_ASSIGN_OR_RETURN(
-      std::string projector,
-      v.Choice("mm_projector_type", "patchmerger", {"patchmerger", "patchmergerv2"}));
+  MOESHARD_ASSIGN_OR_RETURN(std::string projector, v.Choice("mm_projector_type", "patchmerger",
+                                                            {"patchmerger", "patchmergerv2"}));
   x.projector_post_norm = projector == "patchmergerv2";
   x.merge_tokens = 1;
   if (v.Has("merge_kernel_size")) {

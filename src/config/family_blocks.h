@@ -77,13 +77,13 @@ void AddGqaAttention(TensorList& t, const std::vector<int64_t>& layers, const Gq
 // A gated dense MLP `<module>.{gate,up,down}_proj` of width `width` on `layers`.
 void AddGatedMlp(TensorList& t, const std::string& module, TensorCategory cat, int64_t width,
                  const std::vector<int64_t>& layers, TensorRole gate_role = TensorRole::kOther,
-                 TensorRole up_role = TensorRole::kOther, TensorRole down_role = TensorRole::kOther);
+                 TensorRole up_role = TensorRole::kOther,
+                 TensorRole down_role = TensorRole::kOther);
 // The router `<module>` [E, H] (never quantized), with its bias and the noaux_tc correction
 // bias when the config has them.
 void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers);
 // Shared experts at `<module>` (gate/up column-parallel, down row-parallel by default).
-void AddSharedExperts(TensorList& t, const std::string& module,
-                      const std::vector<int64_t>& layers);
+void AddSharedExperts(TensorList& t, const std::string& module, const std::vector<int64_t>& layers);
 
 // The per-expert layout of DeepSeek-style checkpoints: `<moe>.experts.{expert}.<gate|up|down>`
 // with rank tensors `<moe>.experts.w13_*` (names relative to the text prefix).

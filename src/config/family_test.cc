@@ -46,8 +46,8 @@ TEST(FamilyTest, RegistryHoldsEveryFamilyOnce) {
     EXPECT_NE(f->tensors, nullptr);
     EXPECT_NE(f->experts, nullptr);
   }
-  for (const char* t : {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral",
-                        "gpt_oss"}) {
+  for (const char* t :
+       {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral", "gpt_oss"}) {
     EXPECT_NE(FindFamily(t), nullptr) << t;
   }
   EXPECT_EQ(FindFamily("llama"), nullptr);

@@ -38,7 +38,7 @@ struct Holder {
 
 // What a routed-expert checkpoint template feeds.
 struct ExpertPart {
-  bool fused = false;     // [E, ...] over all experts
+  bool fused = false;      // [E, ...] over all experts
   bool split_by_i = true;  // part of the intermediate dimension (not the down bias or metadata)
 };
 
@@ -110,9 +110,8 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
 
   auto charge_expert = [&](int64_t layer, int64_t expert, double bytes, bool split_by_i) {
     const double f = split_by_i ? i_fraction : 1.0;
-    for (const auto& [rank, n] :
-         holders[static_cast<size_t>(stage_of_layer[static_cast<size_t>(layer)])]
-                [static_cast<size_t>(expert)]) {
+    for (const auto& [rank, n] : holders[static_cast<size_t>(
+             stage_of_layer[static_cast<size_t>(layer)])][static_cast<size_t>(expert)]) {
       out.rank_bytes[static_cast<size_t>(rank)][routed] += static_cast<int64_t>(bytes * f) * n;
     }
   };
@@ -133,7 +132,8 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
       if (auto e = expert_templates.find(k.key); e != expert_templates.end() && k.layer >= 0 &&
                                                  m.layers[static_cast<size_t>(k.layer)].moe) {
         if (e->second.fused && !ct.shape.empty() && ct.shape[0] == m.num_experts) {
-          const double per_expert = static_cast<double>(ct.bytes) / static_cast<double>(m.num_experts);
+          const double per_expert =
+              static_cast<double>(ct.bytes) / static_cast<double>(m.num_experts);
           for (int64_t x = 0; x < m.num_experts; ++x) {
             charge_expert(k.layer, x, per_expert, e->second.split_by_i);
           }

@@ -28,7 +28,8 @@ std::shared_ptr<std::vector<CheckpointTensorInfo>> Headers(const ModelConfig& m)
     if (s.category == TensorCategory::kRoutedExperts) continue;
     const int64_t per = s.bytes / s.count();
     if (s.layers.empty()) out->push_back({s.name, s.dtype, s.logical_shape, per});
-    for (int64_t l : s.layers) out->push_back({ExpandName(s.name, l), s.dtype, s.logical_shape, per});
+    for (int64_t l : s.layers)
+      out->push_back({ExpandName(s.name, l), s.dtype, s.logical_shape, per});
   }
   const int64_t I = m.moe_intermediate_size, H = m.hidden_size;
   for (int64_t l = 0; l < m.num_layers; ++l) {
@@ -36,8 +37,10 @@ std::shared_ptr<std::vector<CheckpointTensorInfo>> Headers(const ModelConfig& m)
     for (int64_t e = 0; e < m.num_experts; ++e) {
       for (const std::string* mod : {&one.experts.gate, &one.experts.up, &one.experts.down}) {
         const bool down = mod == &one.experts.down;
-        out->push_back({ExpandName(*mod, l, e) + ".weight", DType::kBF16,
-                        {down ? H : I, down ? I : H}, I * H * 2});
+        out->push_back({ExpandName(*mod, l, e) + ".weight",
+                        DType::kBF16,
+                        {down ? H : I, down ? I : H},
+                        I * H * 2});
       }
     }
   }

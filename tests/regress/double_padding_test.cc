@@ -20,7 +20,8 @@ TEST(DoublePaddingRegression, MarlinTp32Allocates128Not256) {
   EXPECT_LT(p.intermediate.padding(), p.intermediate.align);
   EXPECT_TRUE(CheckPlan(p).empty());
   // legacy-tp is the double-padded layout and the waste invariant flags it.
-  const ShardPlan legacy = PlanOrDie(PresetOrDie("kimi-k3"), Opts(32, 1, false, "marlin", PaddingPolicy::kLegacyTp));
+  const ShardPlan legacy =
+      PlanOrDie(PresetOrDie("kimi-k3"), Opts(32, 1, false, "marlin", PaddingPolicy::kLegacyTp));
   EXPECT_EQ(legacy.intermediate.padded_local, 256);
   bool waste = false;
   for (const Violation& v : CheckPlan(legacy)) waste = waste || v.invariant == "waste";

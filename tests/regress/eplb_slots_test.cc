@@ -13,7 +13,7 @@ using testing::PresetOrDie;
 
 TEST(EplbSlotsRegression, BytesFollowSlots) {
   const ModelConfig ds = PresetOrDie("deepseek-v3");  // 256 experts
-  PlanOptions o = Opts(8, 4, true);                    // EP 32
+  PlanOptions o = Opts(8, 4, true);                   // EP 32
   const ShardPlan plain = PlanOrDie(ds, o);
   o.num_redundant_experts = 32;  // 288 slots: 9 per rank instead of 8
   const ShardPlan eplb = PlanOrDie(ds, o);
@@ -25,7 +25,8 @@ TEST(EplbSlotsRegression, BytesFollowSlots) {
   o.num_redundant_experts = 8;
   Result<ShardPlan> r = BuildShardPlan(ds, o);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("EPLB requires it"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("EPLB requires it"), std::string::npos)
+      << r.status().message();
   EXPECT_NE(r.status().message().find("--num-redundant-experts 32"), std::string::npos);
 }
 

@@ -4,9 +4,8 @@
 // gate_up_proj_blocks U8 [E, 2I, H/32, 16], _scales U8 [E, 2I, H/32], _bias BF16 [E, 2I],
 // down_proj_blocks U8 [E, H, I/32, 16], _scales U8 [E, H, I/32], _bias BF16 [E, H]. The names
 // below are written from those facts, not from moeshard's descriptor.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "moeshard/plan/checkpoint_sizing.h"
 #include "plan/plan_test_util.h"

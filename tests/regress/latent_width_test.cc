@@ -16,7 +16,8 @@ using testing::PresetOrDie;
 
 TEST(LatentWidthRegression, RoutedExpertsUseTheLatentWidth) {
   const ShardPlan p = PlanOrDie(PresetOrDie("kimi-k3"), Opts(16, 1, true));
-  const TensorShard* w2 = FindTensor(p.ranks[0], "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_packed");
+  const TensorShard* w2 = FindTensor(
+      p.ranks[0], "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_packed");
   ASSERT_NE(w2, nullptr);
   EXPECT_EQ(w2->logical_shape[1], 3584);
   EXPECT_NE(w2->logical_shape[1], 7168);

@@ -30,7 +30,8 @@ TEST(SharedExpertsRegression, LatentProjectionsAndDenseLayersAreCounted) {
   const ModelConfig k3 = PresetOrDie("kimi-k3");
   const ShardPlan p = PlanOrDie(k3, Opts(8, 1, true));
   // latent_down [3584, 7168] + latent_up [7168, 3584] bf16, replicated, plus the latent norm.
-  EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kLatentProj), 92LL * (2 * 3584 * 7168 * 2 + 3584 * 2));
+  EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kLatentProj),
+            92LL * (2 * 3584 * 7168 * 2 + 3584 * 2));
   // Layer 0 is dense with intermediate 33792, TP-sharded (bf16: the mlp projections are ignored
   // by the quantization config).
   EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kDenseMlp), 3LL * 33792 / 8 * 7168 * 2);

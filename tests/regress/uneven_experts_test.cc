@@ -47,7 +47,8 @@ namespace {
 // ... is not divisible by weight quantization block_n"): DeepSeek-V3's dense MLP (18432 / 32 =
 // 576) and shared expert (2048 / 32 = 64) at TP32, even with EP keeping the routed experts whole.
 TEST(QuantBlockSplitRegression, DeepseekFp8Tp32IsRejected) {
-  Result<ShardPlan> r = BuildShardPlan(testing::PresetOrDie("deepseek-v3"), testing::Opts(32, 1, true));
+  Result<ShardPlan> r =
+      BuildShardPlan(testing::PresetOrDie("deepseek-v3"), testing::Opts(32, 1, true));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("expected a multiple of the fp8-block group 128"),
             std::string::npos)

@@ -28,7 +28,8 @@ TEST(WrongDivisorRegression, Tp8Dp4ShardIs96) {
 TEST(WrongDivisorRegression, OffsetsComeFromTheUnpaddedSize) {
   const ShardPlan p = PlanOrDie(PresetOrDie("kimi-k3"), Opts(8, 4, false, "marlin"));
   for (const RankPlan& r : p.ranks) {
-    const TensorShard* w2 = FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_packed");
+    const TensorShard* w2 = FindTensor(
+        r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_packed");
     ASSERT_NE(w2, nullptr);
     // The down projection's input columns [96 * moe_tp_rank, 96 * (moe_tp_rank + 1)), in packed
     // bytes (two values per byte): 48 bytes per rank, not the padded 64.
@@ -36,7 +37,8 @@ TEST(WrongDivisorRegression, OffsetsComeFromTheUnpaddedSize) {
     EXPECT_EQ(w2->shard_end - w2->shard_begin, 48);
     EXPECT_EQ(w2->local_shape[2], 48);
     EXPECT_EQ(w2->padded_shape[2], 64);
-    const TensorShard* w13 = FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w13_weight_packed");
+    const TensorShard* w13 = FindTensor(
+        r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w13_weight_packed");
     EXPECT_EQ(w13->local_shape[1], 2 * 96);
     EXPECT_EQ(w13->padded_shape[1], 2 * 128);
   }

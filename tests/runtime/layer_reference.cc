@@ -1,5 +1,7 @@
 // The single-rank layer against an independent scalar reference (see layer_reference.h and
 // layer_reference_test.cc).
+#include "tests/runtime/layer_reference.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/verify.h"
 #include "moeshard/weights/loader.h"
-#include "tests/runtime/layer_reference.h"
 
 namespace moeshard {
 namespace {
@@ -76,7 +77,9 @@ struct PlanRef {
     }
     return w;
   }
-  struct Dense Dense(TensorRole role) const { return DenseOf(plan, v, role, layer); }
+  struct Dense Dense(TensorRole role) const {
+    return DenseOf(plan, v, role, layer);
+  }
 };
 
 std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, double eps) {
@@ -175,7 +178,8 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
     ew.w2_scales = P.View(R::kExpertsW2, TensorPart::kScale)->data;
   }
   if (m.expert_bias) {
-    for (auto [role, dst] : {std::pair{R::kExpertsW13Bias, &b13}, std::pair{R::kExpertsW2Bias, &b2}}) {
+    for (auto [role, dst] :
+         {std::pair{R::kExpertsW13Bias, &b13}, std::pair{R::kExpertsW2Bias, &b2}}) {
       const WeightView* b = P.View(role);
       for (size_t i = 0; i < b->num_bytes / 2; ++i) dst->push_back(Bf16ToFloat(b->as<bf16_t>()[i]));
     }

@@ -5,7 +5,8 @@
 //
 //   format     element  weight tensor               scale tensor                       granule
 //   bf16       16 bit   BF16 [rows, cols]           none                               1 x 1
-//   fp8-block   8 bit   F8_E4M3 [rows, cols]        F32 scale_inv                      block_rows x group
+//   fp8-block   8 bit   F8_E4M3 [rows, cols]        F32 scale_inv                      block_rows x
+//   group
 //                                                   [ceil(rows/block_rows), ceil(cols/group)]
 //   mxfp4       4 bit   U8 [rows, cols/2]           U8 E8M0 [rows, cols/32]            1 x 32
 //   int4        4 bit   U8 [rows, cols/2]           BF16 [rows, cols/group]            1 x group
@@ -45,15 +46,15 @@ enum class ScaleLayout {
 // One row of the table.
 struct WeightFormatSpec {
   WeightFormat format;
-  std::string_view name;     // "bf16", "fp8-block", "mxfp4", "int4"
-  int element_bits;          // bits per weight value
-  DType weight_dtype;        // storage dtype of the weight tensor
-  DType scale_dtype;         // storage dtype of the scale tensor (kBool when none)
+  std::string_view name;  // "bf16", "fp8-block", "mxfp4", "int4"
+  int element_bits;       // bits per weight value
+  DType weight_dtype;     // storage dtype of the weight tensor
+  DType scale_dtype;      // storage dtype of the scale tensor (kBool when none)
   ScaleLayout scale_layout;
-  int64_t default_group;       // input-dimension values per scale
-  int64_t default_block_rows;  // output rows per scale (kBlock2D), else 1
-  bool fixed_group;            // the group size is part of the format (mxfp4: 32)
-  bool zero_points;            // asymmetric formats store zero points (none of these yet)
+  int64_t default_group;         // input-dimension values per scale
+  int64_t default_block_rows;    // output rows per scale (kBlock2D), else 1
+  bool fixed_group;              // the group size is part of the format (mxfp4: 32)
+  bool zero_points;              // asymmetric formats store zero points (none of these yet)
   std::string_view weight_leaf;  // checkpoint leaf of the weight: "weight", "weight_packed"
   std::string_view scale_leaf;   // checkpoint leaf of the scales: "", "weight_scale_inv", ...
 };

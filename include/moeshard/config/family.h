@@ -39,7 +39,7 @@ enum class TensorCategory {
   kSharedExperts,
   kLatentProj,
   kRoutedExperts,
-  kNorm,    // layer norms, and Kimi-K3's attention-residual mixing tensors
+  kNorm,  // layer norms, and Kimi-K3's attention-residual mixing tensors
   kLmHead,
   kVision,  // vision tower and multimodal projector
 };
@@ -55,17 +55,17 @@ const char* TensorCategoryName(TensorCategory category);  // "routed_experts", .
 // run by the MoE layer).
 enum class TensorRole {
   kOther,
-  kPreMoeNorm,       // the norm in front of the MoE block (post_attention_layernorm)
-  kRouter,           // [E, H]
-  kRouterBias,       // [E]
-  kCorrectionBias,   // [E] fp32 e_score_correction_bias (noaux_tc)
-  kSharedGate,       // [S, H]
-  kSharedUp,         // [S, H]
-  kSharedDown,       // [H, S]
-  kLatentDown,       // [L, H]: hidden -> latent before the routed experts
-  kLatentUp,         // [H, L]: latent -> hidden after them
-  kLatentNorm,       // [L]
-  kExpertsW13,       // routed experts, rank layout (plan/shard_plan.h)
+  kPreMoeNorm,      // the norm in front of the MoE block (post_attention_layernorm)
+  kRouter,          // [E, H]
+  kRouterBias,      // [E]
+  kCorrectionBias,  // [E] fp32 e_score_correction_bias (noaux_tc)
+  kSharedGate,      // [S, H]
+  kSharedUp,        // [S, H]
+  kSharedDown,      // [H, S]
+  kLatentDown,      // [L, H]: hidden -> latent before the routed experts
+  kLatentUp,        // [H, L]: latent -> hidden after them
+  kLatentNorm,      // [L]
+  kExpertsW13,      // routed experts, rank layout (plan/shard_plan.h)
   kExpertsW2,
   kExpertsW13Bias,
   kExpertsW2Bias,
@@ -99,7 +99,7 @@ enum class StagePlacement {
 
 // One logical tensor of a model as its checkpoint stores it, before any rank is chosen.
 struct TensorDef {
-  std::string name;  // full checkpoint name (prefix included); a module name when `linear`
+  std::string name;     // full checkpoint name (prefix included); a module name when `linear`
   bool linear = false;  // [out, in] weight: storage and leaves from `format`
   TensorRole role = TensorRole::kOther;
   TensorCategory category = TensorCategory::kAttention;
@@ -117,7 +117,7 @@ struct TensorDef {
   // > 0: split only when TP divides this head count, else replicated (vLLM runs the vision
   // encoder data-parallel when its heads do not divide the TP size).
   int64_t split_heads = 0;
-  WeightScheme format;  // linear: how the checkpoint stores it (kBf16 when unquantized)
+  WeightScheme format;      // linear: how the checkpoint stores it (kBf16 when unquantized)
   bool shape_meta = false;  // linear: the checkpoint also stores `<module>.weight_shape`
   StagePlacement where = StagePlacement::kLayers;
   std::vector<int64_t> layers;  // kLayers: the decoder layers that hold it, ascending

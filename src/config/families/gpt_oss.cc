@@ -13,8 +13,7 @@ namespace {
 
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
-                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", true));
   c.attention_sinks = true;

@@ -55,8 +55,7 @@ Status ParseLinearAttention(const ConfigFields& f, ModelConfig& c) {
 
 Status Parse(const ConfigFields& f, const ConfigFields& top, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
-                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   MOESHARD_RETURN_IF_ERROR(family::ParseMla(f, c));
   MOESHARD_ASSIGN_OR_RETURN(c.mla.output_gate, f.Bool("mla_use_output_gate", false));
   MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
@@ -114,9 +113,8 @@ void AddKdaAttention(family::TensorList& t, const std::vector<int64_t>& layers) 
              DType::kF32);
   }
   // Stored as [head_dim] (128); the engines read the first num_heads (96) and split them.
-  TensorDef& a_log = t.Vector(p + "A_log", C::kAttention,
-                              {std::max(k.head_dim, k.num_heads)}, TpSplit::kColumn, layers,
-                              DType::kF32);
+  TensorDef& a_log = t.Vector(p + "A_log", C::kAttention, {std::max(k.head_dim, k.num_heads)},
+                              TpSplit::kColumn, layers, DType::kF32);
   a_log.split_extent = k.num_heads;
   t.Vector(p + "dt_bias", C::kAttention, {P}, TpSplit::kColumn, layers, DType::kF32);
   t.Linear(p + "f_a_proj", C::kAttention, k.low_rank_dim, H, TpSplit::kReplicated, layers);
@@ -164,11 +162,11 @@ std::vector<TensorDef> Tensors(const ModelConfig& c) {
     const int64_t L = c.routed_expert_hidden_size;
     t.Linear(moe_module + ".routed_expert_down_proj", C::kLatentProj, L, H, TpSplit::kReplicated,
              moe, family::Quantizable::kNo, TensorRole::kLatentDown);
-    t.Linear(moe_module + ".routed_expert_up_proj", C::kLatentProj, H, L, TpSplit::kReplicated,
-             moe, family::Quantizable::kNo, TensorRole::kLatentUp);
+    t.Linear(moe_module + ".routed_expert_up_proj", C::kLatentProj, H, L, TpSplit::kReplicated, moe,
+             family::Quantizable::kNo, TensorRole::kLatentUp);
     if (c.latent_moe_use_norm) {
-      t.Vector(moe_module + ".routed_expert_norm.weight", C::kLatentProj, {L},
-               TpSplit::kReplicated, moe, c.dtype, TensorRole::kLatentNorm);
+      t.Vector(moe_module + ".routed_expert_norm.weight", C::kLatentProj, {L}, TpSplit::kReplicated,
+               moe, c.dtype, TensorRole::kLatentNorm);
     }
   }
   std::vector<TensorDef> out = t.Take();

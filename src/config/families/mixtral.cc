@@ -9,8 +9,7 @@ namespace {
 
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
-                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.head_dim,
                             f.Int("head_dim", c.hidden_size / c.num_attention_heads, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
@@ -41,8 +40,7 @@ std::vector<TensorDef> Tensors(const ModelConfig& c) {
 }
 
 ExpertLayout Experts(const ModelConfig& c) {
-  return family::PerExpertLayout(c, "", "model.layers.{layer}.block_sparse_moe", "w1", "w3",
-                                 "w2");
+  return family::PerExpertLayout(c, "", "model.layers.{layer}.block_sparse_moe", "w1", "w3", "w2");
 }
 
 }  // namespace

@@ -12,8 +12,7 @@ namespace {
 
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
-                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.head_dim,
                             f.Int("head_dim", c.hidden_size / c.num_attention_heads, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", false));
@@ -48,10 +47,9 @@ std::vector<TensorDef> Tensors(const ModelConfig& c) {
   family::TensorList t(c, "");
   family::AddEmbeddingsAndHead(t);
   family::AddLayerNorms(t);
-  family::AddGqaAttention(t, family::AllLayers(c),
-                          {.bias = c.attention_bias, .qk_norm = true});
-  family::AddGatedMlp(t, "model.layers.{layer}.mlp", TensorCategory::kDenseMlp,
-                      c.intermediate_size, family::DenseLayers(c));
+  family::AddGqaAttention(t, family::AllLayers(c), {.bias = c.attention_bias, .qk_norm = true});
+  family::AddGatedMlp(t, "model.layers.{layer}.mlp", TensorCategory::kDenseMlp, c.intermediate_size,
+                      family::DenseLayers(c));
   family::AddRouter(t, "model.layers.{layer}.mlp.gate", family::MoeLayers(c));
   return t.Take();
 }
