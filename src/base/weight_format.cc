@@ -81,6 +81,17 @@ int64_t WeightScheme::ScaleBytes(int64_t rows, int64_t cols) const {
   return ScaleRows(rows) * ScaleRowBytes(cols);
 }
 
+std::pair<int64_t, int64_t> WeightScheme::WeightSlice(bool rows, int64_t begin,
+                                                      int64_t end) const {
+  if (rows) return {begin, end};
+  return {WeightShape(1, begin)[1], WeightShape(1, end)[1]};
+}
+
+std::pair<int64_t, int64_t> WeightScheme::ScaleSlice(bool rows, int64_t begin, int64_t end) const {
+  const int64_t unit = rows ? RowGranule() : group;
+  return {begin / unit, CeilDiv(end, unit)};
+}
+
 int64_t WeightScheme::RowGranule() const {
   return spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1;
 }

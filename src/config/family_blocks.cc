@@ -241,6 +241,18 @@ ExpertLayout PerExpertLayout(const ModelConfig& c, const std::string& prefix,
 
 namespace moeshard::family {
 
+Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required,
+                bool attention_bias_default) {
+  MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
+                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  std::optional<int64_t> head_dim;
+  if (!head_dim_required) head_dim = c.hidden_size / c.num_attention_heads;
+  MOESHARD_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", head_dim, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", attention_bias_default));
+  return Status::Ok();
+}
+
 Status ParseMla(const ConfigFields& f, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.mla.q_lora_rank, f.Int("q_lora_rank", 0));
   MOESHARD_ASSIGN_OR_RETURN(c.mla.kv_lora_rank, f.Int("kv_lora_rank", std::nullopt, 1));

@@ -100,6 +100,10 @@ class ConfigFields;
 namespace moeshard::family {
 
 // Config reading shared by families.
+// GQA attention fields: num_attention_heads, num_key_value_heads (default: the heads),
+// head_dim (default hidden / heads, or required when `head_dim_required`), attention_bias.
+Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required = false,
+                bool attention_bias_default = false);
 // The MLA fields of DeepSeek-V3 and Kimi (q_lora_rank, kv_lora_rank, head dims).
 Status ParseMla(const ConfigFields& f, ModelConfig& c);
 // DeepSeek-style routing: sigmoid (noaux_tc, correction bias) or softmax scores, grouped

@@ -283,23 +283,13 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
   // packed bytes in the weight and groups in the scales.
   const std::vector<int64_t> w_logical = q.WeightShape(rows, cols);
   const std::vector<int64_t> w_local = q.WeightShape(lrows, lcols);
-  int64_t wb = begin, we = end;
-  if (dim == 1) {
-    wb = q.WeightShape(1, begin)[1];
-    we = q.WeightShape(1, end)[1];
-  }
+  const auto [wb, we] = q.WeightSlice(dim != 1, begin, end);
   const std::string leaf(q.spec().weight_leaf);
   push(t.name + "." + leaf, q.WeightDType(t.dtype), w_logical, w_local, wb, we,
        TensorPart::kWeight);
   if (q.has_scales()) {
-    int64_t sb = begin, se = end;
-    if (dim == 0) {
-      sb = begin / q.RowGranule();
-      se = CeilDiv(end, q.RowGranule());
-    } else if (dim == 1) {
-      sb = begin / q.group;
-      se = CeilDiv(end, q.group);
-    }
+    const auto [sb, se] = dim < 0 ? std::pair<int64_t, int64_t>{begin, end}
+                                  : q.ScaleSlice(dim == 0, begin, end);
     push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
          q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kScale);
   }
@@ -345,23 +335,13 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
     const std::vector<int64_t> lg = q.WeightShape(out_logical, in_logical);
     const std::vector<int64_t> raw = q.WeightShape(out_raw, in_raw);
     const std::vector<int64_t> pad = q.WeightShape(out_pad, in_pad);
-    int64_t wb = begin, we = end;
-    if (shard_dim == 2) {
-      wb = q.WeightShape(1, begin)[1];
-      we = q.WeightShape(1, end)[1];
-    }
+    const auto [wb, we] = q.WeightSlice(shard_dim != 2, begin, end);
     push(MakeShard(wname, cat, q.WeightDType(m.dtype), {E, lg[0], lg[1]}, {El, raw[0], raw[1]},
                    {El, pad[0], pad[1]}, shard_dim, wb, we, moe_layers),
          role, TensorPart::kWeight, sections);
     if (q.has_scales()) {
-      int64_t sb = begin, se = end;
-      if (shard_dim == 1) {
-        sb = begin / q.RowGranule();
-        se = CeilDiv(end, q.RowGranule());
-      } else if (shard_dim == 2) {
-        sb = begin / q.group;
-        se = CeilDiv(end, q.group);
-      }
+      const auto [sb, se] = shard_dim < 0 ? std::pair<int64_t, int64_t>{begin, end}
+                                          : q.ScaleSlice(shard_dim == 1, begin, end);
       const std::vector<int64_t> slg = q.ScaleShape(out_logical, in_logical);
       const std::vector<int64_t> sraw = q.ScaleShape(out_raw, in_raw);
       const std::vector<int64_t> spad = q.ScaleShape(out_pad, in_pad);

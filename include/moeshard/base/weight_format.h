@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "moeshard/base/dtype.h"
@@ -86,6 +87,12 @@ struct WeightScheme {
   std::vector<int64_t> ScaleShape(int64_t rows, int64_t cols) const;  // empty when none
   int64_t WeightBytes(int64_t rows, int64_t cols, DType dense_dtype = DType::kBF16) const;
   int64_t ScaleBytes(int64_t rows, int64_t cols) const;
+
+  // Storage coordinates of the logical slice [begin, end) of the output (`rows`) or input
+  // dimension: rows stay rows; along the input, the weight counts its storage elements
+  // (packed: bytes) and the scales count groups (fp8: block rows along the output).
+  std::pair<int64_t, int64_t> WeightSlice(bool rows, int64_t begin, int64_t end) const;
+  std::pair<int64_t, int64_t> ScaleSlice(bool rows, int64_t begin, int64_t end) const;
 
   // Smallest slice of the output (rows) and input (cols) dimension a rank may hold so that
   // every scale stays on one rank; a dimension that is rows of one tensor and columns of

@@ -8,10 +8,7 @@ namespace moeshard {
 namespace {
 
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
-  MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.head_dim,
-                            f.Int("head_dim", c.hidden_size / c.num_attention_heads, 1));
+  MOESHARD_RETURN_IF_ERROR(family::ParseGqa(f, c));
   MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
   c.intermediate_size = c.moe_intermediate_size;
   MOESHARD_ASSIGN_OR_RETURN(c.num_experts,
