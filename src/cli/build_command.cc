@@ -185,6 +185,7 @@ int RunBuild(const BuildFlags& f) {
   out_json["source"] = SourceText(*source, f);
   out_json["layers_restricted_to"] = f.layers;
   out_json["unplaced_tensors"] = unplaced;
+  out_json["mtp_tensors"] = (*loader)->mtp_tensors().size();
   out_json["ranks"] = nlohmann::json::array();
   bool all_equal = true;
   std::vector<RankWeights> kept;
@@ -262,6 +263,12 @@ int RunBuild(const BuildFlags& f) {
     }
     if (unplaced.size() > 20) std::fprintf(stderr, "\n  ... and %zu more", unplaced.size() - 20);
     std::fprintf(stderr, "\n");
+  }
+  if (const size_t mtp = (*loader)->mtp_tensors().size(); mtp > 0) {
+    std::fprintf(stderr,
+                 "moeshard build: %zu multi-token-prediction tensor%s not loaded (engines load "
+                 "them only for speculative decoding)\n",
+                 mtp, mtp == 1 ? " is" : "s are");
   }
   if (!all_equal) {
     std::fprintf(stderr,

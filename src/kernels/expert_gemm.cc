@@ -234,6 +234,7 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   m.group = w.scheme.group;
   m.block_rows = w.scheme.block_rows;
   m.row_groups = w.bf16_row_groups;
+  m.row_bytes = w.scheme.WeightRowBytes(m.cols);
   const int64_t data_bytes = w.scheme.WeightBytes(m.rows, m.cols);
   const int64_t scale_bytes = w.scheme.ScaleBytes(m.rows, m.cols);
   m.data = static_cast<const uint8_t*>(w13 ? w.w13 : w.w2) + expert * data_bytes;

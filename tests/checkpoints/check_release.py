@@ -98,6 +98,8 @@ def check_does_not_fit(m, d):
                        text=True)
     if p.returncode not in (0, 3):
         raise Fail(f"plan -tp 2 -ep: exit {p.returncode} (a crash?)\n{p.stderr[-2000:]}")
+    if p.returncode == 3 and "smallest change that fits:" not in p.stderr:
+        raise Fail(f"plan -tp 2 -ep does not fit but gives no advice:\n{p.stderr[-2000:]}")
 
 
 def check_build(m, d, topo, ranks):

@@ -39,15 +39,9 @@ struct MatrixRef {
   // Bf16RowGroupsIndex(r, c, cols). dot_rows then takes row_idx in aligned runs of 16.
   bool row_groups = false;
 
-  int64_t RowBytes() const {
-    switch (format) {
-      case WeightFormat::kBf16: return cols * 2;
-      case WeightFormat::kFp8Block: return cols;
-      case WeightFormat::kMxfp4:
-      case WeightFormat::kInt4: return cols / 2;
-    }
-    return 0;
-  }
+  int64_t row_bytes = 0;  // bytes of one stored row (the weight-format table's, by ExpertMatrix)
+
+  int64_t RowBytes() const { return row_bytes; }
   const uint8_t* Row(int64_t r) const { return data + r * RowBytes(); }
 };
 
