@@ -18,6 +18,7 @@
 
 #include "cli/command.h"
 #include "moeshard/kernels/kernel_bench.h"
+#include "moeshard/kernels/roofline.h"
 #include "moeshard/kernels/kernel_context.h"
 
 namespace moeshard::cli {
@@ -64,14 +65,6 @@ Result<WeightFormat> ParseFormat(const std::string& s) {
         "bench kernels: '--formats': expected bf16, bf16-rg, fp8, mxfp4 or int4, got '{}'", s));
   }
   return it->second;
-}
-
-Result<CpuIsa> ParseIsa(const std::string& s) {
-  if (s == "auto") return CpuIsa::kAuto;
-  if (s == "avx512" || s == "avx512-bf16") return CpuIsa::kAvx512Bf16;
-  if (s == "portable") return CpuIsa::kPortable;
-  return InvalidArgumentError(
-      fmt::format("bench kernels: '--isa': expected auto, avx512 or portable, got '{}'", s));
 }
 
 Status RunKernels(const KernelsFlags& f) {
@@ -121,15 +114,16 @@ Status RunKernels(const KernelsFlags& f) {
   }
   KernelContextOptions co;
   co.num_threads = f.threads;
-  MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseIsa(f.isa));
+  MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseCpuIsa(f.isa));
   MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create(co));
 
   const std::string load_before = ReadFirstLine("/proc/loadavg");
-  fmt::print("machine: {}, {} threads, isa {}, load average {}\n", CpuModel(), ctx.num_threads(),
-             CpuIsaName(ctx.isa()), load_before);
+  const char* peak = ComputePeakInstruction(ctx);
+  fmt::print("machine: {}, {} threads, kernel variant {} (peak instruction {}), load average {}\n",
+             CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()), peak, load_before);
   MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, 3));
-  fmt::print("roofline before: read {:.2f} GB/s, bf16 dot peak {:.1f} GFLOP/s\n",
-             before.read_bytes_per_s / 1e9, before.bf16_flops_per_s / 1e9);
+  fmt::print("roofline before: read {:.2f} GB/s, {} peak {:.1f} GFLOP/s\n",
+             before.read_bytes_per_s / 1e9, peak, before.peak_flops_per_s / 1e9);
   auto progress = [](const KernelBenchResult& r) {
     fmt::print("  {} {} tokens {}: {:.3f} ms\n", r.shape, KernelBenchFormatName(r), r.num_tokens,
                r.seconds * 1e3);
@@ -138,8 +132,8 @@ Status RunKernels(const KernelsFlags& f) {
   MOESHARD_ASSIGN_OR_RETURN(std::vector<KernelBenchResult> results,
                             RunKernelBench(ctx, o, before, progress));
   MOESHARD_ASSIGN_OR_RETURN(const Roofline after, MeasureRoofline(ctx, 3));
-  fmt::print("roofline after:  read {:.2f} GB/s, bf16 dot peak {:.1f} GFLOP/s\n",
-             after.read_bytes_per_s / 1e9, after.bf16_flops_per_s / 1e9);
+  fmt::print("roofline after:  read {:.2f} GB/s, {} peak {:.1f} GFLOP/s\n",
+             after.read_bytes_per_s / 1e9, peak, after.peak_flops_per_s / 1e9);
   // The run-wide best: the best of every measurement (before, after and around each case).
   Roofline roof = BestOf(before, after);
   for (const KernelBenchResult& r : results) roof = BestOf(roof, r.roofline);
@@ -147,9 +141,9 @@ Status RunKernels(const KernelsFlags& f) {
   const std::string load_after = ReadFirstLine("/proc/loadavg");
   fmt::print(
       "\nroofline: measured around each case (GB/s, GFLOP/s columns); run-wide best: read "
-      "bandwidth {:.2f} GB/s (1 GiB buffer), bf16 dot peak {:.1f} GFLOP/s (vdpbf16ps on "
-      "registers); load average after: {}\n\n",
-      roof.read_bytes_per_s / 1e9, roof.bf16_flops_per_s / 1e9, load_after);
+      "bandwidth {:.2f} GB/s (1 GiB buffer), peak {:.1f} GFLOP/s ({} on registers); load "
+      "average after: {}\n\n",
+      roof.read_bytes_per_s / 1e9, roof.peak_flops_per_s / 1e9, peak, load_after);
   fmt::print(
       "| shape | format | tokens | experts | weights MB | time ms | route ms | GB/s | GFLOP/s "
       "| roofline ms | bound | of roofline | of run-best |\n"
@@ -160,7 +154,7 @@ Status RunKernels(const KernelsFlags& f) {
         "{:.1f}% | {:.1f}% |\n",
         r.shape, KernelBenchFormatName(r), r.num_tokens, r.experts_touched, r.weight_bytes / 1e6,
         r.seconds * 1e3, r.routing_seconds * 1e3, r.roofline.read_bytes_per_s / 1e9,
-        r.roofline.bf16_flops_per_s / 1e9, std::max(r.memory_seconds, r.compute_seconds) * 1e3,
+        r.roofline.peak_flops_per_s / 1e9, std::max(r.memory_seconds, r.compute_seconds) * 1e3,
         r.bound, r.fraction * 100, r.fraction_of_run_best * 100);
   }
 
@@ -169,16 +163,17 @@ Status RunKernels(const KernelsFlags& f) {
     j["machine"] = {{"cpu", CpuModel()},
                     {"threads", ctx.num_threads()},
                     {"isa", CpuIsaName(ctx.isa())},
+                    {"peak_instruction", peak},
                     {"loadavg_before", load_before},
                     {"loadavg_after", load_after}};
     j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
-                     {"bf16_flops_per_s", roof.bf16_flops_per_s},
+                     {"peak_flops_per_s", roof.peak_flops_per_s},
                      {"before",
                       {{"read_bytes_per_s", before.read_bytes_per_s},
-                       {"bf16_flops_per_s", before.bf16_flops_per_s}}},
+                       {"peak_flops_per_s", before.peak_flops_per_s}}},
                      {"after",
                       {{"read_bytes_per_s", after.read_bytes_per_s},
-                       {"bf16_flops_per_s", after.bf16_flops_per_s}}}};
+                       {"peak_flops_per_s", after.peak_flops_per_s}}}};
     j["results"] = nlohmann::json::array();
     for (const KernelBenchResult& r : results) {
       j["results"].push_back({{"shape", r.shape},
@@ -194,7 +189,7 @@ Status RunKernels(const KernelsFlags& f) {
                               {"compute_seconds", r.compute_seconds},
                               {"bound", r.bound},
                               {"roofline_read_bytes_per_s", r.roofline.read_bytes_per_s},
-                              {"roofline_bf16_flops_per_s", r.roofline.bf16_flops_per_s},
+                              {"roofline_peak_flops_per_s", r.roofline.peak_flops_per_s},
                               {"fraction_of_roofline", r.fraction},
                               {"fraction_of_run_best_roofline", r.fraction_of_run_best}});
     }
@@ -232,7 +227,9 @@ CommandRunner SetupKernels(CLI::App* bench) {
                   "bf16-rg mxfp4)")
       ->delimiter(',');
   sub->add_option("--threads", f->threads, "threads including the caller (0: all cores)");
-  sub->add_option("--isa", f->isa, "auto, avx512 or portable");
+  sub->add_option("--isa", f->isa,
+                  "auto (default; or MOESHARD_CPU_ISA), avx512-bf16, avx512, avx2, neon, sve or "
+                  "portable: the kernel variant to measure");
   sub->add_option("--min-time", f->min_time, "seconds per case (at least 3 repetitions)");
   sub->add_option("--json", f->json, "also write the results as JSON to this file");
   sub->add_flag("--quick", f->quick, "tokens 1, 8, 512 and short timing (a smoke run)");

@@ -27,7 +27,7 @@ std::vector<KernelBenchShape> DefaultKernelBenchShapes() {
 Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions) {
   Roofline r;
   MOESHARD_ASSIGN_OR_RETURN(r.read_bytes_per_s, MeasureReadBandwidth(ctx, kGiB, repetitions));
-  MOESHARD_ASSIGN_OR_RETURN(r.bf16_flops_per_s, MeasureBf16DotPeak(ctx, repetitions));
+  MOESHARD_ASSIGN_OR_RETURN(r.peak_flops_per_s, MeasureComputePeak(ctx, repetitions));
   return r;
 }
 
@@ -50,19 +50,19 @@ std::string KernelBenchFormatName(const KernelBenchResult& r) {
 
 Roofline BestOf(const Roofline& a, const Roofline& b) {
   return {std::max(a.read_bytes_per_s, b.read_bytes_per_s),
-          std::max(a.bf16_flops_per_s, b.bf16_flops_per_s)};
+          std::max(a.peak_flops_per_s, b.peak_flops_per_s)};
 }
 
 void ApplyRoofline(const Roofline& run_best, std::vector<KernelBenchResult>* results) {
   for (KernelBenchResult& r : *results) {
     const Roofline& local =
-        r.roofline.read_bytes_per_s > 0 && r.roofline.bf16_flops_per_s > 0 ? r.roofline : run_best;
+        r.roofline.read_bytes_per_s > 0 && r.roofline.peak_flops_per_s > 0 ? r.roofline : run_best;
     r.memory_seconds = r.weight_bytes / local.read_bytes_per_s;
-    r.compute_seconds = r.flops / local.bf16_flops_per_s;
+    r.compute_seconds = r.flops / local.peak_flops_per_s;
     r.bound = r.memory_seconds >= r.compute_seconds ? "memory" : "compute";
     r.fraction = std::max(r.memory_seconds, r.compute_seconds) / r.seconds;
     r.fraction_of_run_best =
-        std::max(r.weight_bytes / run_best.read_bytes_per_s, r.flops / run_best.bf16_flops_per_s) /
+        std::max(r.weight_bytes / run_best.read_bytes_per_s, r.flops / run_best.peak_flops_per_s) /
         r.seconds;
   }
 }
@@ -70,7 +70,7 @@ void ApplyRoofline(const Roofline& run_best, std::vector<KernelBenchResult>* res
 Result<std::vector<KernelBenchResult>> RunKernelBench(
     KernelContext& ctx, const KernelBenchOptions& o, const Roofline& roofline,
     const std::function<void(const KernelBenchResult&)>& on_result) {
-  if (roofline.read_bytes_per_s <= 0 || roofline.bf16_flops_per_s <= 0) {
+  if (roofline.read_bytes_per_s <= 0 || roofline.peak_flops_per_s <= 0) {
     return InvalidArgumentError("bench kernels: 'roofline': expected positive measurements");
   }
   std::vector<KernelBenchResult> results;

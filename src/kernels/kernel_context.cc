@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
 
 namespace moeshard {
@@ -10,9 +13,45 @@ const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto: return "auto";
     case CpuIsa::kAvx512Bf16: return "avx512-bf16";
+    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kNeon: return "neon";
+    case CpuIsa::kSve: return "sve";
     case CpuIsa::kPortable: return "portable";
   }
   return "?";
+}
+
+Result<CpuIsa> ParseCpuIsa(const std::string& name) {
+  if (name == "auto") return CpuIsa::kAuto;
+  std::string names = "auto";
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (name == CpuIsaName(isa)) return isa;
+    names += std::string(", ") + CpuIsaName(isa);
+  }
+  return InvalidArgumentError(
+      fmt::format("kernel context: 'isa {}': expected one of {}", name, names));
+}
+
+bool CpuSupportsIsa(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAuto:
+    case CpuIsa::kPortable: return true;
+    case CpuIsa::kAvx512Bf16: return CpuSupportsAvx512Bf16();
+    case CpuIsa::kAvx512:
+    case CpuIsa::kAvx2:
+    case CpuIsa::kNeon:
+    case CpuIsa::kSve: return internal::CpuSupportsSimd(isa);
+  }
+  return false;
+}
+
+std::vector<CpuIsa> SupportedCpuIsas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (CpuSupportsIsa(isa)) out.push_back(isa);
+  }
+  return out;
 }
 
 bool CpuSupportsAvx512Bf16() {
@@ -29,17 +68,22 @@ bool CpuSupportsAvx512Bf16() {
 
 Result<KernelContext> KernelContext::Create(const KernelContextOptions& options) {
   CpuIsa isa = options.isa;
-  const bool has_avx512 = CpuSupportsAvx512Bf16();
-  switch (isa) {
-    case CpuIsa::kAuto: isa = has_avx512 ? CpuIsa::kAvx512Bf16 : CpuIsa::kPortable; break;
-    case CpuIsa::kAvx512Bf16:
-      if (!has_avx512) {
-        return FailedPreconditionError(
-            "kernel context: 'isa': expected a CPU with AVX-512 F/BW/VL and AVX512_BF16, this "
-            "one lacks them (use --isa auto or portable)");
-      }
-      break;
-    case CpuIsa::kPortable: break;
+  if (isa == CpuIsa::kAuto) {
+    if (const char* env = std::getenv("MOESHARD_CPU_ISA"); env != nullptr && *env != '\0') {
+      Result<CpuIsa> parsed = ParseCpuIsa(env);
+      if (!parsed.ok()) return parsed.status().WithContext("MOESHARD_CPU_ISA");
+      isa = *parsed;
+    }
+  }
+  if (isa == CpuIsa::kAuto) {
+    isa = SupportedCpuIsas().front();
+  } else if (!CpuSupportsIsa(isa)) {
+    std::string ok;
+    for (CpuIsa s : SupportedCpuIsas()) ok += std::string(ok.empty() ? "" : ", ") + CpuIsaName(s);
+    return FailedPreconditionError(fmt::format(
+        "kernel context: 'isa {}': this CPU (or build) cannot run it (this one runs: {}; use "
+        "auto)",
+        CpuIsaName(isa), ok));
   }
   if (options.num_threads < 0) {
     return InvalidArgumentError(

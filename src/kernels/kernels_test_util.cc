@@ -16,9 +16,9 @@ std::vector<float> Randn(int64_t n, uint64_t seed, float scale) {
 }
 
 std::vector<CpuIsa> TestIsas() {
-  std::vector<CpuIsa> isas = {CpuIsa::kPortable};
-  if (CpuSupportsAvx512Bf16()) isas.push_back(CpuIsa::kAvx512Bf16);
-  return isas;
+  // Every variant this CPU can run: the portable path, each Highway target (AVX2, AVX-512
+  // without BF16, NEON, SVE) and the native AVX-512 BF16 kernels.
+  return SupportedCpuIsas();
 }
 
 KernelContext MakeContext(CpuIsa isa, int num_threads) {

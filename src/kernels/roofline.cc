@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/roofline_avx512.h"
 #include "moeshard/base/aligned_buffer.h"
 #include "moeshard/kernels/kernel_context.h"
@@ -94,10 +96,12 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
   return best;
 }
 
-Result<double> MeasureBf16DotPeak(KernelContext& ctx, int repetitions) {
-  if (!CpuSupportsAvx512Bf16()) {
-    return FailedPreconditionError("dot peak: this CPU has no AVX512_BF16 (vdpbf16ps)");
-  }
+const char* ComputePeakInstruction(const KernelContext& ctx) {
+  return internal::CpuBackendFor(ctx.isa()).peak_instruction;
+}
+
+Result<double> MeasureComputePeak(KernelContext& ctx, int repetitions) {
+  const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
   const int threads = ctx.num_threads();
   constexpr int64_t kIterations = 2'000'000;
   std::atomic<uint32_t> sink{0};
@@ -105,18 +109,20 @@ Result<double> MeasureBf16DotPeak(KernelContext& ctx, int repetitions) {
   StartBarrier barrier(threads);
   for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
     barrier.Reset();
+    std::vector<double> flops(static_cast<size_t>(threads), 0.0);
     const auto t0 = std::chrono::steady_clock::now();
     ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
       barrier.ArriveAndWait();
-      const float r = internal::DotPeakLoopAvx512(kIterations, 1.0f + static_cast<float>(b));
+      const float r = be.peak_loop(kIterations, 1.0f + static_cast<float>(b),
+                                   &flops[static_cast<size_t>(b)]);
       uint32_t u;
       std::memcpy(&u, &r, 4);
       sink ^= u;
     });
     const double s = Seconds(t0, std::chrono::steady_clock::now());
-    const double flops =
-        static_cast<double>(threads) * kIterations * internal::kDotPeakOpsPerIteration * 64.0;
-    best = std::max(best, flops / s);
+    double total = 0.0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / s);
   }
   if (sink.load() == 0x12345678u) std::fputc(' ', stderr);
   return best;

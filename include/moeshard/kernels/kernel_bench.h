@@ -45,7 +45,7 @@ std::vector<KernelBenchShape> DefaultKernelBenchShapes();
 
 struct Roofline {
   double read_bytes_per_s = 0.0;
-  double bf16_flops_per_s = 0.0;
+  double peak_flops_per_s = 0.0;  // of the instruction the context's kernels use (roofline.h)
 };
 
 // Measures both limits (a 1 GiB read buffer, best of `repetitions`).

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "moeshard/base/status.h"
 #include "moeshard/base/thread_pool.h"
@@ -19,12 +21,24 @@
 namespace moeshard {
 
 enum class CpuIsa {
-  kAuto,        // pick the best the running CPU supports
-  kAvx512Bf16,  // AVX-512 F/BW/VL + AVX512_BF16 (vdpbf16ps) + FMA
+  kAuto,        // pick the best the running CPU supports (or MOESHARD_CPU_ISA, see Create)
+  kAvx512Bf16,  // AVX-512 F/BW/VL + AVX512_BF16 (vdpbf16ps) + FMA: native bf16 dot products
+  kAvx512,      // AVX-512 F/BW/DQ/VL without BF16 (Skylake-SP to Ice Lake): the SIMD backend
+  kAvx2,        // AVX2 + FMA + F16C (Haswell on, Zen 1-3): the SIMD backend
+  kNeon,        // Arm NEON: the SIMD backend
+  kSve,         // Arm SVE: the SIMD backend
   kPortable,    // plain C++ (auto-vectorised), runs anywhere
 };
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2,
+                                         CpuIsa::kNeon,       CpuIsa::kSve,    CpuIsa::kPortable};
 
-const char* CpuIsaName(CpuIsa isa);
+const char* CpuIsaName(CpuIsa isa);  // "avx512-bf16", "avx512", "avx2", "neon", "sve", ...
+// Inverse of CpuIsaName (and "auto"); an error lists the names.
+Result<CpuIsa> ParseCpuIsa(const std::string& name);
+// Whether the running CPU (and this build) can run `isa`; kAuto and kPortable always can.
+bool CpuSupportsIsa(CpuIsa isa);
+// Every instruction set this CPU can run, best first (the last is kPortable).
+std::vector<CpuIsa> SupportedCpuIsas();
 
 // True when the running CPU (and OS, via XSAVE state) supports every instruction the
 // kAvx512Bf16 path uses.
@@ -44,7 +58,9 @@ struct KernelScratch;  // defined in src/kernels/kernel_scratch.h
 
 class KernelContext {
  public:
-  // Fails when `options.isa` forces an instruction set the CPU lacks.
+  // Fails when `options.isa` forces an instruction set the CPU lacks. With kAuto the
+  // environment variable MOESHARD_CPU_ISA (a CpuIsaName) forces one, so a whole test suite or
+  // benchmark can run on each variant; otherwise the best supported is picked.
   static Result<KernelContext> Create(const KernelContextOptions& options = {});
 
   KernelContext(KernelContext&&) noexcept;

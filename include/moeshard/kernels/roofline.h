@@ -1,5 +1,5 @@
 // Machine limits the kernels are measured against: sustained read bandwidth and the peak rate
-// of the bf16 dot-product instruction (vdpbf16ps).
+// of the multiply-add instruction the kernels of the context's instruction set use.
 //
 // Both run on every thread of the context's pool at once, as the kernels do. Results are in one
 // run's units (bytes/s, FLOP/s with 2 FLOPs per multiply-add) and are meant for ratios reported
@@ -22,9 +22,12 @@ class KernelContext;
 // second.
 Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions);
 
-// vdpbf16ps on registers only (independent accumulators, no memory traffic), all threads, best
-// of `repetitions`. Returns FLOP/s (one vdpbf16ps on 512 bits = 32 multiply-adds = 64 FLOPs).
-// FailedPrecondition when the CPU lacks AVX512_BF16.
-Result<double> MeasureBf16DotPeak(KernelContext& ctx, int repetitions);
+// The peak of the multiply-add instruction the context's kernels use (vdpbf16ps on AVX-512 BF16;
+// fp32 FMA on AVX2, AVX-512 without BF16, NEON and SVE; the plain C++ loop on the portable
+// path), on registers only, all threads, best of `repetitions`. Returns FLOP/s (2 per
+// multiply-add).
+Result<double> MeasureComputePeak(KernelContext& ctx, int repetitions);
+// The name of that instruction ("vdpbf16ps", "fp32 FMA (avx2)", ...).
+const char* ComputePeakInstruction(const KernelContext& ctx);
 
 }  // namespace moeshard

@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/roofline_avx512.h"
 #include "moeshard/base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/kernels/cpu_constraints.h"
@@ -1018,9 +1019,20 @@ void WeightedSum(const float* const* rows, const float* weights, int64_t num_row
 
 }  // namespace
 
+namespace {
+
+// vdpbf16ps on registers (roofline_avx512.cc): 32 multiply-adds per instruction.
+float PeakLoop(int64_t iterations, float seed, double* flops) {
+  *flops += static_cast<double>(iterations) * kDotPeakOpsPerIteration * 64.0;
+  return DotPeakLoopAvx512(iterations, seed);
+}
+
+}  // namespace
+
 const CpuBackend& Avx512Backend() {
   static const CpuBackend backend{"avx512-bf16", DotRows,   Activate,        ToBf16,     WorkFloats,
-                                  PackedGemm,    PackGroup, StoreTransposed, WeightedSum};
+                                  PackedGemm,    PackGroup, StoreTransposed, WeightedSum,
+                                  "vdpbf16ps",   PeakLoop};
   return backend;
 }
 

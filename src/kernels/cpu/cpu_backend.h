@@ -124,14 +124,26 @@ struct CpuBackend {
   // i < n, the terms added in order of s: one token's expert outputs summed (unpermute).
   void (*weighted_sum)(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
                        float* out, bool accumulate);
+  // The multiply-add instruction the kernels are bound by, and a register-only loop of it for the
+  // roofline: `iterations` rounds of independent multiply-adds; returns a value depending on
+  // every one (so nothing is optimised away) and adds the FLOPs it did to *flops.
+  const char* peak_instruction;
+  float (*peak_loop)(int64_t iterations, float seed, double* flops);
 };
 
 const CpuBackend& PortableBackend();
 // REQUIRES: CpuSupportsAvx512Bf16().
 const CpuBackend& Avx512Backend();
+// The Highway backend of a SIMD instruction set (kAvx512, kAvx2, kNeon, kSve; simd_backend.cc),
+// or nullptr when this build did not compile that target.
+const CpuBackend* SimdBackendFor(CpuIsa isa);
+// Whether this build has the SIMD backend of `isa` and the CPU supports its target.
+bool CpuSupportsSimd(CpuIsa isa);
 // The backend of a resolved instruction set (KernelContext::isa()).
 inline const CpuBackend& CpuBackendFor(CpuIsa isa) {
-  return isa == CpuIsa::kAvx512Bf16 ? Avx512Backend() : PortableBackend();
+  if (isa == CpuIsa::kAvx512Bf16) return Avx512Backend();
+  if (const CpuBackend* b = SimdBackendFor(isa)) return *b;
+  return PortableBackend();
 }
 
 }  // namespace moeshard::internal

@@ -105,11 +105,27 @@ void WeightedSum(const float* const* rows, const float* weights, int64_t num_row
   }
 }
 
+// Plain C++ multiply-adds over 16 independent fp32 accumulators (what the compiler makes of the
+// portable kernels' loops).
+float PeakLoop(int64_t iterations, float seed, double* flops) {
+  float acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = seed + static_cast<float>(i);
+  const float x = 0.999f, y = 1e-3f;
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 16; ++i) acc[i] = acc[i] * x + y;
+  }
+  *flops += 2.0 * 16.0 * static_cast<double>(iterations);
+  float s = 0.0f;
+  for (float a : acc) s += a;
+  return s;
+}
+
 }  // namespace
 
 const CpuBackend& PortableBackend() {
-  static const CpuBackend backend{"portable", DotRows, Activate, ToBf16,     WorkFloats,
-                                  nullptr,    nullptr, nullptr,  WeightedSum};
+  static const CpuBackend backend{"portable", DotRows,     Activate,         ToBf16,  WorkFloats,
+                                  nullptr,    nullptr,     nullptr,          WeightedSum,
+                                  "fp32 multiply-add (plain C++)", PeakLoop};
   return backend;
 }
 

@@ -1,0 +1,447 @@
+// The portable SIMD backend: the dot-product (decode) kernels for every weight format, the
+// bf16 rounding and the unpermute sum, written once with Highway and compiled for each
+// instruction set it targets (AVX2 + FMA + F16C, AVX-512 F/BW without BF16, NEON, SVE). The
+// backend of an instruction set is picked per KernelContext (SimdBackendFor), after a runtime
+// check that the CPU has it; `kAvx512Bf16` keeps its own intrinsics (native vdpbf16ps).
+//
+// Numerics: tokens and weights are widened to fp32 and multiplied with fp32 FMAs (Highway's
+// bf16 multiply-accumulate is emulated; see ../shared/reference/ecosystem.md), so every format
+// gives exactly the dequantised weight times the bf16 input, summed in fp32. fp32 -> bf16 uses
+// the round-to-nearest-even conversion of base/numeric.h semantics (Highway's demotion
+// truncates).
+//
+// Layout of a dot task (DotRowsArgs): the tokens are widened once into the work buffer, in the
+// order the format's decoder yields weights. 4-bit formats decode a vector of bytes into two
+// vectors, the low nibbles (even columns) and the high nibbles (odd columns), so each chunk of
+// 2 * N columns of a token is stored as its N even then its N odd columns; bf16 and fp8 keep the
+// natural order. Each tile multiplies kMr tokens by kNr rows with kMr * kNr vector accumulators,
+// decoding a row chunk once for all its tokens.
+//
+// Thread safety: pure functions over their arguments.
+
+// clang-format off
+// Targets below AVX2 add build time and no use: CPUs without AVX2 take the portable backend.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/simd_backend.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/cache_control.h"
+// clang-format on
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "moeshard/base/math.h"
+#include "moeshard/base/numeric.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace moeshard::internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+// Highway always compiles its baseline target too; there (HWY_SCALAR) the portable backend's
+// kernels serve.
+#if HWY_TARGET == HWY_SCALAR
+void DotRowsT(const DotRowsArgs& a) { PortableBackend().dot_rows(a); }
+void ToBf16T(const float* src, int64_t n, bf16_t* dst) { PortableBackend().to_bf16(src, n, dst); }
+void WeightedSumT(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
+                  float* out, bool accumulate) {
+  PortableBackend().weighted_sum(rows, weights, num_rows, n, out, accumulate);
+}
+float PeakLoopT(int64_t iterations, float seed, double* flops) {
+  return PortableBackend().peak_loop(iterations, seed, flops);
+}
+#else
+namespace {
+
+// At most 16 fp32 lanes, so a 4-bit chunk (2 * N columns) never exceeds the 32-value MXFP4 group
+// (SVE vectors can be wider).
+using DF = hn::CappedTag<float, 16>;
+using VF = hn::Vec<DF>;
+
+// Tokens x rows of one tile: 8 accumulators plus the decoded rows fit 16 vector registers.
+constexpr int kMr = 2;
+constexpr int kNr = 4;
+// Software prefetch distance along each weight row (the AVX-512 BF16 kernels measured 1 KiB).
+constexpr int64_t kPrefetchBytes = 1024;
+
+// E2M1 codes times 2 (so they are integers) and int4 codes minus 8, as signed bytes, for the
+// byte-shuffle lookup.
+alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+alignas(16) constexpr int8_t kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+// Per format: `kVecs` fp32 vectors per decoded chunk (chunk = kVecs * N columns); RowOf(r) the
+// row's data and scale pointers; Decode(row, c, g, out) for the chunk starting at column c, in
+// scale group g (a chunk never straddles two groups); Scalar(r, c) for the columns past the last
+// whole chunk; group() the columns per scale (0: no scales).
+struct RowPtrs {
+  const uint8_t* w;
+  const uint8_t* s;
+};
+
+struct Bf16Dec {
+  static constexpr int kVecs = 1;
+  const MatrixRef& m;
+  int64_t group() const { return 0; }
+  RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
+  void Decode(const RowPtrs& row, int64_t c, int64_t /*g*/, VF* out) const {
+    const DF df;
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<uint32_t, DF> du32;
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row.w) + c;
+    out[0] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
+  }
+  float Scalar(int64_t r, int64_t c) const {
+    return Bf16ToFloat(reinterpret_cast<const bf16_t*>(m.Row(r))[c]);
+  }
+};
+
+// fp8 e4m3fn: the byte shifted into an fp16's exponent and mantissa fields is the value times
+// 2^-8, subnormals included (the same trick as the AVX-512 backend); the block scale carries the
+// 2^8.
+struct Fp8Dec {
+  static constexpr int kVecs = 1;
+  const MatrixRef& m;
+  int64_t scale_cols;
+  explicit Fp8Dec(const MatrixRef& mr) : m(mr), scale_cols(CeilDiv(mr.cols, mr.group)) {}
+  int64_t group() const { return m.group; }
+  RowPtrs RowOf(int64_t r) const {
+    return {m.Row(r), m.scales + (r / m.block_rows) * scale_cols * sizeof(float)};
+  }
+  void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
+    const DF df;
+    const hn::Rebind<uint8_t, DF> du8;
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, row.w + c)));
+    const auto h = hn::Add(t, hn::And(t, hn::Set(du16, 0x4000)));
+    const float scale = reinterpret_cast<const float*>(row.s)[g] * 256.0f;
+    out[0] = hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, h)), hn::Set(df, scale));
+  }
+  float Scalar(int64_t r, int64_t c) const {
+    return Fp8E4M3ToFloat(m.Row(r)[c]) *
+           reinterpret_cast<const float*>(RowOf(r).s)[c / m.group];
+  }
+};
+
+// 4-bit codes: N bytes hold 2N values; the low nibbles (even columns) and the high nibbles (odd
+// columns) are looked up by byte shuffle into signed integers, widened and converted to fp32,
+// and multiplied by the group's scale.
+template <bool kMx>
+struct NibbleDec {
+  static constexpr int kVecs = 2;
+  const MatrixRef& m;
+  int64_t group() const { return m.group; }
+  RowPtrs RowOf(int64_t r) const {
+    const int64_t groups = m.cols / m.group;
+    return {m.Row(r), m.scales + r * groups * (kMx ? 1 : 2)};
+  }
+  static float ScaleAt(const RowPtrs& row, int64_t g) {
+    if constexpr (kMx) {
+      return E8M0ToFloat(row.s[g]) * 0.5f;  // the table holds E2M1 x 2
+    } else {
+      return Bf16ToFloat(reinterpret_cast<const bf16_t*>(row.s)[g]);
+    }
+  }
+  void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
+    const DF df;
+    const hn::Rebind<uint8_t, DF> du8;
+    const hn::Rebind<int8_t, DF> di8;
+    const hn::Rebind<int32_t, DF> di32;
+    const hn::Full128<int8_t> dt;
+    const auto table = hn::Load(dt, kMx ? kE2M1x2 : kInt4);
+    const auto bytes = hn::LoadU(du8, row.w + c / 2);
+    const auto lo = hn::BitCast(di8, hn::And(bytes, hn::Set(du8, 0x0F)));
+    const auto hi = hn::BitCast(di8, hn::ShiftRight<4>(bytes));
+    const auto s = hn::Set(df, ScaleAt(row, g));
+    out[0] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo))), s);
+    out[1] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, hi))), s);
+  }
+  float Scalar(int64_t r, int64_t c) const {
+    const uint8_t b = m.Row(r)[c / 2];
+    const int code = c % 2 == 0 ? (b & 0xF) : (b >> 4);
+    return static_cast<float>(kMx ? kE2M1x2[code] : kInt4[code]) * ScaleAt(RowOf(r), c / m.group);
+  }
+};
+
+// Token t's columns in the decoder's chunk order, widened to fp32: x_f[t * k + ...].
+template <typename Dec>
+void WidenTokens(const DotRowsArgs& a, int64_t chunk, int64_t whole, float* xf) {
+  const int64_t k = a.w->cols;
+  const int64_t n = chunk / Dec::kVecs;
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const bf16_t* x = a.x + t * a.ldx;
+    float* dst = xf + t * k;
+    if constexpr (Dec::kVecs == 2) {
+      for (int64_t c0 = 0; c0 < whole; c0 += chunk) {
+        for (int64_t j = 0; j < n; ++j) {
+          dst[c0 + j] = Bf16ToFloat(x[c0 + 2 * j]);
+          dst[c0 + n + j] = Bf16ToFloat(x[c0 + 2 * j + 1]);
+        }
+      }
+      for (int64_t c = whole; c < k; ++c) dst[c] = Bf16ToFloat(x[c]);
+    } else {
+      for (int64_t c = 0; c < k; ++c) dst[c] = Bf16ToFloat(x[c]);
+    }
+  }
+}
+
+// out[t][r] for tokens [t0, t0 + MR) and rows row_idx[r0, r0 + NR).
+template <typename Dec, int MR, int NR>
+void Tile(const Dec& dec, const DotRowsArgs& a, const float* xf, int64_t whole, int64_t chunk,
+          int64_t t0, int64_t r0) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t k = a.w->cols;
+  VF acc[MR][NR];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) acc[i][j] = hn::Zero(df);
+  }
+  int64_t rows[NR];
+  RowPtrs row_ptr[NR];
+  for (int j = 0; j < NR; ++j) {
+    rows[j] = a.row_idx[r0 + j];
+    row_ptr[j] = dec.RowOf(rows[j]);
+  }
+  // The scale group of the current chunk, advanced as the chunks cross group boundaries.
+  const int64_t group = dec.group() > 0 ? dec.group() : k + chunk;
+  int64_t g = 0, group_end = group;
+  // Bytes of a row per chunk, and the chunks between prefetches (one per 64-byte line).
+  const int64_t chunk_bytes = a.w->row_bytes * chunk / std::max<int64_t>(1, k);
+  const int64_t per_line = std::max<int64_t>(1, 64 / std::max<int64_t>(1, chunk_bytes));
+  int64_t since = 0;
+  for (int64_t c = 0; c < whole; c += chunk) {
+    if (c == group_end) {
+      ++g;
+      group_end += group;
+    }
+    if (since-- == 0) {
+      // The weight streams are read once: prefetch kPrefetchBytes ahead of each row.
+      const int64_t off = c * a.w->row_bytes / k + kPrefetchBytes;
+      for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + off);
+      since = per_line - 1;
+    }
+    VF w[NR][Dec::kVecs];
+    for (int j = 0; j < NR; ++j) dec.Decode(row_ptr[j], c, g, w[j]);
+    for (int i = 0; i < MR; ++i) {
+      const float* x = xf + (t0 + i) * k + c;
+      for (int v = 0; v < Dec::kVecs; ++v) {
+        const VF xv = hn::LoadU(df, x + v * n);
+        for (int j = 0; j < NR; ++j) acc[i][j] = hn::MulAdd(w[j][v], xv, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    const float* x = xf + (t0 + i) * k;
+    for (int j = 0; j < NR; ++j) {
+      float s = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
+      for (int64_t cc = whole; cc < k; ++cc) s += dec.Scalar(rows[j], cc) * x[cc];
+      a.out[(t0 + i) * a.ldo + r0 + j] = s;
+    }
+  }
+}
+
+template <typename Dec, int MR>
+void Rows(const Dec& dec, const DotRowsArgs& a, const float* xf, int64_t whole, int64_t chunk,
+          int64_t t0) {
+  int64_t r = 0;
+  for (; r + kNr <= a.num_rows; r += kNr) Tile<Dec, MR, kNr>(dec, a, xf, whole, chunk, t0, r);
+  for (; r < a.num_rows; ++r) Tile<Dec, MR, 1>(dec, a, xf, whole, chunk, t0, r);
+}
+
+template <typename Dec>
+void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
+  const DF df;
+  int64_t chunk = static_cast<int64_t>(hn::Lanes(df)) * Dec::kVecs;
+  // fp8 scales change every `group` columns: a chunk must not straddle two blocks.
+  if constexpr (std::is_same_v<Dec, Fp8Dec>) {
+    while (chunk > 1 && a.w->group % chunk != 0) chunk /= 2;
+    if (chunk < static_cast<int64_t>(hn::Lanes(df))) chunk = 0;  // tiny blocks: scalar only
+  }
+  const int64_t k = a.w->cols;
+  const int64_t whole = chunk > 0 ? k / chunk * chunk : 0;
+  if (chunk == 0) chunk = 1;
+  float* xf = a.work;
+  WidenTokens<Dec>(a, chunk, whole, xf);
+  int64_t t = 0;
+  for (; t + kMr <= a.num_tokens; t += kMr) Rows<Dec, kMr>(dec, a, xf, whole, chunk, t);
+  for (; t < a.num_tokens; ++t) Rows<Dec, 1>(dec, a, xf, whole, chunk, t);
+}
+
+void DotRows(const DotRowsArgs& a) {
+  const MatrixRef& m = *a.w;
+  // The bf16 row-group layout is the AVX-512 BF16 kernels' (moeshard run rewrites experts into
+  // it only for them); here it is decoded by the portable kernels.
+  if (m.row_groups) return PortableBackend().dot_rows(a);
+  switch (m.format) {
+    case WeightFormat::kBf16: return DotRowsWith(Bf16Dec{m}, a);
+    case WeightFormat::kFp8Block: return DotRowsWith(Fp8Dec(m), a);
+    case WeightFormat::kMxfp4: return DotRowsWith(NibbleDec<true>{m}, a);
+    case WeightFormat::kInt4: return DotRowsWith(NibbleDec<false>{m}, a);
+  }
+}
+
+// Round to nearest even, NaN kept quiet (base/numeric.h FloatToBf16, vectorised).
+void ToBf16(const float* src, int64_t n, bf16_t* dst) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<uint16_t, decltype(df)> du16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(df, src + i);
+    const auto bits = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1));
+    auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7FFF))));
+    const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40));
+    rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+    const hn::RebindToSigned<decltype(df)> di;
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, rounded)), du16,
+               reinterpret_cast<uint16_t*>(dst) + i);
+  }
+  for (; i < n; ++i) dst[i] = FloatToBf16(src[i]);
+}
+
+void WeightedSum(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
+                 float* out, bool accumulate) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    auto acc = accumulate ? hn::LoadU(df, out + i) : hn::Zero(df);
+    for (int64_t s = 0; s < num_rows; ++s) {
+      acc = hn::MulAdd(hn::Set(df, weights[s]), hn::LoadU(df, rows[s] + i), acc);
+    }
+    hn::StoreU(acc, df, out + i);
+  }
+  for (; i < n; ++i) {
+    float acc = accumulate ? out[i] : 0.0f;
+    for (int64_t s = 0; s < num_rows; ++s) acc += weights[s] * rows[s][i];
+    out[i] = acc;
+  }
+}
+
+// Independent fp32 FMAs on full vectors: 12 chains hide a 4-cycle latency on 2-3 FMA pipes.
+float PeakLoop(int64_t iterations, float seed, double* flops) {
+  const hn::ScalableTag<float> df;
+  constexpr int kChains = 12;
+  hn::Vec<decltype(df)> acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(df, seed + static_cast<float>(i));
+  const auto x = hn::Set(df, 0.999f), y = hn::Set(df, 1e-3f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = hn::MulAdd(acc[i], x, y);
+  }
+  *flops += 2.0 * kChains * static_cast<double>(hn::Lanes(df)) * static_cast<double>(iterations);
+  auto s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = hn::Add(s, acc[i]);
+  return hn::GetLane(hn::SumOfLanes(df, s));
+}
+
+}  // namespace
+
+// The entry points of this target (referenced by name from the HWY_ONCE part below).
+void DotRowsT(const DotRowsArgs& a) { DotRows(a); }
+void ToBf16T(const float* src, int64_t n, bf16_t* dst) { ToBf16(src, n, dst); }
+void WeightedSumT(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
+                  float* out, bool accumulate) {
+  WeightedSum(rows, weights, num_rows, n, out, accumulate);
+}
+float PeakLoopT(int64_t iterations, float seed, double* flops) {
+  return PeakLoop(iterations, seed, flops);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+}  // namespace HWY_NAMESPACE
+}  // namespace moeshard::internal
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace moeshard::internal {
+namespace {
+
+// Work floats: every token widened to fp32 (and a decoded row when the portable kernels decode
+// the row-group layout).
+int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
+  return std::max(num_tokens * cols, PortableBackend().work_floats(num_tokens, cols));
+}
+
+#define MOESHARD_SIMD_BACKEND(NS, NAME)                                                    \
+  CpuBackend{NAME,                                                                         \
+             NS::DotRowsT,                                                                 \
+             PortableBackend().activate,                                                   \
+             NS::ToBf16T,                                                                  \
+             WorkFloats,                                                                   \
+             nullptr,                                                                      \
+             nullptr,                                                                      \
+             nullptr,                                                                      \
+             NS::WeightedSumT,                                                             \
+             "fp32 FMA (" NAME ")",                                                        \
+             NS::PeakLoopT}
+
+}  // namespace
+
+const CpuBackend* SimdBackendFor(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2: {
+#if HWY_TARGETS & HWY_AVX2
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX2, "avx2");
+      return &b;
+#else
+      return nullptr;
+#endif
+    }
+    case CpuIsa::kAvx512: {
+#if HWY_TARGETS & HWY_AVX3
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX3, "avx512");
+      return &b;
+#else
+      return nullptr;
+#endif
+    }
+    case CpuIsa::kNeon: {
+#if HWY_TARGETS & HWY_NEON
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_NEON, "neon");
+      return &b;
+#else
+      return nullptr;
+#endif
+    }
+    case CpuIsa::kSve: {
+#if HWY_TARGETS & HWY_SVE
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_SVE, "sve");
+      return &b;
+#else
+      return nullptr;
+#endif
+    }
+    case CpuIsa::kAuto:
+    case CpuIsa::kAvx512Bf16:
+    case CpuIsa::kPortable: return nullptr;
+  }
+  return nullptr;
+}
+
+int64_t SimdTargetOf(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx2: return HWY_AVX2;
+    case CpuIsa::kAvx512: return HWY_AVX3;
+    case CpuIsa::kNeon: return HWY_NEON;
+    case CpuIsa::kSve: return HWY_SVE;
+    case CpuIsa::kAuto:
+    case CpuIsa::kAvx512Bf16:
+    case CpuIsa::kPortable: return 0;
+  }
+  return 0;
+}
+
+bool CpuSupportsSimd(CpuIsa isa) {
+  const int64_t target = SimdTargetOf(isa);
+  return target != 0 && SimdBackendFor(isa) != nullptr && (hwy::SupportedTargets() & target) != 0;
+}
+
+}  // namespace moeshard::internal
+#endif  // HWY_ONCE
