@@ -7,6 +7,8 @@
 // for the sharded runtime) is one more function and one more line in kSuites.
 #include <fmt/format.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -32,6 +34,7 @@ struct KernelsFlags {
   std::vector<std::string> formats = {"bf16", "bf16-rg", "mxfp4"};
   int threads = 0;
   std::string isa = "auto";
+  std::string versus;  // A/B: a second variant, run alternately on every case
   std::string json;
   bool quick = false;
   double min_time = 0.5;
@@ -116,6 +119,16 @@ Status RunKernels(const KernelsFlags& f) {
   co.num_threads = f.threads;
   MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseCpuIsa(f.isa));
   MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create(co));
+  std::optional<KernelContext> versus;
+  if (!f.versus.empty()) {
+    KernelContextOptions vo = co;
+    MOESHARD_ASSIGN_OR_RETURN(vo.isa, ParseCpuIsa(f.versus));
+    MOESHARD_ASSIGN_OR_RETURN(KernelContext v, KernelContext::Create(vo));
+    versus.emplace(std::move(v));
+    o.versus = &*versus;
+    fmt::print("A/B: every case also runs on {} alternately; ratio = its time / {}'s\n",
+               CpuIsaName(versus->isa()), CpuIsaName(ctx.isa()));
+  }
 
   const std::string load_before = ReadFirstLine("/proc/loadavg");
   const char* peak = ComputePeakInstruction(ctx);
@@ -144,6 +157,18 @@ Status RunKernels(const KernelsFlags& f) {
       "bandwidth {:.2f} GB/s (1 GiB buffer), peak {:.1f} GFLOP/s ({} on registers); load "
       "average after: {}\n\n",
       roof.read_bytes_per_s / 1e9, roof.peak_flops_per_s / 1e9, peak, load_after);
+  if (versus) {
+    fmt::print("| shape | format | tokens | {} ms | {} ms | {} / {} (median of pairs) |\n"
+               "|---|---|--:|--:|--:|--:|\n",
+               CpuIsaName(ctx.isa()), CpuIsaName(versus->isa()), CpuIsaName(versus->isa()),
+               CpuIsaName(ctx.isa()));
+    for (const KernelBenchResult& r : results) {
+      fmt::print("| {} | {} | {} | {:.3f} | {:.3f} | {:.2f} |\n", r.shape,
+                 KernelBenchFormatName(r), r.num_tokens, r.seconds * 1e3, r.versus_seconds * 1e3,
+                 r.versus_ratio);
+    }
+    fmt::print("\n");
+  }
   fmt::print(
       "| shape | format | tokens | experts | weights MB | time ms | route ms | GB/s | GFLOP/s "
       "| roofline ms | bound | of roofline | of run-best |\n"
@@ -192,6 +217,11 @@ Status RunKernels(const KernelsFlags& f) {
                               {"roofline_peak_flops_per_s", r.roofline.peak_flops_per_s},
                               {"fraction_of_roofline", r.fraction},
                               {"fraction_of_run_best_roofline", r.fraction_of_run_best}});
+      if (versus) {
+        j["results"].back()["versus"] = {{"isa", CpuIsaName(versus->isa())},
+                                         {"seconds", r.versus_seconds},
+                                         {"ratio", r.versus_ratio}};
+      }
     }
     const std::string tmp = f.json + ".tmp";
     {
@@ -230,6 +260,9 @@ CommandRunner SetupKernels(CLI::App* bench) {
   sub->add_option("--isa", f->isa,
                   "auto (default; or MOESHARD_CPU_ISA), avx512-bf16, avx512, avx2, neon, sve or "
                   "portable: the kernel variant to measure");
+  sub->add_option("--versus", f->versus,
+                  "A/B mode: also run every case on this variant, alternately, and report the "
+                  "median of the per-pair time ratios");
   sub->add_option("--min-time", f->min_time, "seconds per case (at least 3 repetitions)");
   sub->add_option("--json", f->json, "also write the results as JSON to this file");
   sub->add_flag("--quick", f->quick, "tokens 1, 8, 512 and short timing (a smoke run)");

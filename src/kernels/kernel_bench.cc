@@ -126,7 +126,7 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
           r.format = format;
           r.row_groups = row_groups;
           r.num_tokens = tokens;
-          std::vector<double> times, routing_times;
+          std::vector<double> times, routing_times, versus_times, ratios;
           double touched_sum = 0.0;
           MOESHARD_ASSIGN_OR_RETURN(const Roofline around_before, MeasureRoofline(ctx, 2));
           const double start = Now();
@@ -148,11 +148,28 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
             p.weights = &weights.view;
             p.activation = act;
             p.out = out.data();
-            MOESHARD_RETURN_IF_ERROR(MoeExpertsForward(ctx, p));
-            const double t2 = Now();
+            // A/B: the other context runs first on odd repetitions, so neither always finds
+            // the caches the other left.
+            auto timed = [&](KernelContext& c) -> Result<double> {
+              const double a = Now();
+              MOESHARD_RETURN_IF_ERROR(MoeExpertsForward(c, p));
+              return Now() - a;
+            };
+            double tv = 0.0;
+            if (o.versus != nullptr && rep % 2 != 0) {
+              MOESHARD_ASSIGN_OR_RETURN(tv, timed(*o.versus));
+            }
+            MOESHARD_ASSIGN_OR_RETURN(const double ta, timed(ctx));
+            if (o.versus != nullptr && rep % 2 == 0) {
+              MOESHARD_ASSIGN_OR_RETURN(tv, timed(*o.versus));
+            }
             if (rep < 0) continue;
             routing_times.push_back(t1 - t0);
-            times.push_back(t2 - t1);
+            times.push_back(ta);
+            if (o.versus != nullptr) {
+              versus_times.push_back(tv);
+              ratios.push_back(tv / ta);
+            }
             touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
             if (rep > 1000) break;
           }
@@ -165,6 +182,10 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
                     static_cast<double>(shape.hidden * shape.intermediate);
           r.seconds = Median(times);
           r.routing_seconds = Median(routing_times);
+          if (o.versus != nullptr) {
+            r.versus_seconds = Median(versus_times);
+            r.versus_ratio = Median(ratios);
+          }
           std::vector<KernelBenchResult> one = {r};
           ApplyRoofline(BestOf(roofline, r.roofline), &one);
           if (on_result) on_result(one[0]);

@@ -58,6 +58,11 @@ struct KernelBenchOptions {
   // The layouts bf16 weights are measured in, in this order: false row-major, true the row-group
   // layout (RepackBf16RowGroups; one set of weights, repacked in place between the two).
   std::vector<bool> bf16_row_groups = {false, true};
+  // A/B mode: every repetition also runs the same case (same weights, inputs and routing) on
+  // this second context, alternating which goes first, and the result reports its median time
+  // and the median of the per-pair time ratios (robust to the host's bandwidth drifting between
+  // minutes). Null: off.
+  KernelContext* versus = nullptr;
   double min_seconds = 0.5;  // per case: repeat until this much time and >= min_repetitions
   int min_repetitions = 3;
   uint64_t seed = 1;
@@ -80,6 +85,10 @@ struct KernelBenchResult {
   const char* bound = "";             // "memory" or "compute"
   Roofline roofline;                  // measured around this case (best of before and after)
   double fraction_of_run_best = 0.0;  // the same fraction against the run-wide best roofline
+  // A/B mode (KernelBenchOptions::versus): the other variant's median time, and the median of
+  // its time / this time over alternating pairs (> 1: this variant is faster).
+  double versus_seconds = 0.0;
+  double versus_ratio = 0.0;
 };
 
 // "bf16-rg" for bf16 in the row-group layout, else WeightFormatName.
