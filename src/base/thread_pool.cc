@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <chrono>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include "moeshard/base/check.h"
 #include "moeshard/base/math.h"
 
@@ -24,13 +29,65 @@ int ResolveSpin(int threads, int spin_us) {
 
 }  // namespace
 
+// Pins the calling thread to `cpu` (Linux); false when the OS refuses (a CPU outside the
+// process's affinity) or elsewhere.
+bool PinCurrentThread(int cpu) {
+#if defined(__linux__)
+  if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+#else
+  (void)cpu;
+  return false;
+#endif
+}
+
+std::vector<int> AllowedCpus() {
+  std::vector<int> out;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+    }
+  }
+#endif
+  if (out.empty()) {
+    const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    for (int c = 0; c < hw; ++c) out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int parts, int per_part) {
+  if (parts < 1 || per_part < 1 ||
+      static_cast<int64_t>(parts) * per_part > static_cast<int64_t>(cpus.size())) {
+    return {};
+  }
+  std::vector<std::vector<int>> out(static_cast<size_t>(parts));
+  for (int p = 0; p < parts; ++p) {
+    out[static_cast<size_t>(p)].assign(cpus.begin() + p * per_part,
+                                       cpus.begin() + (p + 1) * per_part);
+  }
+  return out;
+}
+
 ThreadPool::ThreadPool(int num_threads) : ThreadPool(num_threads, -1) {}
 
-ThreadPool::ThreadPool(int num_threads, int spin_us)
+ThreadPool::ThreadPool(int num_threads, int spin_us) : ThreadPool(num_threads, spin_us, {}) {}
+
+ThreadPool::ThreadPool(int num_threads, int spin_us, std::vector<int> cpus)
     : num_threads_(ResolveThreads(num_threads)),
-      spin_us_(ResolveSpin(ResolveThreads(num_threads), spin_us)) {
+      spin_us_(ResolveSpin(ResolveThreads(num_threads), spin_us)),
+      cpus_(std::move(cpus)) {
   for (int i = 1; i < num_threads_; ++i) {
-    workers_.emplace_back([this, i] { WorkerLoop(i); });
+    workers_.emplace_back([this, i] {
+      if (!cpus_.empty()) PinCurrentThread(cpus_[static_cast<size_t>(i) % cpus_.size()]);
+      WorkerLoop(i);
+    });
   }
 }
 
@@ -89,6 +146,9 @@ void ThreadPool::WorkerLoop(int thread_idx) {
 
 void ThreadPool::RunParallel(int64_t n, int64_t grain, ChunkFnRef fn) {
   if (n <= 0) return;
+  if (!cpus_.empty() && !caller_pinned_.exchange(true, std::memory_order_relaxed)) {
+    PinCurrentThread(cpus_[0]);  // the first caller is thread 0
+  }
   if (grain <= 0) grain = CeilDiv(n, num_threads_);
   if (num_threads_ == 1 || n <= grain) {
     for (int64_t b = 0; b < n; b += grain) fn(b, std::min(n, b + grain), 0);

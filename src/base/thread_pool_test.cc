@@ -105,3 +105,4 @@ TEST(ThreadPoolTest, ParallelForDoesNotAllocate) {
 
 }  // namespace
 }  // namespace moeshard
+

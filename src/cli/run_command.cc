@@ -42,6 +42,7 @@ struct RunFlags {
   std::string dtype = "bf16";
   std::string expert_layout = "auto";
   int threads = 0;
+  bool no_pin = false;
   double atol = Tolerance{}.atol;
   double rtol = Tolerance{}.rtol;
 };
@@ -111,6 +112,14 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
   bool ok = true;
   fmt::print("moeshard run: {} on {} (world {}), backend {}, comm {}\n", plan.model.name,
              plan.topology.Label(), plan.topology.world, plan.backend.name, comm);
+  if (!spec.rank_cpus.empty() && !spec.rank_cpus[0].empty()) {
+    fmt::print("  kernel threads pinned: rank 0 on CPUs [{}]{}\n",
+               fmt::join(spec.rank_cpus[0], ", "),
+               spec.rank_cpus.size() > 1
+                   ? fmt::format(", rank {} on [{}]", spec.rank_cpus.size() - 1,
+                                 fmt::join(spec.rank_cpus.back(), ", "))
+                   : std::string());
+  }
   fmt::print(
       "  MoE layers [{}], {} tokens in all ({} DP ranks holding [{}]), {} warm-up + {} timed "
       "iterations\n",
@@ -312,6 +321,11 @@ int RunRun(const RunFlags& f) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int per_node = local != nullptr ? std::max(1, std::atoi(local)) : world;
     spec.kernel_threads = f.threads > 0 ? f.threads : std::max(1, hw / per_node);
+    if (!f.no_pin) {
+      // This process's rank on its own CPUs (mpirun may have bound the process already).
+      const std::vector<std::vector<int>> mine = SplitCpus(AllowedCpus(), 1, spec.kernel_threads);
+      if (!mine.empty()) spec.rank_cpus.assign(static_cast<size_t>(world), mine[0]);
+    }
     MpiCommOptions mo;
     RunMpiRank(**session, mo, per_rank);
     // Every rank learns whether rank 0's report held (exit codes agree).
@@ -321,6 +335,8 @@ int RunRun(const RunFlags& f) {
     return fail(InvalidArgumentError(fmt::format("run: '--comm {}': expected local or mpi", comm)));
   }
   spec.kernel_threads = f.threads > 0 ? f.threads : std::max(1, hw / world);
+  // Each rank's kernel threads on CPUs of their own, when the ranks do not oversubscribe them.
+  if (!f.no_pin) spec.rank_cpus = SplitCpus(AllowedCpus(), world, spec.kernel_threads);
   const Status s = RunLocalRanks(world, LocalCommOptions{}, per_rank);
   if (!s.ok()) return fail(s);
   return report_ok ? 0 : 1;
@@ -583,6 +599,9 @@ MOESHARD_REGISTER_COMMAND(
                                "AVX-512 CPUs) or row-major");
                sub->add_option("--threads", f->threads,
                                "kernel threads per rank (default: cores / ranks, at least 1)");
+               sub->add_flag("--no-pin", f->no_pin,
+                             "do not pin each rank's kernel threads to CPUs of their own (they "
+                             "are pinned when the ranks' threads fit the process's CPUs)");
                sub->add_option("--atol", f->atol, "verification: absolute tolerance (2e-2)");
                sub->add_option("--rtol", f->rtol,
                                "verification: tolerance relative to max |reference| (1e-2)");

@@ -92,7 +92,7 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
   std::unique_ptr<ThreadPool> owned;
   ThreadPool* pool = options.pool;
   if (pool == nullptr) {
-    owned = std::make_unique<ThreadPool>(options.num_threads);
+    owned = std::make_unique<ThreadPool>(options.num_threads, -1, options.cpus);
     pool = owned.get();
   }
   return KernelContext(std::move(owned), pool, isa);

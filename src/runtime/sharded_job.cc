@@ -113,7 +113,11 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   }
 
   MOESHARD_ASSIGN_OR_RETURN(
-      KernelContext ctx, KernelContext::Create({.num_threads = std::max(1, spec.kernel_threads)}));
+      KernelContext ctx,
+      KernelContext::Create({.num_threads = std::max(1, spec.kernel_threads),
+                             .cpus = static_cast<size_t>(rank) < spec.rank_cpus.size()
+                                         ? spec.rank_cpus[static_cast<size_t>(rank)]
+                                         : std::vector<int>{}}));
   Instance inst;
   const auto load_start = std::chrono::steady_clock::now();
   MOESHARD_RETURN_IF_ERROR(Build(plan, rank, spec, world, ctx, max_tokens, &inst));

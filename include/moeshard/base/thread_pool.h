@@ -53,6 +53,15 @@ inline void CpuRelax() {
 #endif
 }
 
+// The CPUs this process may run on (its affinity mask, ascending); every hardware thread when
+// the OS does not say.
+std::vector<int> AllowedCpus();
+
+// `cpus` split into `parts` consecutive runs of `per_part` CPUs each (part p gets
+// cpus[p * per_part, (p + 1) * per_part)); empty when there are not enough CPUs to give every
+// part its own (then nobody is pinned: an oversubscribed run must not stack threads).
+std::vector<std::vector<int>> SplitCpus(const std::vector<int>& cpus, int parts, int per_part);
+
 class ThreadPool {
  public:
   // num_threads counts the caller: 1 means run everything inline. 0 means
@@ -61,6 +70,13 @@ class ThreadPool {
   // spin_us: how long an idle worker (or a caller waiting for workers) spins before sleeping;
   // negative picks the default described above.
   ThreadPool(int num_threads, int spin_us);
+  // Pinned: thread i (worker i, and the caller as thread 0 on its first ParallelFor) runs on
+  // cpus[i % cpus.size()] only, so the OS does not migrate a kernel thread and its caches away.
+  // Empty `cpus`: not pinned. A CPU the process may not use is ignored (the thread keeps the
+  // process's affinity).
+  ThreadPool(int num_threads, int spin_us, std::vector<int> cpus);
+  // The CPUs the threads are pinned to (empty: not pinned).
+  const std::vector<int>& cpus() const { return cpus_; }
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -90,6 +106,8 @@ class ThreadPool {
 
   const int num_threads_;
   const int spin_us_;
+  const std::vector<int> cpus_;
+  std::atomic<bool> caller_pinned_{false};
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // serialises ParallelFor callers
 

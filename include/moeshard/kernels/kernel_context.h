@@ -50,6 +50,9 @@ struct KernelContextOptions {
   // Threads of the owned pool, counting the caller (0: hardware concurrency). Ignored with `pool`.
   int num_threads = 0;
   CpuIsa isa = CpuIsa::kAuto;
+  // The owned pool's threads pinned to these CPUs, thread i to cpus[i % size] (the caller is
+  // thread 0); empty: not pinned. Ignored with `pool`.
+  std::vector<int> cpus = {};
 };
 
 namespace internal {

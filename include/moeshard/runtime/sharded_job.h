@@ -53,6 +53,9 @@ struct ShardedJobSpec {
   bool verify = false;
   Tolerance tolerance;
   int kernel_threads = 1;        // threads of each rank's kernel context
+  // CPUs each rank's kernel threads are pinned to, by world rank (empty, or an empty entry:
+  // not pinned). See SplitCpus: ranks get disjoint runs of the process's CPUs when they fit.
+  std::vector<std::vector<int>> rank_cpus;
   bool collect_outputs = false;  // rank 0 receives every layer's output of every token
   // bf16 routed experts rewritten into the row-group layout after loading when the kernels run
   // on AVX-512 (UseCpuRowGroupLayout); false keeps them row-major.
