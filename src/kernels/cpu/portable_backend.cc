@@ -112,6 +112,7 @@ float PeakLoop(int64_t iterations, float seed, double* flops) {
   for (int i = 0; i < 16; ++i) acc[i] = seed + static_cast<float>(i);
   const float x = 0.999f, y = 1e-3f;
   for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = acc[i] * x + y;
   }
   *flops += 2.0 * 16.0 * static_cast<double>(iterations);
