@@ -11,7 +11,6 @@
 #include <new>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/roofline_avx512.h"
 #include "moeshard/base/aligned_buffer.h"
 #include "moeshard/kernels/kernel_context.h"
 
@@ -20,20 +19,6 @@ namespace {
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-uint64_t ReadStreamPortable(const uint8_t* p, int64_t bytes) {
-  uint64_t acc[8] = {};
-  for (int64_t i = 0; i < bytes; i += 64) {
-    for (int l = 0; l < 8; ++l) {
-      uint64_t v;
-      std::memcpy(&v, p + i + 8 * l, 8);
-      acc[l] ^= v;
-    }
-  }
-  uint64_t r = 0;
-  for (uint64_t v : acc) r ^= v;
-  return r;
 }
 
 // Makes every chunk of a ParallelFor(num_threads, 1, ...) wait until all threads hold one, so
@@ -73,11 +58,11 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
   ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
     std::memset(buf.as<uint8_t>() + b * chunk, static_cast<int>(b + 1), static_cast<size_t>(chunk));
   });
-  const bool avx512 = ctx.isa() == CpuIsa::kAvx512Bf16;
+  const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
   StartBarrier barrier(threads);
-  const int patterns = avx512 ? internal::kReadPatterns : 1;
+  const int patterns = be.read_patterns;
   for (int rep = 0; rep < std::max(1, repetitions); ++rep) {
     for (int pattern = 0; pattern < patterns; ++pattern) {
       barrier.Reset();
@@ -85,8 +70,7 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
       ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
         barrier.ArriveAndWait();
         const uint8_t* p = buf.as<uint8_t>() + b * chunk;
-        sink ^=
-            avx512 ? internal::ReadStreamAvx512(p, chunk, pattern) : ReadStreamPortable(p, chunk);
+        sink ^= be.read_stream(p, chunk, pattern);
       });
       const double s = Seconds(t0, std::chrono::steady_clock::now());
       best = std::max(best, static_cast<double>(total) / s);

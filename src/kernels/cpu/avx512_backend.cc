@@ -1032,7 +1032,7 @@ float PeakLoop(int64_t iterations, float seed, double* flops) {
 const CpuBackend& Avx512Backend() {
   static const CpuBackend backend{"avx512-bf16", DotRows,   Activate,        ToBf16,     WorkFloats,
                                   PackedGemm,    PackGroup, StoreTransposed, WeightedSum,
-                                  "vdpbf16ps",   PeakLoop};
+                                  "vdpbf16ps",   PeakLoop,  ReadStreamAvx512, kReadPatterns};
   return backend;
 }
 

@@ -129,6 +129,16 @@ struct CpuBackend {
   // every one (so nothing is optimised away) and adds the FLOPs it did to *flops.
   const char* peak_instruction;
   float (*peak_loop)(int64_t iterations, float seed, double* flops);
+  // The read-bandwidth probe in this instruction set's widest loads: XOR-folds `bytes` (a
+  // multiple of 256) from p in access pattern `pattern` < read_patterns and returns a value
+  // that depends on every byte. Patterns (the bandwidth reported is the best of them, so the
+  // yardstick is what the core can pull, not what one pattern gets):
+  //   0: one sequential stream, hardware prefetch only;
+  //   1: 4 interleaved sequential streams (the buffer cut in equal parts), each
+  //      software-prefetched 2 KiB ahead;
+  //   2: the same streams prefetched 1 KiB ahead, like the decode kernels' row streams.
+  uint64_t (*read_stream)(const uint8_t* p, int64_t bytes, int pattern);
+  int read_patterns;
 };
 
 const CpuBackend& PortableBackend();

@@ -5,6 +5,7 @@
 // fp32 buffer once per call and dotted with every token of the block, so weights are still streamed
 // once per token block and never copied whole.
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "moeshard/base/math.h"
@@ -121,12 +122,27 @@ float PeakLoop(int64_t iterations, float seed, double* flops) {
   return s;
 }
 
+// One sequential stream of 64-bit loads (the read-bandwidth probe's pattern 0).
+uint64_t ReadStream(const uint8_t* p, int64_t bytes, int /*pattern*/) {
+  uint64_t acc[8] = {};
+  for (int64_t i = 0; i < bytes; i += 64) {
+    for (int l = 0; l < 8; ++l) {
+      uint64_t v;
+      std::memcpy(&v, p + i + 8 * l, 8);
+      acc[l] ^= v;
+    }
+  }
+  uint64_t r = 0;
+  for (uint64_t v : acc) r ^= v;
+  return r;
+}
+
 }  // namespace
 
 const CpuBackend& PortableBackend() {
   static const CpuBackend backend{"portable", DotRows,     Activate,         ToBf16,  WorkFloats,
                                   nullptr,    nullptr,     nullptr,          WeightedSum,
-                                  "fp32 multiply-add (plain C++)", PeakLoop};
+                                  "fp32 multiply-add (plain C++)", PeakLoop, ReadStream, 1};
   return backend;
 }
 

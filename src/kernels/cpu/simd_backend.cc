@@ -55,6 +55,9 @@ void WeightedSumT(const float* const* rows, const float* weights, int64_t num_ro
 float PeakLoopT(int64_t iterations, float seed, double* flops) {
   return PortableBackend().peak_loop(iterations, seed, flops);
 }
+uint64_t ReadStreamT(const uint8_t* p, int64_t bytes, int pattern) {
+  return PortableBackend().read_stream(p, bytes, pattern);
+}
 #else
 namespace {
 
@@ -364,6 +367,52 @@ float PeakLoop(int64_t iterations, float seed, double* flops) {
   return hn::GetLane(hn::SumOfLanes(df, s));
 }
 
+// The read-bandwidth probe (CpuBackend::read_stream) in full vectors: XOR of 4 lines at a time,
+// or of 4 streams prefetched kAhead bytes ahead.
+template <int64_t kAhead>
+uint64_t ReadStreamsPrefetched(const uint8_t* p, int64_t bytes) {
+  const hn::CappedTag<uint64_t, 8> d;  // at most one line per load
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t part = bytes / 256 * 64;  // bytes per stream, a multiple of 64
+  const uint8_t* s[4] = {p, p + part, p + 2 * part, p + 3 * part};
+  auto a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < part; i += 64) {
+    if constexpr (kAhead > 0) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) hwy::Prefetch(s[j] + i + kAhead);
+    }
+    // One 64-byte line of each stream (several vectors where they are narrower).
+    for (int64_t b = 0; b < 64; b += 8 * N) {
+      a0 = hn::Xor(a0, hn::Load(d, reinterpret_cast<const uint64_t*>(s[0] + i + b)));
+      a1 = hn::Xor(a1, hn::Load(d, reinterpret_cast<const uint64_t*>(s[1] + i + b)));
+      a2 = hn::Xor(a2, hn::Load(d, reinterpret_cast<const uint64_t*>(s[2] + i + b)));
+      a3 = hn::Xor(a3, hn::Load(d, reinterpret_cast<const uint64_t*>(s[3] + i + b)));
+    }
+  }
+  const auto x = hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3));
+  uint64_t r = 0;
+  for (int64_t i = 0; i < N; ++i) r ^= hn::ExtractLane(x, static_cast<size_t>(i));
+  return r;
+}
+
+uint64_t ReadStream(const uint8_t* p, int64_t bytes, int pattern) {
+  if (pattern == 1) return ReadStreamsPrefetched<2048>(p, bytes);
+  if (pattern == 2) return ReadStreamsPrefetched<1024>(p, bytes);
+  const hn::ScalableTag<uint64_t> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 32 * N <= bytes; i += 32 * N) {
+    a0 = hn::Xor(a0, hn::Load(d, reinterpret_cast<const uint64_t*>(p + i)));
+    a1 = hn::Xor(a1, hn::Load(d, reinterpret_cast<const uint64_t*>(p + i + 8 * N)));
+    a2 = hn::Xor(a2, hn::Load(d, reinterpret_cast<const uint64_t*>(p + i + 16 * N)));
+    a3 = hn::Xor(a3, hn::Load(d, reinterpret_cast<const uint64_t*>(p + i + 24 * N)));
+  }
+  const auto x = hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3));
+  uint64_t r = 0;
+  for (int64_t i = 0; i < N; ++i) r ^= hn::ExtractLane(x, static_cast<size_t>(i));
+  return r;
+}
+
 }  // namespace
 
 // The entry points of this target (referenced by name from the HWY_ONCE part below).
@@ -375,6 +424,9 @@ void WeightedSumT(const float* const* rows, const float* weights, int64_t num_ro
 }
 float PeakLoopT(int64_t iterations, float seed, double* flops) {
   return PeakLoop(iterations, seed, flops);
+}
+uint64_t ReadStreamT(const uint8_t* p, int64_t bytes, int pattern) {
+  return ReadStream(p, bytes, pattern);
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
@@ -403,7 +455,9 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
              nullptr,                                                                      \
              NS::WeightedSumT,                                                             \
              "fp32 FMA (" NAME ")",                                                        \
-             NS::PeakLoopT}
+             NS::PeakLoopT,                                                                \
+             NS::ReadStreamT,                                                              \
+             3}
 
 }  // namespace
 
