@@ -66,15 +66,6 @@ namespace {
 using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 
-// Tokens x rows of one tile. One token: 1 x 8, eight weight streams in flight. Two or three:
-// 2 x 4. Many tokens: 4 x 3, twelve accumulators, three decoded rows and one input vector fill
-// AVX2's 16 registers and give 12 FMAs per 3 decodes and 4 loads (measured on AVX2 at 32 and
-// 512 tokens against 6 x 2 and 3 x 4: within noise of the best, never the worst).
-constexpr int kMr = 2;
-constexpr int kNr = 4;
-constexpr int kNrOne = 8;  // one token: eight weight streams
-constexpr int kMrWide = 4;
-constexpr int kNrWide = 3;
 // Software prefetch distance along each weight row (the AVX-512 BF16 kernels measured 1 KiB).
 constexpr int64_t kPrefetchBytes = 1024;
 
@@ -199,42 +190,56 @@ void WidenTokens(const DotRowsArgs& a, int64_t chunk, int64_t whole, float* xf) 
   }
 }
 
-// out[t][r] for tokens [t0, t0 + MR) and rows row_idx[r0, r0 + NR).
-template <typename Dec, int MR, int NR>
-void Tile(const Dec& dec, const DotRowsArgs& a, const float* xf, int64_t whole, int64_t chunk,
-          int64_t t0, int64_t r0) {
+// The columns a task's tiles share: `whole` columns in chunks of `chunk` (the rest, up to K, go
+// through Dec::Scalar), and the tokens widened to fp32 at xf (ldxf apart).
+struct DotSpan {
+  int64_t chunk;
+  int64_t whole;
+  const float* xf;
+  int64_t ldxf;
+};
+
+// Columns [k0, k1) (chunk multiples, k1 <= whole) of tokens [t0, t0 + MR) times weight rows
+// rows[0, NR): out[i * ldo + j] (+)= the partial dot products. With kSplit, even and odd chunks
+// accumulate apart (one token: twice the independent multiply-add chains).
+template <typename Dec, int MR, int NR, bool kSplit = false>
+void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
+          int64_t t0, int64_t k0, int64_t k1, float* out, int64_t ldo, bool accumulate) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k = a.w->cols;
+  const int64_t chunk = sp.chunk;
+  constexpr int kAcc = kSplit ? 2 : 1;
   // Every fixed-count loop below is unrolled (GCC's -O2 would leave them rolled and keep the
   // accumulators in memory, one store-forward latency per multiply-add).
-  VF acc[MR][NR];
+  VF acc[kAcc][MR][NR];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
+  for (int u = 0; u < kAcc; ++u) {
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) acc[i][j] = hn::Zero(df);
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[u][i][j] = hn::Zero(df);
+    }
   }
-  int64_t rows[NR];
   RowPtrs row_ptr[NR];
 #pragma GCC unroll 16
-  for (int j = 0; j < NR; ++j) {
-    rows[j] = a.row_idx[r0 + j];
-    row_ptr[j] = dec.RowOf(rows[j]);
-  }
+  for (int j = 0; j < NR; ++j) row_ptr[j] = dec.RowOf(rows[j]);
   // The scale group of the current chunk, advanced as the chunks cross group boundaries.
   const int64_t group = dec.group() > 0 ? dec.group() : k + chunk;
-  int64_t g = 0, group_end = group;
+  int64_t g = k0 / group, group_end = (g + 1) * group;
   // Bytes of a row per chunk, and the chunks between prefetches (one per 64-byte line).
   const int64_t chunk_bytes = a.w->row_bytes * chunk / std::max<int64_t>(1, k);
   const int64_t per_line = std::max<int64_t>(1, 64 / std::max<int64_t>(1, chunk_bytes));
   int64_t since = 0;
-  for (int64_t c = 0; c < whole; c += chunk) {
+  int u = 0;
+  for (int64_t c = k0; c < k1; c += chunk) {
     if (c == group_end) {
       ++g;
       group_end += group;
     }
     if (since-- == 0) {
-      // The weight streams are read once: prefetch kPrefetchBytes ahead of each row.
+      // The weight streams are read once: prefetch kPrefetchBytes ahead of each row (past a
+      // row's end this runs on into the next row, the stream's next step in the decode walk).
       const int64_t off = c * a.w->row_bytes / k + kPrefetchBytes;
 #pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + off);
@@ -245,31 +250,152 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const float* xf, int64_t whole, 
     for (int j = 0; j < NR; ++j) dec.Decode(row_ptr[j], c, g, w[j]);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const float* x = xf + (t0 + i) * k + c;
+      const float* x = sp.xf + (t0 + i) * sp.ldxf + c;
 #pragma GCC unroll 2
       for (int v = 0; v < Dec::kVecs; ++v) {
         const VF xv = hn::LoadU(df, x + v * n);
 #pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) acc[i][j] = hn::MulAdd(w[j][v], xv, acc[i][j]);
+        for (int j = 0; j < NR; ++j) acc[u][i][j] = hn::MulAdd(w[j][v], xv, acc[u][i][j]);
       }
     }
+    if constexpr (kSplit) u ^= 1;
   }
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-    const float* x = xf + (t0 + i) * k;
+#pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      float s = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
-      for (int64_t cc = whole; cc < k; ++cc) s += dec.Scalar(rows[j], cc) * x[cc];
-      a.out[(t0 + i) * a.ldo + r0 + j] = s;
+      VF v = acc[0][i][j];
+      if constexpr (kSplit) v = hn::Add(v, acc[1][i][j]);
+      const float s = hn::GetLane(hn::SumOfLanes(df, v));
+      float& o = out[i * ldo + j];
+      o = accumulate ? o + s : s;
     }
   }
 }
 
+// Adds the columns past the last whole chunk: out[i * ldo + j] += their dot products.
+template <typename Dec>
+void TailColumns(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
+                 int nr, int64_t t0, int mr, float* out, int64_t ldo) {
+  for (int i = 0; i < mr; ++i) {
+    const float* x = sp.xf + (t0 + i) * sp.ldxf;
+    for (int j = 0; j < nr; ++j) {
+      float s = 0.0f;
+      for (int64_t c = sp.whole; c < a.w->cols; ++c) s += dec.Scalar(rows[j], c) * x[c];
+      out[i * ldo + j] += s;
+    }
+  }
+}
+
+// Up to kDecodeMaxTokens tokens: the decode walk. The rows are cut into kStreams runs of
+// consecutive list entries (consecutive weight rows: the driver lists row blocks in order) and
+// each tile takes one row of every run, so the reads are kStreams long sequential streams whose
+// prefetches run on into each stream's next row (as in the AVX-512 BF16 kernels, where 4
+// streams measured best). K blocks keep all the tokens' fp32 inputs within kDecodeXBytes of L1
+// while the weight streams pass; they walk each row in order, so they do not break the streams.
+constexpr int kStreams = 4;
+constexpr int64_t kDecodeMaxTokens = 16;
+constexpr int64_t kDecodeXBytes = 16 * 1024;
+
 template <typename Dec, int MR, int NR>
-void Rows(const Dec& dec, const DotRowsArgs& a, const float* xf, int64_t whole, int64_t chunk,
-          int64_t t0) {
-  int64_t r = 0;
-  for (; r + NR <= a.num_rows; r += NR) Tile<Dec, MR, NR>(dec, a, xf, whole, chunk, t0, r);
-  for (; r < a.num_rows; ++r) Tile<Dec, MR, 1>(dec, a, xf, whole, chunk, t0, r);
+void DecodeTokens(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
+                  int64_t k0, int64_t k1, float* tile, bool accumulate) {
+  int64_t t = 0;
+  if constexpr (MR >= 2) {
+    for (; t + MR <= a.num_tokens; t += MR) {
+      Tile<Dec, MR, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
+    }
+    if (t + 1 < a.num_tokens) {  // two left over (MR = 3)
+      Tile<Dec, 2, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
+      t += 2;
+    }
+  }
+  if (t < a.num_tokens) {
+    Tile<Dec, 1, NR, true>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams,
+                           accumulate);
+  }
+}
+
+template <typename Dec, int NR>
+void DecodeStep(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
+                int64_t kc, float* tile) {
+  for (int64_t k0 = 0; k0 < sp.whole || k0 == 0; k0 += kc) {
+    const int64_t k1 = std::min(sp.whole, k0 + kc);
+    // Three tokens x four rows hold 12 accumulators in AVX2's 16 registers; 4-bit chunks
+    // (two decoded vectors per row) take two tokens.
+    DecodeTokens<Dec, Dec::kVecs == 2 ? 2 : 3, NR>(dec, a, sp, rows, k0, k1, tile, k0 > 0);
+    if (k1 >= sp.whole) break;
+  }
+  if (sp.whole < a.w->cols) {
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      TailColumns(dec, a, sp, rows, NR, t, 1, tile + t * kStreams, kStreams);
+    }
+  }
+}
+
+template <typename Dec>
+void DecodeWalk(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
+  const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
+  // K block: a multiple of the chunk and of the scale group.
+  const int64_t unit = std::max(sp.chunk, dec.group());
+  const int64_t kc = std::max(
+      unit, kDecodeXBytes / (4 * a.num_tokens) / unit * unit);
+  float tile[kDecodeMaxTokens * kStreams];
+  for (int64_t s = 0; s < per; ++s) {
+    int64_t col[kStreams], rows[kStreams];
+    int nr = 0;
+    for (int q = 0; q < kStreams && q * per + s < a.num_rows; ++q) col[nr++] = q * per + s;
+    for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[col[j]];
+    switch (nr) {
+      case 4: DecodeStep<Dec, 4>(dec, a, sp, rows, kc, tile); break;
+      case 3: DecodeStep<Dec, 3>(dec, a, sp, rows, kc, tile); break;
+      case 2: DecodeStep<Dec, 2>(dec, a, sp, rows, kc, tile); break;
+      default: DecodeStep<Dec, 1>(dec, a, sp, rows, kc, tile); break;
+    }
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      for (int j = 0; j < nr; ++j) a.out[t * a.ldo + col[j]] = tile[t * kStreams + j];
+    }
+  }
+}
+
+// Tokens x rows of one prefill tile: 4 x 3, twelve accumulators, three decoded rows and one
+// input vector fill AVX2's 16 registers and give 12 FMAs per 3 decodes and 4 loads (measured
+// on AVX2 at 32 and 512 tokens against 6 x 2 and 3 x 4: within noise of the best, never the
+// worst).
+constexpr int kMrWide = 4;
+constexpr int kNrWide = 3;
+
+// More tokens: every tile of kMrWide tokens passes over all the rows, K blocked by kCpuKBlock.
+template <typename Dec>
+void PrefillRows(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
+  int64_t rows[kNrWide];
+  auto tiles = [&]<int MR>(int64_t t, int64_t r, int nr, int64_t k0, int64_t k1) {
+    float* out = a.out + t * a.ldo + r;
+    if (nr == kNrWide) {
+      Tile<Dec, MR, kNrWide>(dec, a, sp, rows, t, k0, k1, out, a.ldo, k0 > 0);
+    } else if (nr == 2) {
+      Tile<Dec, MR, 2>(dec, a, sp, rows, t, k0, k1, out, a.ldo, k0 > 0);
+    } else {
+      Tile<Dec, MR, 1>(dec, a, sp, rows, t, k0, k1, out, a.ldo, k0 > 0);
+    }
+  };
+  const int64_t unit = std::max(sp.chunk, dec.group());
+  const int64_t kc = std::max(unit, kCpuKBlock / unit * unit);
+  for (int64_t k0 = 0; k0 < sp.whole || k0 == 0; k0 += kc) {
+    const int64_t k1 = std::min(sp.whole, k0 + kc);
+    for (int64_t r = 0; r < a.num_rows; r += kNrWide) {
+      const int nr = static_cast<int>(std::min<int64_t>(kNrWide, a.num_rows - r));
+      for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[r + j];
+      int64_t t = 0;
+      for (; t + kMrWide <= a.num_tokens; t += kMrWide) tiles.template operator()<kMrWide>(t, r, nr, k0, k1);
+      for (; t + 2 <= a.num_tokens; t += 2) tiles.template operator()<2>(t, r, nr, k0, k1);
+      for (; t < a.num_tokens; ++t) tiles.template operator()<1>(t, r, nr, k0, k1);
+      if (k1 >= sp.whole && sp.whole < a.w->cols) {
+        TailColumns(dec, a, sp, rows, nr, 0, static_cast<int>(a.num_tokens), a.out + r, a.ldo);
+      }
+    }
+    if (k1 >= sp.whole) break;
+  }
 }
 
 template <typename Dec>
@@ -286,14 +412,9 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   if (chunk == 0) chunk = 1;
   float* xf = a.work;
   WidenTokens<Dec>(a, chunk, whole, xf);
-  int64_t t = 0;
-  if (a.num_tokens >= kMrWide) {
-    for (; t + kMrWide <= a.num_tokens; t += kMrWide) {
-      Rows<Dec, kMrWide, kNrWide>(dec, a, xf, whole, chunk, t);
-    }
-  }
-  for (; t + kMr <= a.num_tokens; t += kMr) Rows<Dec, kMr, kNr>(dec, a, xf, whole, chunk, t);
-  for (; t < a.num_tokens; ++t) Rows<Dec, 1, kNrOne>(dec, a, xf, whole, chunk, t);
+  const DotSpan sp{chunk, whole, xf, k};
+  if (a.num_tokens <= kDecodeMaxTokens) return DecodeWalk(dec, a, sp);
+  PrefillRows(dec, a, sp);
 }
 
 void DotRows(const DotRowsArgs& a) {
