@@ -404,6 +404,90 @@ TEST(GroupedGemm, Int4GroupSizes) {
   CheckCase(relu, 33, 2, 450, {});
 }
 
+// Decode of 4-bit weights (up to 16 tokens per expert) multiplies on 16-bit integers in the SIMD
+// backends, with each token's inputs quantized per scale group (simd_backend.cc). Every token
+// count of that path, int4 groups of 32/64/128 (one scale per chunk or several chunks per scale)
+// and MXFP4 (several scales per chunk on AVX2), K a multiple of the group but not of the 64-column
+// chunk (96, 160: a last half chunk), and inputs that stress the per-group quantization: a group
+// with a 100x outlier, a group of zeros, a group of tiny values.
+TEST(GroupedGemm, FourBitDecodeTokenCountsGroupsAndInputRanges) {
+  const std::vector<int64_t> counts = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16};
+  std::vector<int64_t> offsets = {0};
+  for (int64_t n : counts) offsets.push_back(offsets.back() + n);
+  struct Case {
+    WeightFormat format;
+    int64_t group;
+    int64_t hidden;
+    int64_t inter;
+  };
+  const Case cases[] = {{WeightFormat::kMxfp4, 32, 96, 160},  {WeightFormat::kMxfp4, 32, 256, 64},
+                        {WeightFormat::kInt4, 32, 96, 160},   {WeightFormat::kInt4, 64, 192, 128},
+                        {WeightFormat::kInt4, 128, 256, 128}};
+  for (const Case& k : cases) {
+    GemmCase c{.format = k.format,
+               .act = Activation::kSwiGlu,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = k.hidden,
+               .inter = k.inter,
+               .group = k.group};
+    const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 900 + k.group));
+    // Inputs a tenth of the usual size, so with the outliers the outputs stay of order 1.
+    std::vector<float> x = Randn(offsets.back() * c.hidden, 901, kInputScale / 10);
+    for (int64_t r = 0; r < offsets.back(); ++r) {
+      float* row = x.data() + r * c.hidden;
+      row[5] *= 100.0f;                                       // an outlier in group 0
+      std::fill(row + 32, row + 64, 0.0f);                    // a group of zeros
+      for (int64_t i = 64; i < 96; ++i) row[i] *= 1e-30f;     // a group of tiny values
+    }
+    ActivationParams act;
+    for (CpuIsa isa : TestIsas()) {
+      std::vector<float> want;
+      const std::vector<float> got = RunGemm(isa, ow.view, act, offsets, x, {}, &want);
+      ASSERT_GT(testing::MeanAbs(want), 0.02) << c.Name();
+      // The outliers make some outputs 20x the typical one; the bf16 rounding of activations
+      // (every path's) then exceeds the usual absolute tolerance there, so it scales with the
+      // largest output.
+      float max_want = 0.0f;
+      for (float v : want) max_want = std::max(max_want, std::abs(v));
+      EXPECT_TRUE(Close(got, want, Tolerance{1e-2 * max_want, 5e-3},
+                        fmt::format("{} {} counts 1..16", CpuIsaName(isa), c.Name()), 902));
+    }
+  }
+}
+
+// A non-finite input makes its token's outputs non-finite on every path, where the reference's
+// are (the integer decode marks a group with an infinite input NaN instead of quantizing it), and
+// leaves the other tokens finite.
+TEST(GroupedGemm, NonFiniteInputsPropagateInEveryFormat) {
+  for (WeightFormat f :
+       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+    GemmCase c{.format = f, .act = Activation::kSwiGlu, .num_experts = 2, .hidden = 128, .inter = 64};
+    const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 910));
+    const std::vector<int64_t> offsets = {0, 2, 3};
+    std::vector<float> x = Randn(3 * c.hidden, 911, kInputScale);
+    x[1 * c.hidden + 40] = std::numeric_limits<float>::infinity();  // token 1 of expert 0
+    ActivationParams act;
+    act.kind = c.act;
+    for (CpuIsa isa : TestIsas()) {
+      std::vector<float> want;
+      const std::vector<float> y = RunGemm(isa, ow.view, act, offsets, x, {}, &want);
+      int token_nonfinite = 0, mismatched = 0;
+      for (int64_t r = 0; r < 3; ++r) {
+        for (int64_t o = 0; o < c.hidden; ++o) {
+          const size_t i = static_cast<size_t>(r * c.hidden + o);
+          if (std::isfinite(y[i]) != std::isfinite(want[i])) ++mismatched;
+          if (r == 1 && !std::isfinite(want[i])) ++token_nonfinite;
+          if (r != 1) {
+            EXPECT_TRUE(std::isfinite(y[i])) << CpuIsaName(isa) << " " << c.Name();
+          }
+        }
+      }
+      EXPECT_EQ(token_nonfinite, c.hidden) << CpuIsaName(isa) << " " << c.Name();
+      EXPECT_EQ(mismatched, 0) << CpuIsaName(isa) << " " << c.Name();
+    }
+  }
+}
+
 TEST(GroupedGemm, GptOssInterleavedWithBiasesEveryFormat) {
   for (WeightFormat f :
        {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {

@@ -32,6 +32,10 @@
 // clang-format on
 
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <type_traits>
 
@@ -74,10 +78,12 @@ constexpr int64_t kPrefetchBytes = 1024;
 alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 alignas(16) constexpr int8_t kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 
-// Per format: `kVecs` fp32 vectors per decoded chunk (chunk = kVecs * N columns); RowOf(r) the
-// row's data and scale pointers; Decode(row, c, g, out) for the chunk starting at column c, in
-// scale group g (a chunk never straddles two groups); Scalar(r, c) for the columns past the last
-// whole chunk; group() the columns per scale (0: no scales).
+// Per format: `kVecs` fp32 vectors per decoded chunk (chunk = kVecs * N columns), in natural
+// column order (kEvenOdd false) or even columns then odd ones (kEvenOdd: 4-bit codes); RowOf(r)
+// the row's data and scale pointers; DecodeRaw(row, c, out) the chunk starting at column c
+// before its scale, ScaleAt(row, g) the scale of group g (1 for bf16; a chunk never straddles
+// two groups), Decode the two together; Scalar(r, c) for the columns past the last whole chunk;
+// group() the columns per scale (0: no scales).
 struct RowPtrs {
   const uint8_t* w;
   const uint8_t* s;
@@ -85,15 +91,20 @@ struct RowPtrs {
 
 struct Bf16Dec {
   static constexpr int kVecs = 1;
+  static constexpr bool kEvenOdd = false;
   const MatrixRef& m;
   int64_t group() const { return 0; }
   RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
-  void Decode(const RowPtrs& row, int64_t c, int64_t /*g*/, VF* out) const {
+  void DecodeRaw(const RowPtrs& row, int64_t c, VF* out) const {
     const DF df;
     const hn::Rebind<uint16_t, DF> du16;
     const hn::Rebind<uint32_t, DF> du32;
     const uint16_t* p = reinterpret_cast<const uint16_t*>(row.w) + c;
     out[0] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
+  }
+  static float ScaleAt(const RowPtrs& /*row*/, int64_t /*g*/) { return 1.0f; }
+  void Decode(const RowPtrs& row, int64_t c, int64_t /*g*/, VF* out) const {
+    DecodeRaw(row, c, out);
   }
   float Scalar(int64_t r, int64_t c) const {
     return Bf16ToFloat(reinterpret_cast<const bf16_t*>(m.Row(r))[c]);
@@ -102,9 +113,10 @@ struct Bf16Dec {
 
 // fp8 e4m3fn: the byte shifted into an fp16's exponent and mantissa fields is the value times
 // 2^-8, subnormals included (the same trick as the AVX-512 backend); the block scale carries the
-// 2^8.
+// 2^8. 2N bytes are widened to 16 bits together and converted as two halves.
 struct Fp8Dec {
-  static constexpr int kVecs = 1;
+  static constexpr int kVecs = 2;
+  static constexpr bool kEvenOdd = false;
   const MatrixRef& m;
   int64_t scale_cols;
   explicit Fp8Dec(const MatrixRef& mr) : m(mr), scale_cols(CeilDiv(mr.cols, mr.group)) {}
@@ -112,15 +124,25 @@ struct Fp8Dec {
   RowPtrs RowOf(int64_t r) const {
     return {m.Row(r), m.scales + (r / m.block_rows) * scale_cols * sizeof(float)};
   }
-  void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
+  void DecodeRaw(const RowPtrs& row, int64_t c, VF* out) const {
     const DF df;
-    const hn::Rebind<uint8_t, DF> du8;
-    const hn::Rebind<uint16_t, DF> du16;
-    const hn::Rebind<hwy::float16_t, DF> df16;
+    const hn::Repartition<uint16_t, DF> du16;  // 2N lanes
+    const hn::Rebind<uint8_t, decltype(du16)> du8;
+    const hn::Half<decltype(du16)> dh;
+    const hn::Rebind<hwy::float16_t, decltype(dh)> df16;
     const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, row.w + c)));
     const auto h = hn::Add(t, hn::And(t, hn::Set(du16, 0x4000)));
-    const float scale = reinterpret_cast<const float*>(row.s)[g] * 256.0f;
-    out[0] = hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, h)), hn::Set(df, scale));
+    out[0] = hn::PromoteTo(df, hn::BitCast(df16, hn::LowerHalf(dh, h)));
+    out[1] = hn::PromoteTo(df, hn::BitCast(df16, hn::UpperHalf(dh, h)));
+  }
+  static float ScaleAt(const RowPtrs& row, int64_t g) {
+    return reinterpret_cast<const float*>(row.s)[g] * 256.0f;
+  }
+  void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
+    DecodeRaw(row, c, out);
+    const VF s = hn::Set(DF(), ScaleAt(row, g));
+    out[0] = hn::Mul(out[0], s);
+    out[1] = hn::Mul(out[1], s);
   }
   float Scalar(int64_t r, int64_t c) const {
     return Fp8E4M3ToFloat(m.Row(r)[c]) *
@@ -134,6 +156,7 @@ struct Fp8Dec {
 template <bool kMx>
 struct NibbleDec {
   static constexpr int kVecs = 2;
+  static constexpr bool kEvenOdd = true;
   const MatrixRef& m;
   int64_t group() const { return m.group; }
   RowPtrs RowOf(int64_t r) const {
@@ -147,7 +170,7 @@ struct NibbleDec {
       return Bf16ToFloat(reinterpret_cast<const bf16_t*>(row.s)[g]);
     }
   }
-  void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
+  void DecodeRaw(const RowPtrs& row, int64_t c, VF* out) const {
     const DF df;
     const hn::Rebind<uint8_t, DF> du8;
     const hn::Rebind<int8_t, DF> di8;
@@ -157,9 +180,14 @@ struct NibbleDec {
     const auto bytes = hn::LoadU(du8, row.w + c / 2);
     const auto lo = hn::BitCast(di8, hn::And(bytes, hn::Set(du8, 0x0F)));
     const auto hi = hn::BitCast(di8, hn::ShiftRight<4>(bytes));
-    const auto s = hn::Set(df, ScaleAt(row, g));
-    out[0] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo))), s);
-    out[1] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, hi))), s);
+    out[0] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo)));
+    out[1] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, hi)));
+  }
+  void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
+    DecodeRaw(row, c, out);
+    const VF s = hn::Set(DF(), ScaleAt(row, g));
+    out[0] = hn::Mul(out[0], s);
+    out[1] = hn::Mul(out[1], s);
   }
   float Scalar(int64_t r, int64_t c) const {
     const uint8_t b = m.Row(r)[c / 2];
@@ -176,7 +204,7 @@ void WidenTokens(const DotRowsArgs& a, int64_t chunk, int64_t whole, float* xf) 
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const bf16_t* x = a.x + t * a.ldx;
     float* dst = xf + t * k;
-    if constexpr (Dec::kVecs == 2) {
+    if constexpr (Dec::kEvenOdd) {
       for (int64_t c0 = 0; c0 < whole; c0 += chunk) {
         for (int64_t j = 0; j < n; ++j) {
           dst[c0 + j] = Bf16ToFloat(x[c0 + 2 * j]);
@@ -200,19 +228,22 @@ struct DotSpan {
 };
 
 // Columns [k0, k1) (chunk multiples, k1 <= whole) of tokens [t0, t0 + MR) times weight rows
-// rows[0, NR): out[i * ldo + j] (+)= the partial dot products. With kSplit, even and odd chunks
-// accumulate apart (one token: twice the independent multiply-add chains).
-template <typename Dec, int MR, int NR, bool kSplit = false>
+// rows[0, NR): out[i * ldo + j] (+)= the partial dot products. One token gets two independent
+// multiply-add chains per row (the chunk's two vectors, or even and odd chunks), and its scales
+// are applied once per group to the group's sum instead of to every decoded vector.
+template <typename Dec, int MR, int NR>
 void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
           int64_t t0, int64_t k0, int64_t k1, float* out, int64_t ldo, bool accumulate) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k = a.w->cols;
   const int64_t chunk = sp.chunk;
-  constexpr int kAcc = kSplit ? 2 : 1;
+  constexpr int kAcc = MR == 1 ? 2 : 1;
+  constexpr bool kLate = MR == 1 && !std::is_same_v<Dec, Bf16Dec>;
   // Every fixed-count loop below is unrolled (GCC's -O2 would leave them rolled and keep the
   // accumulators in memory, one store-forward latency per multiply-add).
   VF acc[kAcc][MR][NR];
+  VF total[kLate ? NR : 1];
 #pragma GCC unroll 16
   for (int u = 0; u < kAcc; ++u) {
 #pragma GCC unroll 16
@@ -221,19 +252,31 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       for (int j = 0; j < NR; ++j) acc[u][i][j] = hn::Zero(df);
     }
   }
+#pragma GCC unroll 16
+  for (int j = 0; j < (kLate ? NR : 1); ++j) total[j] = hn::Zero(df);
   RowPtrs row_ptr[NR];
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) row_ptr[j] = dec.RowOf(rows[j]);
   // The scale group of the current chunk, advanced as the chunks cross group boundaries.
   const int64_t group = dec.group() > 0 ? dec.group() : k + chunk;
   int64_t g = k0 / group, group_end = (g + 1) * group;
+  auto flush = [&]() {  // kLate: the group's sums, scaled, into the totals
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      total[j] = hn::MulAdd(hn::Add(acc[0][0][j], acc[kAcc - 1][0][j]),
+                            hn::Set(df, Dec::ScaleAt(row_ptr[j], g)), total[j]);
+      acc[0][0][j] = hn::Zero(df);
+      acc[kAcc - 1][0][j] = hn::Zero(df);
+    }
+  };
   // Bytes of a row per chunk, and the chunks between prefetches (one per 64-byte line).
   const int64_t chunk_bytes = a.w->row_bytes * chunk / std::max<int64_t>(1, k);
   const int64_t per_line = std::max<int64_t>(1, 64 / std::max<int64_t>(1, chunk_bytes));
   int64_t since = 0;
-  int u = 0;
+  int parity = 0;
   for (int64_t c = k0; c < k1; c += chunk) {
     if (c == group_end) {
+      if constexpr (kLate) flush();
       ++g;
       group_end += group;
     }
@@ -245,27 +288,39 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + off);
       since = per_line - 1;
     }
-    VF w[NR][Dec::kVecs];
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) dec.Decode(row_ptr[j], c, g, w[j]);
+    for (int j = 0; j < NR; ++j) {
+      VF w[Dec::kVecs];
+      if constexpr (kLate) {
+        dec.DecodeRaw(row_ptr[j], c, w);
+      } else {
+        dec.Decode(row_ptr[j], c, g, w);
+      }
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const float* x = sp.xf + (t0 + i) * sp.ldxf + c;
+      for (int i = 0; i < MR; ++i) {
+        const float* x = sp.xf + (t0 + i) * sp.ldxf + c;
 #pragma GCC unroll 2
-      for (int v = 0; v < Dec::kVecs; ++v) {
-        const VF xv = hn::LoadU(df, x + v * n);
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) acc[u][i][j] = hn::MulAdd(w[j][v], xv, acc[u][i][j]);
+        for (int v = 0; v < Dec::kVecs; ++v) {
+          // One token: vector v of the chunk (two of them), or the chunk's parity (one).
+          const int u = kAcc == 1 ? 0 : (Dec::kVecs == 2 ? v : parity);
+          acc[u][i][j] = hn::MulAdd(w[v], hn::LoadU(df, x + v * n), acc[u][i][j]);
+        }
       }
     }
-    if constexpr (kSplit) u ^= 1;
+    if constexpr (kAcc == 2 && Dec::kVecs == 1) parity ^= 1;
   }
+  if constexpr (kLate) flush();
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      VF v = acc[0][i][j];
-      if constexpr (kSplit) v = hn::Add(v, acc[1][i][j]);
+      VF v;
+      if constexpr (kLate) {
+        v = total[j];
+      } else {
+        v = acc[0][i][j];
+        if constexpr (kAcc == 2) v = hn::Add(v, acc[1][i][j]);
+      }
       const float s = hn::GetLane(hn::SumOfLanes(df, v));
       float& o = out[i * ldo + j];
       o = accumulate ? o + s : s;
@@ -311,8 +366,7 @@ void DecodeTokens(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const
     }
   }
   if (t < a.num_tokens) {
-    Tile<Dec, 1, NR, true>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams,
-                           accumulate);
+    Tile<Dec, 1, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
   }
 }
 
@@ -398,6 +452,423 @@ void PrefillRows(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   }
 }
 
+// --- 4-bit decode on 16-bit integers --------------------------------------------------------
+//
+// Widening every 4-bit code to fp32 costs more instructions than its half byte takes to arrive
+// from memory, so decode (up to kDecodeMaxTokens tokens) multiplies in integers instead. A chunk
+// is one vector of a row's bytes (N8 bytes, 2 x N8 codes): its low and its high nibbles are
+// looked up by byte shuffle (E2M1 x 2 or int4, as signed bytes) and interleaved with zero bytes
+// into four int16 vectors (each code times 256). Each token's bf16 inputs are quantized to int16
+// per scale group with a power-of-two scale (|q| < 2^14) and stored in the chunk's lane order,
+// and 16-bit multiply-adds with 32-bit sums (vpmaddwd on x86) take the chunk in four
+// instructions per token. The integer sums are converted once per group, or, where a chunk spans
+// several groups (its 128-bit blocks hold one group each: AVX2 with groups of 32), once per
+// chunk with each lane's scales.
+//
+// Numerics: a bf16 input has 8 significant bits and its int16 form 15, so the quantization is
+// exact for every input within 2^6 of its group's largest magnitude and rounds the others to
+// multiples of 2^-14 of it (error at most 2^-15 of the group's largest input); the integer sums
+// are exact; so against the fp32 dot products the only differences are those roundings and the
+// order of the fp32 additions.
+using D8 = hn::CappedTag<uint8_t, 32>;
+using D16 = hn::Repartition<int16_t, D8>;
+using V16 = hn::Vec<D16>;
+using D32 = hn::Repartition<int32_t, D8>;
+using V32 = hn::Vec<D32>;
+using DQF = hn::Rebind<float, D32>;
+
+// Most columns per scale group whose integer sums cannot overflow: |code x 2 x 256| <= 3072,
+// |q| < 2^14, and a 32-bit lane sums at most 8 products per chunk and group / 32 chunks (NEON):
+// 32 x 3072 x 2^14 < 2^31.
+constexpr int64_t kQMaxGroup = 128;
+// The most 32-bit lanes (and int16 lanes) of these vectors.
+constexpr int kQMaxLanes32 = 8;
+
+int64_t QChunk() { return 2 * static_cast<int64_t>(hn::Lanes(D8())); }
+
+// The column (within the chunk) of each int16 lane of the four decoded vectors, found by running
+// the decode's shuffles on the columns themselves: order[v * N16 + lane].
+const int16_t* QChunkOrder() {
+  static const auto order = [] {
+    const D8 d8;
+    const D16 d16;
+    const hn::Repartition<uint16_t, D8> du16;
+    std::array<int16_t, 64> o{};
+    HWY_ALIGN uint8_t even[32], odd[32];
+    for (int i = 0; i < 32; ++i) {
+      even[i] = static_cast<uint8_t>(2 * i);
+      odd[i] = static_cast<uint8_t>(2 * i + 1);
+    }
+    const auto zero = hn::Zero(d8);
+    const size_t n16 = hn::Lanes(d16);
+    HWY_ALIGN uint16_t lanes[32];
+    int v = 0;
+    for (const uint8_t* cols : {even, odd}) {  // low nibbles: even columns; high: odd
+      const auto c = hn::Load(d8, cols);
+      for (int upper = 0; upper < 2; ++upper, ++v) {
+        const auto w = upper ? hn::InterleaveUpper(d8, zero, c) : hn::InterleaveLower(d8, zero, c);
+        hn::Store(hn::ShiftRight<8>(hn::BitCast(du16, w)), du16, lanes);
+        for (size_t l = 0; l < n16; ++l) o[v * n16 + l] = static_cast<int16_t>(lanes[l]);
+      }
+    }
+    return o;
+  }();
+  return order.data();
+}
+
+// Where a chunk spans several groups of `group` columns: the group (within the chunk) of each
+// 32-bit lane, the same in all four vectors; false if a lane's two columns or the four vectors
+// disagree (then this layout does not apply).
+bool QLaneGroups(int64_t group, int32_t* lane_group) {
+  const int64_t n16 = static_cast<int64_t>(hn::Lanes(D16()));
+  const int16_t* order = QChunkOrder();
+  for (int64_t k = 0; k < n16 / 2; ++k) {
+    lane_group[k] = static_cast<int32_t>(order[2 * k] / group);
+    for (int64_t v = 0; v < 4; ++v) {
+      for (int64_t h = 0; h < 2; ++h) {
+        if (order[v * n16 + 2 * k + h] / group != lane_group[k]) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The four int16 vectors (codes x 256) of the chunk at byte p.
+template <bool kMx>
+HWY_INLINE void QDecodeChunk(const uint8_t* p, V16* w) {
+  const D8 d8;
+  const D16 d16;
+  const hn::Repartition<uint16_t, D8> du16;
+  const auto table = hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(kMx ? kE2M1x2 : kInt4));
+  const auto mask = hn::Set(d8, 0x0F);
+  const auto bytes = hn::LoadU(d8, p);
+  const auto lo = hn::TableLookupBytes(table, hn::And(bytes, mask));
+  const auto hi = hn::TableLookupBytes(
+      table, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, bytes))), mask));
+  const auto zero = hn::Zero(d8);
+  w[0] = hn::BitCast(d16, hn::InterleaveLower(d8, zero, lo));
+  w[1] = hn::BitCast(d16, hn::InterleaveUpper(d8, zero, lo));
+  w[2] = hn::BitCast(d16, hn::InterleaveLower(d8, zero, hi));
+  w[3] = hn::BitCast(d16, hn::InterleaveUpper(d8, zero, hi));
+}
+
+// How a decode's groups map to chunks.
+struct QLayout {
+  int64_t cols;    // K
+  int64_t group;   // columns per scale group
+  int64_t chunk;   // columns per chunk (QChunk())
+  bool lanes;      // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
+  int32_t lane_group[kQMaxLanes32];
+};
+
+// The inputs of the tokens quantized: q[t * ldq + c] in the chunks' lane order, and their
+// scales (q * scale is the input; the factor 1/256 of the decoded codes and the 1/2 of E2M1 x 2
+// are folded in): per group sx[t * groups + g], or, with QLayout::lanes, per chunk and 32-bit
+// lane sx[t * ldsx + chunk * N32 + lane].
+struct QInputs {
+  const int16_t* q;
+  int64_t ldq;
+  const float* sx;
+  int64_t ldsx;
+};
+
+// 2^e as a float for e in [-126, 127].
+inline float Pow2(int e) { return std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23); }
+
+QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, bool mx, void* work) {
+  const int64_t k = a.w->cols;
+  const int64_t group = ql.group;
+  const int64_t groups = k / group;
+  const int64_t chunk = ql.chunk;
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
+  // A last partial chunk (QLayout::lanes: K a multiple of the group, not of the chunk) is
+  // padded with zero inputs of zero scale.
+  const int64_t chunks = CeilDiv(k, chunk);
+  const int64_t ldq = chunks * chunk;
+  const int64_t ldsx = ql.lanes ? chunks * n32 : groups;
+  const int16_t* order = QChunkOrder();
+  int16_t* q = static_cast<int16_t*>(work);
+  float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{2}));
+  float* sg = sx + a.num_tokens * ldsx;  // per-group scales of one token (QLayout::lanes)
+  int32_t* shifts = reinterpret_cast<int32_t*>(sg + ldq / group);  // q = x * 2^shift per group
+  constexpr int32_t kZero = std::numeric_limits<int32_t>::min();
+  constexpr int32_t kNaN = std::numeric_limits<int32_t>::max();
+  const float code_scale = mx ? 1.0f / 512.0f : 1.0f / 256.0f;
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const bf16_t* x = a.x + t * a.ldx;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * group;
+      float m = 0.0f;
+      bool finite = true;
+      for (int64_t c = 0; c < group; ++c) {
+        const float v = std::abs(Bf16ToFloat(x[c0 + c]));
+        m = std::max(m, v);
+        finite = finite && v <= std::numeric_limits<float>::max();  // false for inf and NaN
+      }
+      if (!finite) {  // NaN sums
+        shifts[g] = kNaN;
+      } else if (m == 0.0f) {
+        shifts[g] = kZero;
+      } else {
+        int e;
+        std::frexp(m, &e);  // m < 2^e, e in [-148, 128]
+        shifts[g] = 14 - e;  // |q| < 2^14
+      }
+    }
+    for (int64_t g = groups; g < ldq / group; ++g) shifts[g] = kZero;
+    int16_t* dst = q + t * ldq;
+    for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
+      for (int64_t l = 0; l < chunk; ++l) {
+        const int64_t c = c0 + order[l];
+        const int32_t shift = shifts[c / group];
+        if (shift == kZero || shift == kNaN) {
+          dst[c0 + l] = 0;
+          continue;
+        }
+        // 2^shift in two exact factors (shift can exceed a float's exponent range); round to
+        // nearest even (|v| < 2^14: adding 1.5 x 2^23 leaves the rounded integer).
+        const float v = Bf16ToFloat(x[c]) * Pow2(shift / 2) * Pow2(shift - shift / 2);
+        dst[c0 + l] = static_cast<int16_t>((v + 12582912.0f) - 12582912.0f);
+      }
+    }
+    float* scales = ql.lanes ? sg : sx + t * ldsx;
+    for (int64_t g = 0; g < ldq / group; ++g) {
+      const int32_t shift = shifts[g];
+      if (shift == kZero) {
+        scales[g] = 0.0f;
+      } else if (shift == kNaN) {
+        scales[g] = std::numeric_limits<float>::quiet_NaN();
+      } else {
+        scales[g] = Pow2(-(shift / 2)) * Pow2(-(shift - shift / 2)) * code_scale;
+      }
+    }
+    if (ql.lanes) {
+      const int64_t per_chunk = chunk / group;
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int64_t l = 0; l < n32; ++l) {
+          sx[t * ldsx + c * n32 + l] = sg[c * per_chunk + ql.lane_group[l]];
+        }
+      }
+    }
+  }
+  return {q, ldq, sx, ldsx};
+}
+
+// The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
+// NaN; int4: bf16).
+template <bool kMx>
+void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
+  const hn::ScalableTag<uint32_t> du32;
+  const hn::Rebind<float, decltype(du32)> df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(du32));
+  int64_t g = 0;
+  if constexpr (kMx) {
+    const hn::Rebind<uint8_t, decltype(du32)> du8;
+    for (; g + nl <= n; g += nl) {
+      const auto e = hn::PromoteTo(du32, hn::LoadU(du8, row.s + g0 + g));
+      const auto special = hn::Or(hn::Eq(e, hn::Zero(du32)), hn::Eq(e, hn::Set(du32, 255)));
+      const auto bits =
+          hn::Or(hn::ShiftLeft<23>(e), hn::IfThenElseZero(special, hn::Set(du32, 1u << 22)));
+      hn::StoreU(hn::BitCast(df, bits), df, out + g);
+    }
+    for (; g < n; ++g) out[g] = E8M0ToFloat(row.s[g0 + g]);
+  } else {
+    const hn::Rebind<uint16_t, decltype(du32)> du16;
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(row.s) + g0;
+    for (; g + nl <= n; g += nl) {
+      hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, s + g)))),
+                 df, out + g);
+    }
+    for (; g < n; ++g) out[g] = Bf16ToFloat(reinterpret_cast<const bf16_t*>(row.s)[g0 + g]);
+  }
+}
+
+// Chunks [c0, c0 + nc) (their column index / chunk) of tokens [t0, t0 + MR) times
+// rows[0, NR): out[i * ldo + j] (+)= the partial dot products. sw[j] holds row j's weight scales
+// from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last).
+template <bool kMx, bool kLanes, int MR, int NR>
+void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const float* const* sw,
+           int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo, bool accumulate) {
+  const D16 d16;
+  const D32 d32;
+  const DQF dqf;
+  const int64_t n16 = static_cast<int64_t>(hn::Lanes(d16));
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
+  const int64_t chunk = ql.chunk;
+  // Chunks per flush: one (kLanes), or a group's.
+  const int64_t per_flush = kLanes ? 1 : ql.group / chunk;
+  const int64_t groups_per_chunk = kLanes ? chunk / ql.group : 0;
+  const auto lane_table = [&] {
+    if constexpr (kLanes) {
+      return hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
+    } else {
+      return 0;
+    }
+  }();
+  hn::Vec<DQF> total[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) total[i][j] = hn::Zero(dqf);
+  }
+  const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
+  int64_t since = 0;
+  for (int64_t f = 0; f < nc; f += per_flush) {
+    V32 s0[MR][NR], s1[MR][NR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
+    }
+    for (int64_t ci = f; ci < f + per_flush; ++ci) {
+      const int64_t c = (c0 + ci) * chunk;
+      if (since-- == 0) {
+#pragma GCC unroll 16
+        for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + c / 2 + kPrefetchBytes);
+        since = per_line - 1;
+      }
+      // A last partial chunk is decoded from a zero-padded copy (its padded columns meet zero
+      // inputs).
+      const bool partial = c + chunk > ql.cols;
+      HWY_ALIGN uint8_t pad[NR][32];
+      if (HWY_UNLIKELY(partial)) {
+        for (int j = 0; j < NR; ++j) {
+          std::memset(pad[j], 0, sizeof(pad[j]));
+          std::memcpy(pad[j], row_ptr[j].w + c / 2, static_cast<size_t>((ql.cols - c) / 2));
+        }
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) {
+        V16 w[4];
+        QDecodeChunk<kMx>(HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2, w);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
+#pragma GCC unroll 4
+          for (int v = 0; v < 4; ++v) {
+            s0[i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
+                                                     s0[i][j], s1[i][j]);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      hn::Vec<DQF> wscale;
+      float wscalar = 0.0f;
+      if constexpr (kLanes) {
+        wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
+      } else {
+        wscalar = sw[j][f / per_flush];
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
+        if constexpr (kLanes) {
+          const float* sx = xq.sx + (t0 + i) * xq.ldsx + (c0 + f) * n32;
+          total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
+        } else {
+          const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
+          total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const float s = hn::GetLane(hn::SumOfLanes(dqf, total[i][j]));
+      float& o = out[i * ldo + j];
+      o = accumulate ? o + s : s;
+    }
+  }
+}
+
+// Most scale groups of one K block of a decode step (the weight-scale buffers).
+constexpr int64_t kQMaxBlockGroups = 256;
+
+template <bool kMx, bool kLanes, int NR>
+void QDecodeStep(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout& ql,
+                 const QInputs& xq, const int64_t* rows, int64_t cc, float* tile) {
+  RowPtrs row_ptr[NR];
+  for (int j = 0; j < NR; ++j) row_ptr[j] = dec.RowOf(rows[j]);
+  HWY_ALIGN float sw[NR][kQMaxBlockGroups + kQMaxLanes32];
+  const float* swp[NR];
+  for (int j = 0; j < NR; ++j) swp[j] = sw[j];
+  const int64_t chunks = CeilDiv(a.w->cols, ql.chunk);
+  const int64_t groups = a.w->cols / ql.group;
+  for (int64_t c0 = 0; c0 < chunks; c0 += cc) {
+    const int64_t nc = std::min(cc, chunks - c0);
+    const int64_t g0 = c0 * ql.chunk / ql.group;
+    const int64_t ng = std::min(nc * ql.chunk / ql.group, groups - g0);
+    for (int j = 0; j < NR; ++j) {
+      RowScales<kMx>(row_ptr[j], g0, ng, sw[j]);
+      std::fill(sw[j] + ng, sw[j] + ng + kQMaxLanes32, 0.0f);
+    }
+    int64_t t = 0;
+    // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
+    for (; t + 2 <= a.num_tokens; t += 2) {
+      QTile<kMx, kLanes, 2, NR>(ql, xq, row_ptr, swp, t, c0, nc, tile + t * kStreams, kStreams,
+                                c0 > 0);
+    }
+    if (t < a.num_tokens) {
+      QTile<kMx, kLanes, 1, NR>(ql, xq, row_ptr, swp, t, c0, nc, tile + t * kStreams, kStreams,
+                                c0 > 0);
+    }
+  }
+}
+
+template <bool kMx, bool kLanes>
+void QDecodeRows(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout& ql) {
+  const QInputs xq = QuantizeTokens(a, ql, kMx, a.work);
+  const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
+  // K block in chunks: the tokens' int16 inputs within kDecodeXBytes of L1, and whole groups
+  // within the weight-scale buffers.
+  const int64_t group_chunks = std::max<int64_t>(1, ql.group / ql.chunk);
+  const int64_t max_chunks = kQMaxBlockGroups * ql.group / ql.chunk;
+  int64_t cc = kDecodeXBytes / (2 * a.num_tokens * ql.chunk);
+  cc = std::max(group_chunks, std::min(cc, max_chunks) / group_chunks * group_chunks);
+  float tile[kDecodeMaxTokens * kStreams];
+  for (int64_t s = 0; s < per; ++s) {
+    int64_t col[kStreams], rows[kStreams];
+    int nr = 0;
+    for (int q = 0; q < kStreams && q * per + s < a.num_rows; ++q) col[nr++] = q * per + s;
+    for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[col[j]];
+    switch (nr) {
+      case 4: QDecodeStep<kMx, kLanes, 4>(dec, a, ql, xq, rows, cc, tile); break;
+      case 3: QDecodeStep<kMx, kLanes, 3>(dec, a, ql, xq, rows, cc, tile); break;
+      case 2: QDecodeStep<kMx, kLanes, 2>(dec, a, ql, xq, rows, cc, tile); break;
+      default: QDecodeStep<kMx, kLanes, 1>(dec, a, ql, xq, rows, cc, tile); break;
+    }
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      for (int j = 0; j < nr; ++j) a.out[t * a.ldo + col[j]] = tile[t * kStreams + j];
+    }
+  }
+}
+
+// The integer decode walk (4 sequential row streams, as DecodeWalk), where it applies: up to
+// kDecodeMaxTokens tokens, rows of whole chunks, groups of whole chunks or chunks of whole
+// groups (one per 128-bit block), and groups whose sums cannot overflow. Returns false otherwise.
+template <bool kMx>
+bool QDecodeWalk(const NibbleDec<kMx>& dec, const DotRowsArgs& a) {
+  QLayout ql{};
+  ql.cols = a.w->cols;
+  ql.group = dec.group();
+  ql.chunk = QChunk();
+  if (a.num_tokens > kDecodeMaxTokens || ql.group > kQMaxGroup || a.w->cols % ql.group != 0) {
+    return false;
+  }
+  if (ql.group % ql.chunk == 0) {
+    QDecodeRows<kMx, false>(dec, a, ql);
+    return true;
+  }
+  if (ql.chunk % ql.group != 0 || !QLaneGroups(ql.group, ql.lane_group)) return false;
+  ql.lanes = true;
+  QDecodeRows<kMx, true>(dec, a, ql);
+  return true;
+}
+
 template <typename Dec>
 void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   const DF df;
@@ -417,6 +888,12 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   PrefillRows(dec, a, sp);
 }
 
+template <bool kMx>
+void NibbleDotRows(const NibbleDec<kMx>& dec, const DotRowsArgs& a) {
+  if (QDecodeWalk(dec, a)) return;
+  DotRowsWith(dec, a);
+}
+
 void DotRows(const DotRowsArgs& a) {
   const MatrixRef& m = *a.w;
   // The bf16 row-group layout is the AVX-512 BF16 kernels' (moeshard run rewrites experts into
@@ -425,8 +902,8 @@ void DotRows(const DotRowsArgs& a) {
   switch (m.format) {
     case WeightFormat::kBf16: return DotRowsWith(Bf16Dec{m}, a);
     case WeightFormat::kFp8Block: return DotRowsWith(Fp8Dec(m), a);
-    case WeightFormat::kMxfp4: return DotRowsWith(NibbleDec<true>{m}, a);
-    case WeightFormat::kInt4: return DotRowsWith(NibbleDec<false>{m}, a);
+    case WeightFormat::kMxfp4: return NibbleDotRows(NibbleDec<true>{m}, a);
+    case WeightFormat::kInt4: return NibbleDotRows(NibbleDec<false>{m}, a);
   }
 }
 
@@ -562,7 +1039,11 @@ namespace {
 // Work floats: every token widened to fp32 (and a decoded row when the portable kernels decode
 // the row-group layout).
 int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
-  return std::max(num_tokens * cols, PortableBackend().work_floats(num_tokens, cols));
+  // The 4-bit decode's int16 inputs (rows padded to a chunk of up to 64 columns), their scales
+  // (per group, or per chunk and lane: up to cols / 8 + 8 per token) and one token's per-group
+  // scales and shifts.
+  const int64_t quantized = num_tokens * ((cols + 64) / 2 + (cols / 8 + 8) + 1) + 2 * (cols + 64);
+  return std::max({num_tokens * cols, quantized, PortableBackend().work_floats(num_tokens, cols)});
 }
 
 #define MOESHARD_SIMD_BACKEND(NS, NAME)                                                    \
