@@ -410,7 +410,7 @@ TEST(GroupedGemm, Int4GroupSizes) {
 // and MXFP4 (several scales per chunk on AVX2), K a multiple of the group but not of the 64-column
 // chunk (96, 160: a last half chunk), and inputs that stress the per-group quantization: a group
 // with a 100x outlier, a group of zeros, a group of tiny values.
-TEST(GroupedGemm, FourBitDecodeTokenCountsGroupsAndInputRanges) {
+TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
   const std::vector<int64_t> counts = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16};
   std::vector<int64_t> offsets = {0};
   for (int64_t n : counts) offsets.push_back(offsets.back() + n);
@@ -420,16 +420,18 @@ TEST(GroupedGemm, FourBitDecodeTokenCountsGroupsAndInputRanges) {
     int64_t hidden;
     int64_t inter;
   };
+  // bf16 and fp8 too: their decode walk and decoded strips meet at 16 and 4 tokens.
   const Case cases[] = {{WeightFormat::kMxfp4, 32, 96, 160},  {WeightFormat::kMxfp4, 32, 256, 64},
                         {WeightFormat::kInt4, 32, 96, 160},   {WeightFormat::kInt4, 64, 192, 128},
-                        {WeightFormat::kInt4, 128, 256, 128}};
+                        {WeightFormat::kInt4, 128, 256, 128}, {WeightFormat::kBf16, 0, 200, 72},
+                        {WeightFormat::kFp8Block, 0, 256, 128}};
   for (const Case& k : cases) {
     GemmCase c{.format = k.format,
                .act = Activation::kSwiGlu,
                .num_experts = static_cast<int64_t>(counts.size()),
                .hidden = k.hidden,
                .inter = k.inter,
-               .group = k.group};
+               .group = k.group > 0 ? k.group : 32};
     const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 900 + k.group));
     // Inputs a tenth of the usual size, so with the outliers the outputs stay of order 1.
     std::vector<float> x = Randn(offsets.back() * c.hidden, 901, kInputScale / 10);

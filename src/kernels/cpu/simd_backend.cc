@@ -43,6 +43,17 @@
 #include "moeshard/base/math.h"
 #include "moeshard/base/numeric.h"
 
+// Shared by every target's code and the work-space size below (this file is compiled once per
+// target, so these are defined once).
+#ifndef MOESHARD_SIMD_BACKEND_SHARED_
+#define MOESHARD_SIMD_BACKEND_SHARED_
+namespace moeshard::internal {
+// Prefill strips (PrefillStrips): weight rows per strip and columns per K block.
+inline constexpr int64_t kStripRows = 12;
+inline constexpr int64_t kStripCols = 512;
+}  // namespace moeshard::internal
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace moeshard::internal {
 namespace HWY_NAMESPACE {
@@ -70,6 +81,17 @@ namespace {
 using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 
+// Keeps v in a register: without it GCC folds a vector that feeds several FMAs into each of them
+// as a memory operand (measured on AVX-512: 12 loads instead of 4 per step, load-bound at 0.6 of
+// the AVX2 variant's speed).
+HWY_INLINE void InRegister(VF& v) {
+#if HWY_ARCH_X86
+  __asm__("" : "+v"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 // Software prefetch distance along each weight row (the AVX-512 BF16 kernels measured 1 KiB).
 constexpr int64_t kPrefetchBytes = 1024;
 
@@ -89,9 +111,16 @@ struct RowPtrs {
   const uint8_t* s;
 };
 
+// Most tokens of the decode walks (DecodeWalk, QDecodeWalk); the decode buffers are sized for it.
+constexpr int64_t kDecodeMaxTokens = 16;
+
 struct Bf16Dec {
   static constexpr int kVecs = 1;
   static constexpr bool kEvenOdd = false;
+  // Tokens from which a task takes the decoded strips instead of the decode walk (measured on
+  // AVX2: a bf16 chunk decodes in two instructions, so the walk holds up to 16 tokens; fp8 and
+  // the 4-bit formats' fp32 decode cost several per chunk, so strips pay from about 5).
+  static constexpr int64_t kStripFrom = kDecodeMaxTokens + 1;
   const MatrixRef& m;
   int64_t group() const { return 0; }
   RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
@@ -117,6 +146,7 @@ struct Bf16Dec {
 struct Fp8Dec {
   static constexpr int kVecs = 2;
   static constexpr bool kEvenOdd = false;
+  static constexpr int64_t kStripFrom = 5;
   const MatrixRef& m;
   int64_t scale_cols;
   explicit Fp8Dec(const MatrixRef& mr) : m(mr), scale_cols(CeilDiv(mr.cols, mr.group)) {}
@@ -157,6 +187,7 @@ template <bool kMx>
 struct NibbleDec {
   static constexpr int kVecs = 2;
   static constexpr bool kEvenOdd = true;
+  static constexpr int64_t kStripFrom = 5;
   const MatrixRef& m;
   int64_t group() const { return m.group; }
   RowPtrs RowOf(int64_t r) const {
@@ -288,6 +319,17 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + off);
       since = per_line - 1;
     }
+    // The tokens' inputs once per chunk (in registers, see InRegister), then each row's decode
+    // and its multiply-adds.
+    VF xv[MR][Dec::kVecs];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
+      for (int v = 0; v < Dec::kVecs; ++v) {
+        xv[i][v] = hn::LoadU(df, sp.xf + (t0 + i) * sp.ldxf + c + v * n);
+        InRegister(xv[i][v]);
+      }
+    }
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       VF w[Dec::kVecs];
@@ -298,12 +340,11 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       }
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const float* x = sp.xf + (t0 + i) * sp.ldxf + c;
 #pragma GCC unroll 2
         for (int v = 0; v < Dec::kVecs; ++v) {
           // One token: vector v of the chunk (two of them), or the chunk's parity (one).
           const int u = kAcc == 1 ? 0 : (Dec::kVecs == 2 ? v : parity);
-          acc[u][i][j] = hn::MulAdd(w[v], hn::LoadU(df, x + v * n), acc[u][i][j]);
+          acc[u][i][j] = hn::MulAdd(w[v], xv[i][v], acc[u][i][j]);
         }
       }
     }
@@ -349,7 +390,6 @@ void TailColumns(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const 
 // streams measured best). K blocks keep all the tokens' fp32 inputs within kDecodeXBytes of L1
 // while the weight streams pass; they walk each row in order, so they do not break the streams.
 constexpr int kStreams = 4;
-constexpr int64_t kDecodeMaxTokens = 16;
 constexpr int64_t kDecodeXBytes = 16 * 1024;
 
 template <typename Dec, int MR, int NR>
@@ -412,43 +452,145 @@ void DecodeWalk(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   }
 }
 
-// Tokens x rows of one prefill tile: 4 x 3, twelve accumulators, three decoded rows and one
-// input vector fill AVX2's 16 registers and give 12 FMAs per 3 decodes and 4 loads (measured
-// on AVX2 at 32 and 512 tokens against 6 x 2 and 3 x 4: within noise of the best, never the
-// worst).
+// --- prefill: decoded strips ----------------------------------------------------------------
+//
+// More than kDecodeMaxTokens tokens: a strip of kStripRows weight rows is decoded once per K
+// block of kStripCols columns into fp32 (in the decoder's chunk order, like the widened inputs;
+// 24 KiB, L1-resident), and every token tile passes over it with loads and FMAs only: the decode
+// (exact for bf16, MXFP4 and int4, whose scales fold into fp32 exactly; fp8 rounds code x scale
+// once, as the decode walk does) is paid once per weight instead of once per token tile. Each
+// tile adds its vector sums into per-(token, row) vector partials, reduced once at the end.
+// Tokens x rows of a strip tile: 4 x 3, twelve accumulators, three weight vectors and one input
+// vector fill AVX2's 16 registers; 12 FMAs per 7 loads.
+// AVX-512's 32 registers take 8 x 3 (24 accumulators; 24 FMAs per 11 loads).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr int kMrWide = 8;
+#else
 constexpr int kMrWide = 4;
+#endif
 constexpr int kNrWide = 3;
 
-// More tokens: every tile of kMrWide tokens passes over all the rows, K blocked by kCpuKBlock.
-template <typename Dec>
-void PrefillRows(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
-  int64_t rows[kNrWide];
-  auto tiles = [&]<int MR>(int64_t t, int64_t r, int nr, int64_t k0, int64_t k1) {
-    float* out = a.out + t * a.ldo + r;
-    if (nr == kNrWide) {
-      Tile<Dec, MR, kNrWide>(dec, a, sp, rows, t, k0, k1, out, a.ldo, k0 > 0);
-    } else if (nr == 2) {
-      Tile<Dec, MR, 2>(dec, a, sp, rows, t, k0, k1, out, a.ldo, k0 > 0);
-    } else {
-      Tile<Dec, MR, 1>(dec, a, sp, rows, t, k0, k1, out, a.ldo, k0 > 0);
+// pacc[(i * kStripRows + j) * N ...] += the tile's sums over `cols` columns (chunk multiples) of
+// strip rows w + j * kStripCols and inputs x + i * ldx.
+template <int MR, int NR>
+void StripTile(const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) acc[i][j] = hn::Zero(df);
+  }
+  for (int64_t c = 0; c < cols; c += n) {
+    VF wv[NR];
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) wv[j] = hn::LoadU(df, w + j * kStripCols + c);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      VF xv = hn::LoadU(df, x + i * ldx + c);
+      InRegister(xv);
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) acc[i][j] = hn::MulAdd(wv[j], xv, acc[i][j]);
     }
-  };
-  const int64_t unit = std::max(sp.chunk, dec.group());
-  const int64_t kc = std::max(unit, kCpuKBlock / unit * unit);
-  for (int64_t k0 = 0; k0 < sp.whole || k0 == 0; k0 += kc) {
-    const int64_t k1 = std::min(sp.whole, k0 + kc);
-    for (int64_t r = 0; r < a.num_rows; r += kNrWide) {
-      const int nr = static_cast<int>(std::min<int64_t>(kNrWide, a.num_rows - r));
-      for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[r + j];
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      float* p = pacc + (i * kStripRows + j) * n;
+      hn::StoreU(hn::Add(hn::LoadU(df, p), acc[i][j]), df, p);
+    }
+  }
+}
+
+template <int MR>
+void StripTiles(int nr, const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc) {
+  const int64_t n = static_cast<int64_t>(hn::Lanes(DF()));
+  int j = 0;
+  for (; j + kNrWide <= nr; j += kNrWide) {
+    StripTile<MR, kNrWide>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
+  }
+  if (nr - j == 2) StripTile<MR, 2>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
+  if (nr - j == 1) StripTile<MR, 1>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
+}
+
+template <typename Dec>
+void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t k = a.w->cols;
+  const int64_t tokens = a.num_tokens;
+  // The strip and the partial sums after the widened inputs, vector-aligned.
+  float* strip = a.work + RoundUp(tokens * k, int64_t{16});
+  float* pacc = strip + kStripRows * kStripCols;
+  const int64_t group = dec.group() > 0 ? dec.group() : k + sp.chunk;
+  // K blocks of whole chunks and (for the scales) whole groups where the groups are smaller.
+  const int64_t unit = std::max(sp.chunk, std::min(group, kStripCols));
+  const int64_t kb = std::max(unit, kStripCols / unit * unit);
+  // Bytes of a row per chunk (the formats' rows are whole bytes per chunk: 2, 1 or 1/2 per value).
+  const int64_t chunk_bytes = sp.chunk * a.w->row_bytes / k;
+  for (int64_t r0 = 0; r0 < a.num_rows; r0 += kStripRows) {
+    const int nr = static_cast<int>(std::min(kStripRows, a.num_rows - r0));
+    std::fill(pacc, pacc + tokens * kStripRows * n, 0.0f);
+    RowPtrs row_ptr[kStripRows];
+    int64_t rows[kStripRows];
+    for (int j = 0; j < nr; ++j) {
+      rows[j] = a.row_idx[r0 + j];
+      row_ptr[j] = dec.RowOf(rows[j]);
+    }
+    for (int64_t k0 = 0; k0 < sp.whole; k0 += kb) {
+      const int64_t k1 = std::min(sp.whole, k0 + kb);
+      const bool last = k1 >= sp.whole;
+      for (int j = 0; j < nr; ++j) {
+        float* dst = strip + j * kStripCols;
+        // The lines this decode will need next (the row's next block, or on the last block the
+        // next strip's row), prefetched while the tiles run over this one.
+        const uint8_t* next = nullptr;
+        int64_t next_c = 0;
+        if (!last) {
+          next = row_ptr[j].w;
+          next_c = kb;
+        } else if (r0 + kStripRows + j < a.num_rows) {
+          next = dec.RowOf(a.row_idx[r0 + kStripRows + j]).w;
+          next_c = -k0;
+        }
+        // Byte offsets of chunk c in a row: c * row_bytes / K, stepped by chunk_bytes.
+        int64_t off = k0 * chunk_bytes / sp.chunk;
+        const int64_t next_off = next_c * chunk_bytes / sp.chunk;
+        for (int64_t c = k0; c < k1; c += sp.chunk, off += chunk_bytes) {
+          if (next != nullptr && off % 64 < chunk_bytes) hwy::Prefetch(next + off + next_off);
+          VF w[Dec::kVecs];
+          dec.Decode(row_ptr[j], c, c / group, w);
+#pragma GCC unroll 2
+          for (int v = 0; v < Dec::kVecs; ++v) hn::StoreU(w[v], df, dst + (c - k0) + v * n);
+        }
+      }
+      const float* x = sp.xf + k0;
       int64_t t = 0;
-      for (; t + kMrWide <= a.num_tokens; t += kMrWide) tiles.template operator()<kMrWide>(t, r, nr, k0, k1);
-      for (; t + 2 <= a.num_tokens; t += 2) tiles.template operator()<2>(t, r, nr, k0, k1);
-      for (; t < a.num_tokens; ++t) tiles.template operator()<1>(t, r, nr, k0, k1);
-      if (k1 >= sp.whole && sp.whole < a.w->cols) {
-        TailColumns(dec, a, sp, rows, nr, 0, static_cast<int>(a.num_tokens), a.out + r, a.ldo);
+      for (; t + kMrWide <= tokens; t += kMrWide) {
+        StripTiles<kMrWide>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0,
+                            pacc + t * kStripRows * n);
+      }
+      if constexpr (kMrWide > 4) {
+        for (; t + 4 <= tokens; t += 4) {
+          StripTiles<4>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
+        }
+      }
+      for (; t + 2 <= tokens; t += 2) {
+        StripTiles<2>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
+      }
+      for (; t < tokens; ++t) {
+        StripTiles<1>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
       }
     }
-    if (k1 >= sp.whole) break;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int j = 0; j < nr; ++j) {
+        a.out[t * a.ldo + r0 + j] =
+            hn::GetLane(hn::SumOfLanes(df, hn::LoadU(df, pacc + (t * kStripRows + j) * n)));
+      }
+    }
+    if (sp.whole < k) TailColumns(dec, a, sp, rows, nr, 0, static_cast<int>(tokens), a.out + r0, a.ldo);
   }
 }
 
@@ -875,8 +1017,7 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   int64_t chunk = static_cast<int64_t>(hn::Lanes(df)) * Dec::kVecs;
   // fp8 scales change every `group` columns: a chunk must not straddle two blocks.
   if constexpr (std::is_same_v<Dec, Fp8Dec>) {
-    while (chunk > 1 && a.w->group % chunk != 0) chunk /= 2;
-    if (chunk < static_cast<int64_t>(hn::Lanes(df))) chunk = 0;  // tiny blocks: scalar only
+    if (a.w->group % chunk != 0) chunk = 0;  // blocks narrower than a chunk: scalar only
   }
   const int64_t k = a.w->cols;
   const int64_t whole = chunk > 0 ? k / chunk * chunk : 0;
@@ -884,8 +1025,8 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   float* xf = a.work;
   WidenTokens<Dec>(a, chunk, whole, xf);
   const DotSpan sp{chunk, whole, xf, k};
-  if (a.num_tokens <= kDecodeMaxTokens) return DecodeWalk(dec, a, sp);
-  PrefillRows(dec, a, sp);
+  if (a.num_tokens < Dec::kStripFrom) return DecodeWalk(dec, a, sp);
+  PrefillStrips(dec, a, sp);
 }
 
 template <bool kMx>
@@ -1043,7 +1184,9 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
   // (per group, or per chunk and lane: up to cols / 8 + 8 per token) and one token's per-group
   // scales and shifts.
   const int64_t quantized = num_tokens * ((cols + 64) / 2 + (cols / 8 + 8) + 1) + 2 * (cols + 64);
-  return std::max({num_tokens * cols, quantized, PortableBackend().work_floats(num_tokens, cols)});
+  const int64_t strips = RoundUp(num_tokens * cols, int64_t{16}) + kStripRows * kStripCols +
+                         num_tokens * kStripRows * 16 + 64;
+  return std::max({strips, quantized, PortableBackend().work_floats(num_tokens, cols)});
 }
 
 #define MOESHARD_SIMD_BACKEND(NS, NAME)                                                    \
