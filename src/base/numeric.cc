@@ -1,6 +1,8 @@
 #include "moeshard/base/numeric.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <limits>
 
 namespace moeshard {
@@ -38,6 +40,33 @@ uint32_t EncodeMagnitude(float mag, int exp_bits, int man_bits, int bias, uint32
 }
 
 }  // namespace
+
+float HalfToFloat(fp16_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000u) << 16;
+  const uint32_t exp = (v.bits >> 10) & 0x1fu;
+  const uint32_t man = v.bits & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf, NaN
+  if (exp == 0) {  // zero or subnormal: man x 2^-24, exact in fp32
+    const float mag = std::ldexp(static_cast<float>(man), -24);
+    return sign != 0 ? -mag : mag;
+  }
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+fp16_t FloatToHalf(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return fp16_t{static_cast<uint16_t>(sign | 0x7e00u)};  // quiet NaN
+  if (abs >= 0x47800000u) return fp16_t{static_cast<uint16_t>(sign | 0x7c00u)};  // >= 2^16: inf
+  if (abs < 0x38800000u) {  // below 2^-14: subnormal (or zero), in units of 2^-24, RNE
+    const float units = std::bit_cast<float>(abs) * 16777216.0f;  // exact (power of two)
+    return fp16_t{static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(units)))};
+  }
+  // Normal: drop 13 mantissa bits, round to nearest even (a carry into the exponent is right).
+  const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
+  return fp16_t{static_cast<uint16_t>(sign | ((rounded >> 13) - (112u << 10)))};
+}
 
 float Fp8E4M3ToFloat(uint8_t v) {
   if ((v & 0x7f) == 0x7f) return std::nanf("");

@@ -63,3 +63,37 @@ TEST(NumericTest, E8M0AndFp4) {
 
 }  // namespace
 }  // namespace moeshard
+
+namespace moeshard {
+namespace {
+
+// Every fp16 value converts to fp32 and back unchanged; values between two neighbours round to
+// the nearer (ties to the even code); past the largest finite value (65504) they round to
+// infinity from 65520 on, as IEEE round-to-nearest does.
+TEST(NumericTest, Fp16RoundTripsAndRoundsToNearestEven) {
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const fp16_t h{static_cast<uint16_t>(b)};
+    const float f = HalfToFloat(h);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f)))) << b;
+      continue;
+    }
+    ASSERT_EQ(FloatToHalf(f).bits, h.bits) << b;
+    // The midpoint to the next code of the same sign rounds to the even one of the two.
+    if ((b & 0x7fffu) < 0x7bffu) {
+      const float next = HalfToFloat(fp16_t{static_cast<uint16_t>(b + 1)});
+      const float mid = static_cast<float>((static_cast<double>(f) + next) / 2);
+      const uint16_t even = (b & 1u) == 0 ? static_cast<uint16_t>(b) : static_cast<uint16_t>(b + 1);
+      EXPECT_EQ(FloatToHalf(mid).bits, even) << b;
+    }
+  }
+  EXPECT_EQ(HalfToFloat(fp16_t{0x3c00}), 1.0f);
+  EXPECT_EQ(HalfToFloat(fp16_t{0x0001}), std::ldexp(1.0f, -24));
+  EXPECT_EQ(FloatToHalf(65519.0f).bits, 0x7bffu);
+  EXPECT_EQ(FloatToHalf(65520.0f).bits, 0x7c00u);
+  EXPECT_EQ(FloatToHalf(-1e30f).bits, 0xfc00u);
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -26)).bits, 0x0000u);  // a quarter of the smallest
+}
+
+}  // namespace
+}  // namespace moeshard

@@ -8,7 +8,9 @@ namespace {
 
 // The table (see the header). Sources: DeepSeek-V3 `weight_block_size` [128, 128] with F32
 // `weight_scale_inv`; OCP MX v1.0 (MXFP4: 32 E2M1 values per E8M0 scale); compressed-tensors
-// pack-quantized int4 (`weight_packed`, BF16 `weight_scale` per group).
+// pack-quantized int4 (`weight_packed`, BF16 `weight_scale` per group); AutoAWQ / AutoGPTQ
+// (`qweight`, fp16 `scales`, 4-bit `qzeros`, group_size 128 by default); NVIDIA NVFP4 (16 E2M1
+// values per E4M3 scale, an fp32 per-tensor scale).
 constexpr WeightFormatSpec kTable[] = {
     {WeightFormat::kBf16, "bf16", 16, DType::kBF16, DType::kBool, ScaleLayout::kNone, 1, 1, true,
      false, "weight", ""},
@@ -18,6 +20,14 @@ constexpr WeightFormatSpec kTable[] = {
      false, "weight_packed", "weight_scale"},
     {WeightFormat::kInt4, "int4", 4, DType::kU8, DType::kBF16, ScaleLayout::kPerRow, 32, 1, false,
      false, "weight_packed", "weight_scale"},
+    // AWQ / GPTQ int4 (group 128 by default; fp16 scales, 4-bit zero points) and the
+    // compressed-tensors asymmetric spelling (`weight_zero_point`).
+    {WeightFormat::kInt4Zp, "int4-zp", 4, DType::kU8, DType::kF16, ScaleLayout::kPerRow, 128, 1,
+     false, true, "weight_packed", "weight_scale", DType::kU8, "weight_zero_point"},
+    // NVFP4 (compressed-tensors nvfp4-pack-quantized names; ModelOpt spells the global scale
+    // `weight_scale_2`).
+    {WeightFormat::kNvfp4, "nvfp4", 4, DType::kU8, DType::kF8E4M3, ScaleLayout::kPerRow, 16, 1,
+     true, false, "weight_packed", "weight_scale", DType::kBool, "", true, "weight_global_scale"},
 };
 
 }  // namespace
@@ -79,6 +89,11 @@ int64_t WeightScheme::WeightBytes(int64_t rows, int64_t cols, DType dense_dtype)
 
 int64_t WeightScheme::ScaleBytes(int64_t rows, int64_t cols) const {
   return ScaleRows(rows) * ScaleRowBytes(cols);
+}
+
+int64_t WeightScheme::ZeroBytes(int64_t rows, int64_t cols) const {
+  if (!has_zero_points()) return 0;
+  return ScaleRows(rows) * ScaleCols(cols) * DTypeBits(spec().zero_dtype) / 8;
 }
 
 std::pair<int64_t, int64_t> WeightScheme::WeightSlice(bool rows, int64_t begin,

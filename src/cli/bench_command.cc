@@ -61,11 +61,15 @@ Result<WeightFormat> ParseFormat(const std::string& s) {
                                                                {"bf16-rg", WeightFormat::kBf16},
                                                                {"fp8", WeightFormat::kFp8Block},
                                                                {"mxfp4", WeightFormat::kMxfp4},
-                                                               {"int4", WeightFormat::kInt4}};
+                                                               {"int4", WeightFormat::kInt4},
+                                                               {"int4-zp", WeightFormat::kInt4Zp},
+                                                               {"nvfp4", WeightFormat::kNvfp4}};
   auto it = kFormats.find(s);
   if (it == kFormats.end()) {
     return InvalidArgumentError(fmt::format(
-        "bench kernels: '--formats': expected bf16, bf16-rg, fp8, mxfp4 or int4, got '{}'", s));
+        "bench kernels: '--formats': expected bf16, bf16-rg, fp8, mxfp4, int4, int4-zp or nvfp4, "
+        "got '{}'",
+        s));
   }
   return it->second;
 }
@@ -253,8 +257,8 @@ CommandRunner SetupKernels(CLI::App* bench) {
                   "qwen3-30b-a3b, kimi-k2-32e, kimi-k3-latent-64e (default: all)")
       ->delimiter(',');
   sub->add_option("--formats", f->formats,
-                  "bf16, bf16-rg (bf16 in the row-group layout), fp8, mxfp4, int4 (default bf16 "
-                  "bf16-rg mxfp4)")
+                  "bf16, bf16-rg (bf16 in the row-group layout), fp8, mxfp4, int4, int4-zp "
+                  "(AWQ/GPTQ, group 128), nvfp4 (default bf16 bf16-rg mxfp4)")
       ->delimiter(',');
   sub->add_option("--threads", f->threads, "threads including the caller (0: all cores)");
   sub->add_option("--isa", f->isa,

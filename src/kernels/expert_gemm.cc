@@ -68,7 +68,8 @@ float ApplyActivation(const ActivationParams& a, float gate, float up) {
 }
 
 int64_t ExpertMatrixBytes(const WeightScheme& scheme, int64_t rows, int64_t cols) {
-  return scheme.WeightBytes(rows, cols) + scheme.ScaleBytes(rows, cols);
+  return scheme.WeightBytes(rows, cols) + scheme.ScaleBytes(rows, cols) +
+         scheme.ZeroBytes(rows, cols);
 }
 
 namespace {
@@ -88,11 +89,13 @@ Status CheckInputDim(const ExpertWeights& w, const char* what, int64_t cols) {
       }
       return Status::Ok();
     case WeightFormat::kInt4:
+    case WeightFormat::kInt4Zp:
+    case WeightFormat::kNvfp4:
       if (cols % w.scheme.group != 0) {
         return InvalidArgumentError(fmt::format(
-            "expert weights: '{}': int4 needs the input dimension to be a multiple of the group "
+            "expert weights: '{}': {} needs the input dimension to be a multiple of the group "
             "size {}, got {} (pad it with zeros)",
-            what, w.scheme.group, cols));
+            what, WeightFormatName(w.scheme.format), w.scheme.group, cols));
       }
       return Status::Ok();
   }
@@ -148,13 +151,31 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
         fmt::format("expert weights: 'w13_scales/w2_scales': expected non-null for format {}",
                     WeightFormatName(w.scheme.format)));
   }
-  if (w.scheme.format == WeightFormat::kInt4 &&
-      (w.scheme.group < kCpuInt4GroupSizeMultiple ||
-       w.scheme.group % kCpuInt4GroupSizeMultiple != 0)) {
+  const bool int4 = w.scheme.format == WeightFormat::kInt4 || w.scheme.format == WeightFormat::kInt4Zp;
+  if (int4 && (w.scheme.group < kCpuInt4GroupSizeMultiple ||
+               w.scheme.group % kCpuInt4GroupSizeMultiple != 0)) {
     return InvalidArgumentError(
-        fmt::format("expert weights: 'scheme.group': expected an int4 group that is a positive "
+        fmt::format("expert weights: 'scheme.group': expected an {} group that is a positive "
                     "multiple of {}, got {}",
-                    kCpuInt4GroupSizeMultiple, w.scheme.group));
+                    WeightFormatName(w.scheme.format), kCpuInt4GroupSizeMultiple, w.scheme.group));
+  }
+  if (w.scheme.format == WeightFormat::kInt4Zp && w.num_experts_local > 0 &&
+      (w.w13_zeros == nullptr || w.w2_zeros == nullptr)) {
+    return InvalidArgumentError(
+        "expert weights: 'w13_zeros/w2_zeros': expected non-null for format int4-zp (AWQ/GPTQ "
+        "zero points)");
+  }
+  if (w.scheme.format == WeightFormat::kNvfp4) {
+    if (w.scheme.group != kCpuNvfp4GroupSize) {
+      return InvalidArgumentError(fmt::format(
+          "expert weights: 'scheme.group': expected the NVFP4 group {}, got {}",
+          kCpuNvfp4GroupSize, w.scheme.group));
+    }
+    if (w.num_experts_local > 0 && (w.w13_global == nullptr || w.w2_global == nullptr)) {
+      return InvalidArgumentError(
+          "expert weights: 'w13_global/w2_global': expected non-null for format nvfp4 (the "
+          "per-tensor global scales)");
+    }
   }
   if (w.scheme.format == WeightFormat::kMxfp4 && w.scheme.group != kCpuMxfp4GroupSize) {
     return InvalidArgumentError(fmt::format(
@@ -241,6 +262,19 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   const void* scales = w13 ? w.w13_scales : w.w2_scales;
   m.scales =
       scales == nullptr ? nullptr : static_cast<const uint8_t*>(scales) + expert * scale_bytes;
+  const uint8_t* zeros = w13 ? w.w13_zeros : w.w2_zeros;
+  m.zeros = zeros == nullptr ? nullptr : zeros + expert * w.scheme.ZeroBytes(m.rows, m.cols);
+  if (w.scheme.format == WeightFormat::kNvfp4 && w.w13_global != nullptr && w.w2_global != nullptr) {
+    if (!w13) {
+      m.global[0] = m.global[1] = w.w2_global[expert];
+    } else {
+      m.global[0] = w.W13Global(expert, 0);
+      m.global[1] = w.gated ? w.W13Global(expert, w.gate_up_interleaved ? 1 : w.intermediate)
+                            : m.global[0];
+      m.global_interleaved = w.gate_up_interleaved;
+      m.global_split = w.gated ? w.intermediate : m.rows;
+    }
+  }
   return m;
 }
 

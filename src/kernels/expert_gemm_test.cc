@@ -47,7 +47,7 @@ struct GemmCase {
 
 WeightScheme SchemeOf(const GemmCase& c) {
   WeightScheme q = WeightScheme::Default(c.format);
-  if (c.format == WeightFormat::kInt4) q.group = c.group;
+  if (c.format == WeightFormat::kInt4 || c.format == WeightFormat::kInt4Zp) q.group = c.group;
   if (c.format == WeightFormat::kFp8Block) q.group = q.block_rows = c.block;
   return q;
 }
@@ -424,7 +424,11 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
   const Case cases[] = {{WeightFormat::kMxfp4, 32, 96, 160},  {WeightFormat::kMxfp4, 32, 256, 64},
                         {WeightFormat::kInt4, 32, 96, 160},   {WeightFormat::kInt4, 64, 192, 128},
                         {WeightFormat::kInt4, 128, 256, 128}, {WeightFormat::kBf16, 0, 200, 72},
-                        {WeightFormat::kFp8Block, 0, 256, 128}};
+                        {WeightFormat::kFp8Block, 0, 256, 128},
+                        // AWQ/GPTQ groups, NVFP4's 16 (two classes of integer sums on AVX2).
+                        {WeightFormat::kInt4Zp, 32, 96, 160}, {WeightFormat::kInt4Zp, 64, 192, 128},
+                        {WeightFormat::kInt4Zp, 128, 256, 128}, {WeightFormat::kNvfp4, 16, 96, 160},
+                        {WeightFormat::kNvfp4, 16, 256, 64}};
   for (const Case& k : cases) {
     GemmCase c{.format = k.format,
                .act = Activation::kSwiGlu,
@@ -461,8 +465,7 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
 // are (the integer decode marks a group with an infinite input NaN instead of quantizing it), and
 // leaves the other tokens finite.
 TEST(GroupedGemm, NonFiniteInputsPropagateInEveryFormat) {
-  for (WeightFormat f :
-       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+  for (WeightFormat f : kAllWeightFormats) {
     GemmCase c{.format = f, .act = Activation::kSwiGlu, .num_experts = 2, .hidden = 128, .inter = 64};
     const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 910));
     const std::vector<int64_t> offsets = {0, 2, 3};
@@ -491,8 +494,7 @@ TEST(GroupedGemm, NonFiniteInputsPropagateInEveryFormat) {
 }
 
 TEST(GroupedGemm, GptOssInterleavedWithBiasesEveryFormat) {
-  for (WeightFormat f :
-       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+  for (WeightFormat f : kAllWeightFormats) {
     GemmCase c{.format = f,
                .act = Activation::kSwiGluOai,
                .num_experts = 8,
@@ -507,8 +509,7 @@ TEST(GroupedGemm, GptOssInterleavedWithBiasesEveryFormat) {
 
 // Reductions longer than the AVX-512 K block (2048) are split and accumulated.
 TEST(GroupedGemm, LongReductionsAcrossKBlocks) {
-  for (WeightFormat f :
-       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+  for (WeightFormat f : kAllWeightFormats) {
     GemmCase c{.format = f,
                .act = Activation::kSwiGlu,
                .num_experts = 2,
@@ -654,8 +655,7 @@ TEST(GroupedGemm, DeterministicAcrossThreadCounts) {
 
 TEST(GroupedGemm, PortableAndAvx512Agree) {
   if (!CpuSupportsAvx512Bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
-  for (WeightFormat f :
-       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
+  for (WeightFormat f : kAllWeightFormats) {
     GemmCase c{.format = f,
                .act = Activation::kGeluTanhGated,
                .num_experts = 4,

@@ -86,7 +86,12 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
                           .num_experts_local = shape.num_experts,
                           .hidden = shape.hidden,
                           .intermediate = shape.intermediate};
-      probe.w13 = probe.w2 = probe.w13_scales = probe.w2_scales = &probe;  // shape check only
+      // Shape check only: every pointer set, none read.
+      probe.w13 = probe.w2 = probe.w13_scales = probe.w2_scales = &probe;
+      const float dummy[2] = {1.0f, 1.0f};
+      const uint8_t dummy_zeros[1] = {0};
+      probe.w13_zeros = probe.w2_zeros = dummy_zeros;
+      probe.w13_global = probe.w2_global = dummy;
       MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(probe, act));
       // One set of weights per (shape, format), freed before the next; bf16 is measured in
       // each layout of o.bf16_row_groups, repacked in place when it turns to row groups.

@@ -11,8 +11,14 @@
 
 namespace moeshard {
 
+float Nvfp4GlobalScale(const float* w, int64_t n) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(w[i]));
+  return amax > 0.0f ? amax / (6.0f * 448.0f) : 1.0f;
+}
+
 void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
-                    uint8_t* data, uint8_t* scales) {
+                    uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
   const int64_t group = scheme.group;
   switch (scheme.format) {
     case WeightFormat::kBf16: {
@@ -88,6 +94,59 @@ void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, in
       }
       return;
     }
+    case WeightFormat::kInt4Zp: {
+      MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0 && zeros != nullptr,
+                     "int4-zp cols {} / group {} / zeros", cols, group);
+      const int64_t groups = cols / group;
+      fp16_t* s = reinterpret_cast<fp16_t*>(scales);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const float* v = w + r * cols + g * group;
+          float lo = 0.0f, hi = 0.0f;
+          for (int64_t i = 0; i < group; ++i) {
+            lo = std::min(lo, v[i]);
+            hi = std::max(hi, v[i]);
+          }
+          const fp16_t sh = FloatToHalf(hi > lo ? (hi - lo) / 15.0f : 1.0f);
+          s[r * groups + g] = sh;
+          const float scale = HalfToFloat(sh);
+          const float zero = std::clamp(std::nearbyint(-lo / scale), 0.0f, 15.0f);
+          zeros[r * groups + g] = static_cast<uint8_t>(zero);
+          auto code = [&](float x) {
+            return static_cast<uint8_t>(std::clamp(std::nearbyint(x / scale) + zero, 0.0f, 15.0f));
+          };
+          for (int64_t i = 0; i < group; i += 2) {
+            data[(r * cols + g * group + i) / 2] =
+                static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
+          }
+        }
+      }
+      return;
+    }
+    case WeightFormat::kNvfp4: {
+      MOESHARD_CHECK(group == kCpuNvfp4GroupSize && cols % group == 0 && global != nullptr,
+                     "nvfp4 cols {} / group {} / global", cols, group);
+      if (!(*global > 0.0f)) *global = Nvfp4GlobalScale(w, rows * cols);
+      const float gs = *global;
+      const int64_t groups = cols / group;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          const float* v = w + r * cols + g * group;
+          float amax = 0.0f;
+          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
+          const uint8_t sc = FloatToFp8E4M3(amax / 6.0f / gs);
+          scales[r * groups + g] = sc;
+          const float step = Fp8E4M3ToFloat(sc) * gs;
+          const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+          for (int64_t i = 0; i < group; i += 2) {
+            const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
+            const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
+            data[(r * cols + g * group + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+          }
+        }
+      }
+      return;
+    }
   }
 }
 
@@ -107,6 +166,10 @@ void SetView(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
   v.w2_scales = o.w2_scales.empty() ? nullptr : o.w2_scales.data();
   v.w13_bias = o.w13_bias.empty() ? nullptr : o.w13_bias.data();
   v.w2_bias = o.w2_bias.empty() ? nullptr : o.w2_bias.data();
+  v.w13_zeros = o.w13_zeros.empty() ? nullptr : o.w13_zeros.data();
+  v.w2_zeros = o.w2_zeros.empty() ? nullptr : o.w2_zeros.data();
+  v.w13_global = o.w13_global.empty() ? nullptr : o.w13_global.data();
+  v.w2_global = o.w2_global.empty() ? nullptr : o.w2_global.data();
 }
 
 void Allocate(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
@@ -117,6 +180,12 @@ void Allocate(OwnedExpertWeights& o, const ExpertWeightsShape& s) {
   o.w2 = AlignedBuffer(static_cast<size_t>(e * q.WeightBytes(s.hidden, s.intermediate)));
   o.w13_scales.resize(static_cast<size_t>(e * q.ScaleBytes(r13, s.hidden)));
   o.w2_scales.resize(static_cast<size_t>(e * q.ScaleBytes(s.hidden, s.intermediate)));
+  o.w13_zeros.resize(static_cast<size_t>(e * q.ZeroBytes(r13, s.hidden)));
+  o.w2_zeros.resize(static_cast<size_t>(e * q.ZeroBytes(s.hidden, s.intermediate)));
+  if (q.has_global_scale()) {
+    o.w13_global.assign(static_cast<size_t>(e * (s.gated ? 2 : 1)), 1.0f);
+    o.w2_global.assign(static_cast<size_t>(e), 1.0f);
+  }
 }
 
 uint64_t SplitMix64(uint64_t x) {
@@ -137,11 +206,35 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& s, const float*
   const WeightScheme& q = s.scheme;
   const int64_t d13 = q.WeightBytes(r13, s.hidden), d2 = q.WeightBytes(s.hidden, s.intermediate);
   const int64_t s13 = q.ScaleBytes(r13, s.hidden), s2 = q.ScaleBytes(s.hidden, s.intermediate);
+  const int64_t z13 = q.ZeroBytes(r13, s.hidden), z2 = q.ZeroBytes(s.hidden, s.intermediate);
   for (int64_t e = 0; e < s.num_experts_local; ++e) {
-    QuantizeMatrix(q, w13 + e * r13 * s.hidden, r13, s.hidden, o.w13.as<uint8_t>() + e * d13,
-                   o.w13_scales.data() + e * s13);
+    const float* m13 = w13 + e * r13 * s.hidden;
+    if (q.has_global_scale() && s.gated) {
+      // One global per half (gate rows, up rows), each row quantized with its half's.
+      std::vector<float> half[2];
+      for (int64_t r = 0; r < r13; ++r) {
+        const bool up = s.gate_up_interleaved ? r % 2 == 1 : r >= s.intermediate;
+        half[up].insert(half[up].end(), m13 + r * s.hidden, m13 + (r + 1) * s.hidden);
+      }
+      for (int h = 0; h < 2; ++h) o.w13_global[2 * e + h] = Nvfp4GlobalScale(half[h].data(), static_cast<int64_t>(half[h].size()));
+      const int64_t row_bytes = q.WeightRowBytes(s.hidden), scale_row = q.ScaleRowBytes(s.hidden);
+      for (int64_t r = 0; r < r13; ++r) {
+        const bool up = s.gate_up_interleaved ? r % 2 == 1 : r >= s.intermediate;
+        QuantizeMatrix(q, m13 + r * s.hidden, 1, s.hidden,
+                       o.w13.as<uint8_t>() + e * d13 + r * row_bytes,
+                       o.w13_scales.data() + e * s13 + r * scale_row, nullptr,
+                       &o.w13_global[2 * e + (up ? 1 : 0)]);
+      }
+    } else {
+      QuantizeMatrix(q, m13, r13, s.hidden, o.w13.as<uint8_t>() + e * d13,
+                     o.w13_scales.data() + e * s13,
+                     o.w13_zeros.empty() ? nullptr : o.w13_zeros.data() + e * z13,
+                     o.w13_global.empty() ? nullptr : &(o.w13_global[e] = 0.0f));
+    }
     QuantizeMatrix(q, w2 + e * s.hidden * s.intermediate, s.hidden, s.intermediate,
-                   o.w2.as<uint8_t>() + e * d2, o.w2_scales.data() + e * s2);
+                   o.w2.as<uint8_t>() + e * d2, o.w2_scales.data() + e * s2,
+                   o.w2_zeros.empty() ? nullptr : o.w2_zeros.data() + e * z2,
+                   o.w2_global.empty() ? nullptr : &(o.w2_global[e] = 0.0f));
   }
   if (w13_bias != nullptr) o.w13_bias.assign(w13_bias, w13_bias + s.num_experts_local * r13);
   if (w2_bias != nullptr) o.w2_bias.assign(w2_bias, w2_bias + s.num_experts_local * s.hidden);
@@ -183,6 +276,8 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
             }
             case WeightFormat::kMxfp4: h = 0x7878787878787878ull; break;  // 2^-7
             case WeightFormat::kInt4: h = 0x3c233c233c233c23ull; break;   // bf16 ~0.01
+            case WeightFormat::kInt4Zp: h = 0x211f211f211f211full; break; // fp16 ~0.01
+            case WeightFormat::kNvfp4: h = 0x3838383838383838ull; break;  // e4m3 1.0
           }
         }
         std::memcpy(buf.data() + i * 8, &h, 8);
@@ -193,6 +288,10 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
   fill(o.w2, 2, true);
   fill(o.w13_scales, 3, false);
   fill(o.w2_scales, 4, false);
+  std::fill(o.w13_zeros.begin(), o.w13_zeros.end(), uint8_t{8});
+  std::fill(o.w2_zeros.begin(), o.w2_zeros.end(), uint8_t{8});
+  std::fill(o.w13_global.begin(), o.w13_global.end(), 1.0f / 128);  // with e4m3 1.0: ~0.01
+  std::fill(o.w2_global.begin(), o.w2_global.end(), 1.0f / 128);
   SetView(o, s);
   return o;
 }

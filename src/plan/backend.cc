@@ -19,10 +19,10 @@ const std::vector<BackendSpec>& BackendCatalog() {
   using Q = WeightFormat;
   static const std::vector<BackendSpec> catalog = {
       {.name = "marlin",
-       .description = "Marlin / batched Marlin weight-only GEMM (MXFP4, int4, fp8 weights)",
+       .description = "Marlin / batched Marlin weight-only GEMM (MXFP4, int4, AWQ/GPTQ, fp8)",
        .intermediate_align = 128,
        .hidden_align = 256,
-       .formats = {Q::kMxfp4, Q::kInt4, Q::kFp8Block},
+       .formats = {Q::kMxfp4, Q::kInt4, Q::kInt4Zp, Q::kFp8Block},
        .source = "vLLM Marlin MoE tile families (n%64,k%128)/(n%128,k%64); I%128, H%256"},
       {.name = "flashinfer-cutlass",
        .description = "FlashInfer CUTLASS fused MoE (MXFP4 x BF16/MXFP8, bf16, fp8)",
@@ -86,7 +86,7 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .description = "emulation / plain CPU path (no alignment: 96 stays 96)",
        .intermediate_align = 1,
        .hidden_align = 1,
-       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4, Q::kInt4Zp, Q::kNvfp4},
        .source = "emulation / plain CPU: none"},
       {.name = "cpu-amx",
        .description = "CPU AMX grouped GEMM (I%32, else a silent slow fallback)",
@@ -95,10 +95,10 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .formats = {Q::kBf16, Q::kInt4},
        .source = "CPU AMX grouped GEMM: multiple of 32"},
       {.name = "moeshard-cpu",
-       .description = "moeshard's own CPU kernels (AVX-512 BF16 / portable); any shape",
+       .description = "moeshard's own CPU kernels (AVX-512 BF16, SIMD, portable); any shape",
        .intermediate_align = 1,
        .hidden_align = 1,
-       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
+       .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4, Q::kInt4Zp, Q::kNvfp4},
        .source = "include/moeshard/kernels: no shape constraint beyond the quantization group"},
   };
   return catalog;
@@ -121,6 +121,9 @@ const BackendSpec& DefaultBackend(const ModelConfig& model) {
     case WeightFormat::kFp8Block: name = "block-fp8"; break;
     case WeightFormat::kMxfp4: name = "marlin"; break;
     case WeightFormat::kInt4: name = "marlin"; break;
+    case WeightFormat::kInt4Zp: name = "marlin"; break;
+    // The GPU backends' NVFP4 alignments are not in the catalog yet: plan without padding.
+    case WeightFormat::kNvfp4: name = "cpu"; break;
   }
   return **FindBackend(name);
 }

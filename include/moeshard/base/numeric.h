@@ -1,4 +1,5 @@
-// Number formats: bf16, fp8 (e4m3fn, e5m2), E8M0 scales and FP4 E2M1, with exact conversions.
+// Number formats: bf16, fp16, fp8 (e4m3fn, e5m2), E8M0 scales and FP4 E2M1, with exact
+// conversions.
 //
 // fp32 -> bf16 and fp32 -> fp8 round to nearest, ties to even (NaN stays NaN; fp8 e4m3fn
 // saturates to +-448 because it has no infinity). These are the scalar definitions every
@@ -33,6 +34,13 @@ inline bf16_t FloatToBf16(float f) {
 
 // Rounds an fp32 through bf16 and back (what storing to a bf16 buffer does).
 inline float RoundToBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
+
+// IEEE fp16 as its raw bits (AWQ and GPTQ scales).
+struct fp16_t {
+  uint16_t bits = 0;
+};
+float HalfToFloat(fp16_t v);      // exact (subnormals, infinities, NaN)
+fp16_t FloatToHalf(float f);      // RNE; overflow to infinity; NaN stays NaN
 
 // fp8 e4m3fn: bias 7, max 448, 0x7f/0xff NaN, no infinity.
 float Fp8E4M3ToFloat(uint8_t v);

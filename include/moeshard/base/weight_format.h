@@ -10,6 +10,16 @@
 //                                                   [ceil(rows/block_rows), ceil(cols/group)]
 //   mxfp4       4 bit   U8 [rows, cols/2]           U8 E8M0 [rows, cols/32]            1 x 32
 //   int4        4 bit   U8 [rows, cols/2]           BF16 [rows, cols/group]            1 x group
+//   int4-zp     4 bit   U8 [rows, cols/2]           F16 [rows, cols/group]             1 x group
+//                       + zero points U8 [rows, cols/group] (0..15, one per byte)
+//   nvfp4       4 bit   U8 [rows, cols/2]           F8_E4M3 [rows, cols/16]            1 x 16
+//                       + one F32 global scale per tensor
+//
+// Values: int4 (code - 8) x scale; int4-zp (code - zero) x scale (AWQ and GPTQ int4: asymmetric,
+// unsigned codes, fp16 scales, groups of 32-128); nvfp4 E2M1 x E4M3 x global (NVIDIA NVFP4: the
+// per-16 E4M3 scale and the tensor's fp32 global scale, multiplied; checkpoints that store the
+// global scale's reciprocal are inverted by the loader). These are the kernels' layouts; the
+// AWQ/GPTQ checkpoint layouts (int32-packed, transposed) are mapped onto them when loading.
 //
 // 4-bit formats pack two values per byte along the input dimension, the even column in the low
 // nibble; a checkpoint may spell the same bytes as I32 [rows, cols/8] (compressed-tensors
@@ -34,9 +44,12 @@ enum class WeightFormat {
   kFp8Block,  // fp8 e4m3fn with 2-D block scales (DeepSeek-V3 weight_scale_inv)
   kMxfp4,     // E2M1 with one E8M0 scale per 32 values (OCP MX)
   kInt4,      // symmetric int4 (nibble - 8) with one bf16 scale per group
+  kInt4Zp,    // asymmetric int4 (nibble - zero) with one fp16 scale and zero point per group
+  kNvfp4,     // E2M1 with one E4M3 scale per 16 values and an fp32 global scale per tensor
 };
-inline constexpr WeightFormat kAllWeightFormats[] = {WeightFormat::kBf16, WeightFormat::kFp8Block,
-                                                     WeightFormat::kMxfp4, WeightFormat::kInt4};
+inline constexpr WeightFormat kAllWeightFormats[] = {
+    WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
+    WeightFormat::kInt4, WeightFormat::kInt4Zp,   WeightFormat::kNvfp4};
 
 enum class ScaleLayout {
   kNone,     // no scales
@@ -47,7 +60,7 @@ enum class ScaleLayout {
 // One row of the table.
 struct WeightFormatSpec {
   WeightFormat format;
-  std::string_view name;  // "bf16", "fp8-block", "mxfp4", "int4"
+  std::string_view name;  // "bf16", "fp8-block", "mxfp4", "int4", "int4-zp", "nvfp4"
   int element_bits;       // bits per weight value
   DType weight_dtype;     // storage dtype of the weight tensor
   DType scale_dtype;      // storage dtype of the scale tensor (kBool when none)
@@ -55,9 +68,13 @@ struct WeightFormatSpec {
   int64_t default_group;         // input-dimension values per scale
   int64_t default_block_rows;    // output rows per scale (kBlock2D), else 1
   bool fixed_group;              // the group size is part of the format (mxfp4: 32)
-  bool zero_points;              // asymmetric formats store zero points (none of these yet)
+  bool zero_points;              // asymmetric formats store zero points (int4-zp)
   std::string_view weight_leaf;  // checkpoint leaf of the weight: "weight", "weight_packed"
   std::string_view scale_leaf;   // checkpoint leaf of the scales: "", "weight_scale_inv", ...
+  DType zero_dtype = DType::kBool;  // storage of the zero points (kBool when none), per scale
+  std::string_view zero_leaf = "";  // checkpoint leaf of the zero points
+  bool global_scale = false;        // one F32 scale per tensor on top of the group scales
+  std::string_view global_leaf = "";  // checkpoint leaf of the global scale
 };
 
 const WeightFormatSpec& FormatSpec(WeightFormat format);
@@ -69,7 +86,7 @@ struct WeightScheme {
   int64_t group = 1;       // input-dimension values per scale (fp8: block columns)
   int64_t block_rows = 1;  // output rows per scale (fp8: block rows), else 1
 
-  // The format's defaults (fp8 128 x 128, mxfp4 32, int4 32).
+  // The format's defaults (fp8 128 x 128, mxfp4 32, int4 32, int4-zp 128, nvfp4 16).
   static WeightScheme Default(WeightFormat format);
   const WeightFormatSpec& spec() const { return FormatSpec(format); }
   bool quantized() const { return format != WeightFormat::kBf16; }
@@ -87,6 +104,10 @@ struct WeightScheme {
   std::vector<int64_t> ScaleShape(int64_t rows, int64_t cols) const;  // empty when none
   int64_t WeightBytes(int64_t rows, int64_t cols, DType dense_dtype = DType::kBF16) const;
   int64_t ScaleBytes(int64_t rows, int64_t cols) const;
+  // Zero points: one per scale (int4-zp), else none; the global scale: one F32 per tensor.
+  bool has_zero_points() const { return spec().zero_points; }
+  int64_t ZeroBytes(int64_t rows, int64_t cols) const;
+  bool has_global_scale() const { return spec().global_scale; }
 
   // Storage coordinates of the logical slice [begin, end) of the output (`rows`) or input
   // dimension: rows stay rows; along the input, the weight counts its storage elements

@@ -33,5 +33,7 @@ inline constexpr int64_t kCpuInt4DefaultGroupSize = 32;
 // Any int4 group size must be a multiple of this (one 32-wide bf16 dot-product step), and the
 // input dimension of each projection a multiple of the group size.
 inline constexpr int64_t kCpuInt4GroupSizeMultiple = 32;
+// NVFP4: one E4M3 scale per 16 consecutive input values; H and I must be multiples of it.
+inline constexpr int64_t kCpuNvfp4GroupSize = 16;
 
 }  // namespace moeshard

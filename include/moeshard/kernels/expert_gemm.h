@@ -22,6 +22,11 @@
 //             scales uint8 E8M0 [rows, cols/32]; w = e2m1 * 2^(e - 127). cols % 32 == 0.
 //   kInt4     data uint8 [rows, cols/2], low nibble = even column; scales bf16 [rows, cols/g];
 //             w = (nibble - 8) * scale. g % 32 == 0 and cols % g == 0.
+//   kInt4Zp   data as kInt4; scales fp16 [rows, cols/g]; zeros uint8 [rows, cols/g] (0..15);
+//             w = (nibble - zero) * scale (AWQ, GPTQ). g % 32 == 0 and cols % g == 0.
+//   kNvfp4    data as kMxfp4; scales fp8 e4m3fn [rows, cols/16]; one fp32 global scale per
+//             tensor: w13_global [E_local, 2] (gate, up; [E_local, 1] when not gated), w2_global
+//             [E_local]; w = e2m1 * e4m3 * global. cols % 16 == 0.
 // Per-expert tensors are contiguous, experts back to back ([E_local, ...] above).
 //
 // bf16 row-group layout (ExpertWeights::bf16_row_groups, made by RepackBf16RowGroups): each
@@ -93,10 +98,20 @@ struct ExpertWeights {
   const void* w13_scales = nullptr;  // format-dependent (null for kBf16)
   const void* w2 = nullptr;          // [E_local, H, I]
   const void* w2_scales = nullptr;
+  const uint8_t* w13_zeros = nullptr;  // kInt4Zp: [E_local, R13, H / g]
+  const uint8_t* w2_zeros = nullptr;   // kInt4Zp: [E_local, H, I / g]
+  const float* w13_global = nullptr;   // kNvfp4: [E_local, 2] (gate, up) or [E_local, 1]
+  const float* w2_global = nullptr;    // kNvfp4: [E_local]
   const float* w13_bias = nullptr;  // optional [E_local, R13] fp32
   const float* w2_bias = nullptr;   // optional [E_local, H] fp32
 
   int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
+  // kNvfp4: the global scale of row `row` of expert `e`'s w13 (gate or up half) or w2.
+  float W13Global(int64_t e, int64_t row) const {
+    if (!gated) return w13_global[e];
+    const bool up = gate_up_interleaved ? row % 2 == 1 : row >= intermediate;
+    return w13_global[2 * e + (up ? 1 : 0)];
+  }
 };
 
 // Element index of w[row][col] within one expert matrix of `cols` columns in the bf16 row-group
@@ -116,7 +131,8 @@ Status CheckBf16RowGroupShape(const ExpertWeights& weights);
 // or a shape rule above fails.
 Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13, void* w2);
 
-// Bytes of one expert's data + scales for the matrix [rows, cols] in `scheme`.
+// Bytes of one expert's data + scales + zero points for the matrix [rows, cols] in `scheme` (the
+// global scale, 4 bytes per tensor, is not counted).
 int64_t ExpertMatrixBytes(const WeightScheme& scheme, int64_t rows, int64_t cols);
 
 // Checks the shape rules above (InvalidArgument naming the field and numbers).

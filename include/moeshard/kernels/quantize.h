@@ -10,6 +10,12 @@
 //              w / 2^(e-127).
 //   kInt4      per g values of a row: scale = bf16(amax / 7) (1 when zero), nibble =
 //              clamp(round(w / scale), -8, 7) + 8.
+//   kInt4Zp    per g values of a row (AWQ's asymmetric min/max): scale = fp16((max - min) / 15)
+//              (1 when max == min), zero = clamp(round(-min / scale), 0, 15), nibble =
+//              clamp(round(w / scale) + zero, 0, 15).
+//   kNvfp4     per tensor global = amax / (6 * 448) (1 when zero); per 16 values of a row
+//              scale = e4m3(amax16 / 6 / global), code = nearest E2M1 of w / (scale * global).
+//              A gated w13 gets one global per half (gate, up), as checkpoints store them.
 // Layouts are those of expert_gemm.h.
 //
 // Thread safety: pure functions, except that the parallel generator uses the context.
@@ -25,16 +31,23 @@ namespace moeshard {
 
 class KernelContext;
 
-// Encodes w [rows, cols] fp32 row-major into data (scheme.WeightBytes) and scales
-// (scheme.ScaleBytes). REQUIRES: the format's divisibility rules (checked).
+// Encodes w [rows, cols] fp32 row-major into data (scheme.WeightBytes), scales
+// (scheme.ScaleBytes) and, for int4-zp, zeros (scheme.ZeroBytes). For nvfp4 `global` is the
+// tensor's global scale: used as given when *global > 0, else computed from w and written.
+// REQUIRES: the format's divisibility rules (checked); zeros / global non-null where used.
 void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
-                    uint8_t* data, uint8_t* scales);
+                    uint8_t* data, uint8_t* scales, uint8_t* zeros = nullptr,
+                    float* global = nullptr);
+// The nvfp4 global scale of the values w[0, n): amax / (6 * 448), 1 when all zero.
+float Nvfp4GlobalScale(const float* w, int64_t n);
 
 // Owns the buffers an ExpertWeights view points into. Moving keeps `view` valid (the buffers'
 // storage does not move). The weight data live in huge-page advised AlignedBuffers.
 struct OwnedExpertWeights {
   AlignedBuffer w13, w2;
   std::vector<uint8_t> w13_scales, w2_scales;
+  std::vector<uint8_t> w13_zeros, w2_zeros;    // int4-zp
+  std::vector<float> w13_global, w2_global;    // nvfp4
   std::vector<float> w13_bias, w2_bias;
   ExpertWeights view;
 };
@@ -55,7 +68,7 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& shape, const fl
 
 // Random encoded weights for benchmarks, generated in parallel on the context's pool from a
 // counter-based hash of (seed, index): values of magnitude about 0.05 (bf16, fp8) or random
-// codes with a fixed scale (MXFP4, int4). No biases.
+// codes with a fixed scale (MXFP4, int4, int4-zp with zero point 8, nvfp4). No biases.
 OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeightsShape& shape,
                                            uint64_t seed);
 

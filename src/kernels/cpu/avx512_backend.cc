@@ -569,6 +569,12 @@ void RowGroupDot(const DotRowsArgs& a) {
   }
 }
 
+// The backend the formats without native kernels here run on.
+const CpuBackend& SimdFallback() {
+  const CpuBackend* b = SimdBackendFor(CpuIsa::kAvx512);
+  return b != nullptr ? *b : PortableBackend();
+}
+
 void DotRows(const DotRowsArgs& a) {
   if (a.w->row_groups) return RowGroupDot(a);
   switch (a.w->format) {
@@ -576,6 +582,10 @@ void DotRows(const DotRowsArgs& a) {
     case WeightFormat::kFp8Block: return DotRowsImpl<Fp8Decoder>(a);
     case WeightFormat::kMxfp4: return DotRowsImpl<Mxfp4Decoder>(a);
     case WeightFormat::kInt4: return DotRowsImpl<Int4Decoder>(a);
+    // AWQ/GPTQ int4 and NVFP4 take the SIMD backend's AVX-512 kernels (16-bit integer decode,
+    // fp32 strips for many tokens): every CPU with AVX-512 BF16 has its AVX-512 F/BW/DQ/VL.
+    case WeightFormat::kInt4Zp:
+    case WeightFormat::kNvfp4: return SimdFallback().dot_rows(a);
   }
 }
 
@@ -982,7 +992,10 @@ void ToBf16(const float* src, int64_t n, bf16_t* dst) {
   }
 }
 
-int64_t WorkFloats(int64_t, int64_t) { return 0; }
+// The native kernels need none; the formats SimdFallback() runs need its work space.
+int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
+  return SimdFallback().work_floats(num_tokens, cols);
+}
 
 // 64 columns at a time in four accumulators, each row's term added in order (fused
 // multiply-add, so within a rounding of the portable loop, which GCC -O2 leaves scalar; measured:

@@ -40,9 +40,20 @@ struct MatrixRef {
   bool row_groups = false;
 
   int64_t row_bytes = 0;  // bytes of one stored row (the weight-format table's, by ExpertMatrix)
+  // kInt4Zp: zero points [rows, cols / group], one byte each.
+  const uint8_t* zeros = nullptr;
+  // kNvfp4: the global scale of each row: global[1] for the up half of a gated w13 (rows from
+  // global_split on, or the odd rows when interleaved), else global[0].
+  float global[2] = {1.0f, 1.0f};
+  int64_t global_split = 0;
+  bool global_interleaved = false;
 
   int64_t RowBytes() const { return row_bytes; }
   const uint8_t* Row(int64_t r) const { return data + r * RowBytes(); }
+  float RowGlobal(int64_t r) const {
+    const bool up = global_interleaved ? r % 2 == 1 : r >= global_split;
+    return up ? global[1] : global[0];
+  }
 };
 
 // The matrix of `expert` in w13 (`w13` true) or w2.

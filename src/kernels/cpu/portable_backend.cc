@@ -55,6 +55,29 @@ void DecodeRow(const MatrixRef& m, int64_t r, float* out) {
       }
       return;
     }
+    case WeightFormat::kInt4Zp: {
+      const int64_t groups = cols / m.group;
+      const fp16_t* scale = reinterpret_cast<const fp16_t*>(m.scales) + r * groups;
+      const uint8_t* zero = m.zeros + r * groups;
+      for (int64_t c = 0; c < cols; c += 2) {
+        const float s = HalfToFloat(scale[c / m.group]);
+        const int z = zero[c / m.group];
+        out[c] = static_cast<float>((row[c / 2] & 0xf) - z) * s;
+        out[c + 1] = static_cast<float>((row[c / 2] >> 4) - z) * s;
+      }
+      return;
+    }
+    case WeightFormat::kNvfp4: {
+      // E2M1 x E4M3 is exact in fp32; the global scale multiplies the product.
+      const uint8_t* scale = m.scales + r * (cols / m.group);
+      const float global = m.RowGlobal(r);
+      for (int64_t c = 0; c < cols; c += 2) {
+        const float s = Fp8E4M3ToFloat(scale[c / m.group]);
+        out[c] = kFp4E2M1Values[row[c / 2] & 0xf] * s * global;
+        out[c + 1] = kFp4E2M1Values[row[c / 2] >> 4] * s * global;
+      }
+      return;
+    }
   }
 }
 

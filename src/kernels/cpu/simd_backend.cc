@@ -99,6 +99,7 @@ constexpr int64_t kPrefetchBytes = 1024;
 // byte-shuffle lookup.
 alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 alignas(16) constexpr int8_t kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+alignas(16) constexpr int8_t kCodes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 // Per format: `kVecs` fp32 vectors per decoded chunk (chunk = kVecs * N columns), in natural
 // column order (kEvenOdd false) or even columns then odd ones (kEvenOdd: 4-bit codes); RowOf(r)
@@ -109,6 +110,8 @@ alignas(16) constexpr int8_t kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 
 struct RowPtrs {
   const uint8_t* w;
   const uint8_t* s;
+  const uint8_t* z = nullptr;  // int4-zp: the row's zero points
+  float global = 1.0f;         // nvfp4: the row's global scale
 };
 
 // Most tokens of the decode walks (DecodeWalk, QDecodeWalk); the decode buffers are sized for it.
@@ -121,6 +124,8 @@ struct Bf16Dec {
   // AVX2: a bf16 chunk decodes in two instructions, so the walk holds up to 16 tokens; fp8 and
   // the 4-bit formats' fp32 decode cost several per chunk, so strips pay from about 5).
   static constexpr int64_t kStripFrom = kDecodeMaxTokens + 1;
+  // Whether one token's tiles may apply the scale once per group (not for zero points).
+  static constexpr bool kLateScale = false;
   const MatrixRef& m;
   int64_t group() const { return 0; }
   RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
@@ -147,6 +152,7 @@ struct Fp8Dec {
   static constexpr int kVecs = 2;
   static constexpr bool kEvenOdd = false;
   static constexpr int64_t kStripFrom = 5;
+  static constexpr bool kLateScale = true;
   const MatrixRef& m;
   int64_t scale_cols;
   explicit Fp8Dec(const MatrixRef& mr) : m(mr), scale_cols(CeilDiv(mr.cols, mr.group)) {}
@@ -180,25 +186,58 @@ struct Fp8Dec {
   }
 };
 
+// The 4-bit formats: MXFP4 (E2M1, E8M0 per 32), int4 (code - 8, bf16 per group), int4-zp
+// (code - zero, fp16 per group: AWQ, GPTQ) and NVFP4 (E2M1, E4M3 per 16, a global per row's
+// tensor).
+enum class Nib { kMx, kInt4, kInt4Zp, kNvfp4 };
+
+// fp8 e4m3fn as fp32 (the fp16 trick of Fp8Dec, scaled back by 2^8), n lanes of df at p.
+template <class DFT>
+HWY_INLINE hn::Vec<DFT> E4M3ToF32(DFT df, const uint8_t* p) {
+  const hn::Rebind<uint16_t, DFT> du16;
+  const hn::Rebind<uint8_t, DFT> du8;
+  const hn::Rebind<hwy::float16_t, DFT> df16;
+  const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, p)));
+  const auto h = hn::Add(t, hn::And(t, hn::Set(du16, 0x4000)));
+  return hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, h)), hn::Set(df, 256.0f));
+}
+
 // 4-bit codes: N bytes hold 2N values; the low nibbles (even columns) and the high nibbles (odd
-// columns) are looked up by byte shuffle into signed integers, widened and converted to fp32,
-// and multiplied by the group's scale.
-template <bool kMx>
+// columns) are looked up by byte shuffle into signed integers (int4-zp: the codes themselves,
+// minus the group's zero point), widened and converted to fp32, and multiplied by the group's
+// scale.
+template <Nib K>
 struct NibbleDec {
   static constexpr int kVecs = 2;
   static constexpr bool kEvenOdd = true;
   static constexpr int64_t kStripFrom = 5;
+  // One scale per group for one token's sums: not with zero points (per value), nor for NVFP4
+  // (on 16-lane vectors a chunk of 32 spans two of its groups of 16: per-lane scales).
+  static constexpr bool kLateScale = K == Nib::kMx || K == Nib::kInt4;
+  static constexpr bool kE2M1 = K == Nib::kMx || K == Nib::kNvfp4;
+  static constexpr int64_t kScaleBytes = K == Nib::kInt4 || K == Nib::kInt4Zp ? 2 : 1;
   const MatrixRef& m;
-  int64_t group() const { return m.group; }
+  // Columns per scale step of the fp32 tiles: the format's group, except NVFP4 on vectors of
+  // more than 8 floats, where a chunk (32 columns) takes two groups' scales (Decode).
+  static bool WideNvfp4() { return K == Nib::kNvfp4 && hn::Lanes(DF()) > 8; }
+  int64_t group() const { return WideNvfp4() ? 2 * m.group : m.group; }
+  static const int8_t* Table() { return kE2M1 ? kE2M1x2 : K == Nib::kInt4 ? kInt4 : kCodes; }
   RowPtrs RowOf(int64_t r) const {
     const int64_t groups = m.cols / m.group;
-    return {m.Row(r), m.scales + r * groups * (kMx ? 1 : 2)};
+    RowPtrs p{m.Row(r), m.scales + r * groups * kScaleBytes};
+    if constexpr (K == Nib::kInt4Zp) p.z = m.zeros + r * groups;
+    if constexpr (K == Nib::kNvfp4) p.global = m.RowGlobal(r);
+    return p;
   }
   static float ScaleAt(const RowPtrs& row, int64_t g) {
-    if constexpr (kMx) {
+    if constexpr (K == Nib::kMx) {
       return E8M0ToFloat(row.s[g]) * 0.5f;  // the table holds E2M1 x 2
-    } else {
+    } else if constexpr (K == Nib::kInt4) {
       return Bf16ToFloat(reinterpret_cast<const bf16_t*>(row.s)[g]);
+    } else if constexpr (K == Nib::kInt4Zp) {
+      return HalfToFloat(reinterpret_cast<const fp16_t*>(row.s)[g]);
+    } else {
+      return Fp8E4M3ToFloat(row.s[g]) * 0.5f * row.global;
     }
   }
   void DecodeRaw(const RowPtrs& row, int64_t c, VF* out) const {
@@ -207,7 +246,7 @@ struct NibbleDec {
     const hn::Rebind<int8_t, DF> di8;
     const hn::Rebind<int32_t, DF> di32;
     const hn::Full128<int8_t> dt;
-    const auto table = hn::Load(dt, kMx ? kE2M1x2 : kInt4);
+    const auto table = hn::Load(dt, Table());
     const auto bytes = hn::LoadU(du8, row.w + c / 2);
     const auto lo = hn::BitCast(di8, hn::And(bytes, hn::Set(du8, 0x0F)));
     const auto hi = hn::BitCast(di8, hn::ShiftRight<4>(bytes));
@@ -216,14 +255,30 @@ struct NibbleDec {
   }
   void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
     DecodeRaw(row, c, out);
+    if (WideNvfp4()) {  // lanes [0, N/2): group 2g, [N/2, N): group 2g + 1 (even or odd columns)
+      const DF df;
+      const hn::Half<DF> dh;
+      const VF s = hn::Combine(df, hn::Set(dh, ScaleAt(row, 2 * g + 1)), hn::Set(dh, ScaleAt(row, 2 * g)));
+      out[0] = hn::Mul(out[0], s);
+      out[1] = hn::Mul(out[1], s);
+      return;
+    }
     const VF s = hn::Set(DF(), ScaleAt(row, g));
-    out[0] = hn::Mul(out[0], s);
-    out[1] = hn::Mul(out[1], s);
+    if constexpr (K == Nib::kInt4Zp) {
+      const VF z = hn::Set(DF(), static_cast<float>(row.z[g]));
+      out[0] = hn::Mul(hn::Sub(out[0], z), s);
+      out[1] = hn::Mul(hn::Sub(out[1], z), s);
+    } else {
+      out[0] = hn::Mul(out[0], s);
+      out[1] = hn::Mul(out[1], s);
+    }
   }
   float Scalar(int64_t r, int64_t c) const {
     const uint8_t b = m.Row(r)[c / 2];
     const int code = c % 2 == 0 ? (b & 0xF) : (b >> 4);
-    return static_cast<float>(kMx ? kE2M1x2[code] : kInt4[code]) * ScaleAt(RowOf(r), c / m.group);
+    const RowPtrs p = RowOf(r);
+    const int zero = K == Nib::kInt4Zp ? p.z[c / m.group] : 0;
+    return static_cast<float>(Table()[code] - zero) * ScaleAt(p, c / m.group);
   }
 };
 
@@ -270,7 +325,7 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
   const int64_t k = a.w->cols;
   const int64_t chunk = sp.chunk;
   constexpr int kAcc = MR == 1 ? 2 : 1;
-  constexpr bool kLate = MR == 1 && !std::is_same_v<Dec, Bf16Dec>;
+  constexpr bool kLate = MR == 1 && Dec::kLateScale;
   // Every fixed-count loop below is unrolled (GCC's -O2 would leave them rolled and keep the
   // accumulators in memory, one store-forward latency per multiply-add).
   VF acc[kAcc][MR][NR];
@@ -658,35 +713,70 @@ const int16_t* QChunkOrder() {
   return order.data();
 }
 
-// Where a chunk spans several groups of `group` columns: the group (within the chunk) of each
-// 32-bit lane, the same in all four vectors; false if a lane's two columns or the four vectors
-// disagree (then this layout does not apply).
-bool QLaneGroups(int64_t group, int32_t* lane_group) {
+// How a decode's groups map to chunks. Where a chunk spans several groups, each 32-bit lane of a
+// decoded vector holds columns of one group; the vectors whose lanes map alike share integer
+// sums (a class): one class when a 128-bit block holds one group (groups of 32 on AVX2), two
+// when it holds two (NVFP4's 16: the lower and upper interleaves take one each).
+struct QLayout {
+  int64_t cols;    // K
+  int64_t group;   // columns per scale group
+  int64_t chunk;   // columns per chunk (QChunk())
+  bool lanes = false;  // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
+  int classes = 1;
+  int class_of[4] = {0, 0, 0, 0};
+  int32_t lane_group[2][kQMaxLanes32] = {};
+  uint8_t byte_group[32] = {};  // the group (within the chunk) of each loaded byte
+};
+
+// Fills the lane layout of a chunk spanning several groups; false when a 32-bit lane's two
+// columns fall in different groups or the vectors need more than two classes.
+bool QLaneGroups(QLayout* ql) {
   const int64_t n16 = static_cast<int64_t>(hn::Lanes(D16()));
   const int16_t* order = QChunkOrder();
-  for (int64_t k = 0; k < n16 / 2; ++k) {
-    lane_group[k] = static_cast<int32_t>(order[2 * k] / group);
-    for (int64_t v = 0; v < 4; ++v) {
-      for (int64_t h = 0; h < 2; ++h) {
-        if (order[v * n16 + 2 * k + h] / group != lane_group[k]) return false;
-      }
+  ql->classes = 0;
+  for (int64_t v = 0; v < 4; ++v) {
+    int32_t pattern[kQMaxLanes32];
+    for (int64_t k = 0; k < n16 / 2; ++k) {
+      pattern[k] = static_cast<int32_t>(order[v * n16 + 2 * k] / ql->group);
+      if (order[v * n16 + 2 * k + 1] / ql->group != pattern[k]) return false;
     }
+    int cls = -1;
+    for (int c = 0; c < ql->classes; ++c) {
+      if (std::equal(pattern, pattern + n16 / 2, ql->lane_group[c])) cls = c;
+    }
+    if (cls < 0) {
+      if (ql->classes == 2) return false;
+      cls = ql->classes++;
+      std::copy(pattern, pattern + n16 / 2, ql->lane_group[cls]);
+    }
+    ql->class_of[v] = cls;
+  }
+  for (int64_t i = 0; i < static_cast<int64_t>(hn::Lanes(D8())); ++i) {
+    ql->byte_group[i] = static_cast<uint8_t>(2 * i / ql->group);  // byte i: columns 2i, 2i + 1
   }
   return true;
 }
 
-// The four int16 vectors (codes x 256) of the chunk at byte p.
-template <bool kMx>
-HWY_INLINE void QDecodeChunk(const uint8_t* p, V16* w) {
+// The four int16 vectors (codes x 256; int4-zp: code - zero) of the chunk at byte p; `zeros`
+// holds each byte's zero point (int4-zp).
+template <Nib K>
+HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
   const D8 d8;
   const D16 d16;
   const hn::Repartition<uint16_t, D8> du16;
-  const auto table = hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(kMx ? kE2M1x2 : kInt4));
   const auto mask = hn::Set(d8, 0x0F);
   const auto bytes = hn::LoadU(d8, p);
-  const auto lo = hn::TableLookupBytes(table, hn::And(bytes, mask));
-  const auto hi = hn::TableLookupBytes(
-      table, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, bytes))), mask));
+  auto lo = hn::And(bytes, mask);
+  auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, bytes))), mask);
+  if constexpr (K == Nib::kInt4Zp) {
+    lo = hn::Sub(lo, zeros);  // wraps to the signed byte code - zero
+    hi = hn::Sub(hi, zeros);
+  } else {
+    const auto table =
+        hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(NibbleDec<K>::Table()));
+    lo = hn::TableLookupBytes(table, lo);
+    hi = hn::TableLookupBytes(table, hi);
+  }
   const auto zero = hn::Zero(d8);
   w[0] = hn::BitCast(d16, hn::InterleaveLower(d8, zero, lo));
   w[1] = hn::BitCast(d16, hn::InterleaveUpper(d8, zero, lo));
@@ -694,19 +784,10 @@ HWY_INLINE void QDecodeChunk(const uint8_t* p, V16* w) {
   w[3] = hn::BitCast(d16, hn::InterleaveUpper(d8, zero, hi));
 }
 
-// How a decode's groups map to chunks.
-struct QLayout {
-  int64_t cols;    // K
-  int64_t group;   // columns per scale group
-  int64_t chunk;   // columns per chunk (QChunk())
-  bool lanes;      // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
-  int32_t lane_group[kQMaxLanes32];
-};
-
 // The inputs of the tokens quantized: q[t * ldq + c] in the chunks' lane order, and their
 // scales (q * scale is the input; the factor 1/256 of the decoded codes and the 1/2 of E2M1 x 2
-// are folded in): per group sx[t * groups + g], or, with QLayout::lanes, per chunk and 32-bit
-// lane sx[t * ldsx + chunk * N32 + lane].
+// are folded in): per group sx[t * ldsx + g], or, with QLayout::lanes, per chunk, class and
+// 32-bit lane sx[t * ldsx + (chunk * classes + class) * N32 + lane].
 struct QInputs {
   const int16_t* q;
   int64_t ldq;
@@ -717,7 +798,7 @@ struct QInputs {
 // 2^e as a float for e in [-126, 127].
 inline float Pow2(int e) { return std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23); }
 
-QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, bool mx, void* work) {
+QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale, void* work) {
   const int64_t k = a.w->cols;
   const int64_t group = ql.group;
   const int64_t groups = k / group;
@@ -727,7 +808,7 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, bool mx, void* w
   // padded with zero inputs of zero scale.
   const int64_t chunks = CeilDiv(k, chunk);
   const int64_t ldq = chunks * chunk;
-  const int64_t ldsx = ql.lanes ? chunks * n32 : groups;
+  const int64_t ldsx = ql.lanes ? chunks * ql.classes * n32 : groups;
   const int16_t* order = QChunkOrder();
   int16_t* q = static_cast<int16_t*>(work);
   float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{2}));
@@ -735,7 +816,6 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, bool mx, void* w
   int32_t* shifts = reinterpret_cast<int32_t*>(sg + ldq / group);  // q = x * 2^shift per group
   constexpr int32_t kZero = std::numeric_limits<int32_t>::min();
   constexpr int32_t kNaN = std::numeric_limits<int32_t>::max();
-  const float code_scale = mx ? 1.0f / 512.0f : 1.0f / 256.0f;
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const bf16_t* x = a.x + t * a.ldx;
     for (int64_t g = 0; g < groups; ++g) {
@@ -787,8 +867,11 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, bool mx, void* w
     if (ql.lanes) {
       const int64_t per_chunk = chunk / group;
       for (int64_t c = 0; c < chunks; ++c) {
-        for (int64_t l = 0; l < n32; ++l) {
-          sx[t * ldsx + c * n32 + l] = sg[c * per_chunk + ql.lane_group[l]];
+        for (int cls = 0; cls < ql.classes; ++cls) {
+          for (int64_t l = 0; l < n32; ++l) {
+            sx[t * ldsx + (c * ql.classes + cls) * n32 + l] =
+                sg[c * per_chunk + ql.lane_group[cls][l]];
+          }
         }
       }
     }
@@ -797,14 +880,14 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, bool mx, void* w
 }
 
 // The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
-// NaN; int4: bf16).
-template <bool kMx>
+// NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
+template <Nib K>
 void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
   const hn::ScalableTag<uint32_t> du32;
   const hn::Rebind<float, decltype(du32)> df;
   const int64_t nl = static_cast<int64_t>(hn::Lanes(du32));
   int64_t g = 0;
-  if constexpr (kMx) {
+  if constexpr (K == Nib::kMx) {
     const hn::Rebind<uint8_t, decltype(du32)> du8;
     for (; g + nl <= n; g += nl) {
       const auto e = hn::PromoteTo(du32, hn::LoadU(du8, row.s + g0 + g));
@@ -814,7 +897,7 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
       hn::StoreU(hn::BitCast(df, bits), df, out + g);
     }
     for (; g < n; ++g) out[g] = E8M0ToFloat(row.s[g0 + g]);
-  } else {
+  } else if constexpr (K == Nib::kInt4) {
     const hn::Rebind<uint16_t, decltype(du32)> du16;
     const uint16_t* s = reinterpret_cast<const uint16_t*>(row.s) + g0;
     for (; g + nl <= n; g += nl) {
@@ -822,15 +905,29 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
                  df, out + g);
     }
     for (; g < n; ++g) out[g] = Bf16ToFloat(reinterpret_cast<const bf16_t*>(row.s)[g0 + g]);
+  } else if constexpr (K == Nib::kInt4Zp) {
+    const hn::Rebind<hwy::float16_t, decltype(df)> df16;
+    const hwy::float16_t* s = reinterpret_cast<const hwy::float16_t*>(row.s) + g0;
+    for (; g + nl <= n; g += nl) hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, s + g)), df, out + g);
+    for (; g < n; ++g) out[g] = HalfToFloat(reinterpret_cast<const fp16_t*>(row.s)[g0 + g]);
+  } else {
+    const auto global = hn::Set(df, row.global);
+    for (; g + nl <= n; g += nl) {
+      hn::StoreU(hn::Mul(E4M3ToF32(df, row.s + g0 + g), global), df, out + g);
+    }
+    for (; g < n; ++g) out[g] = Fp8E4M3ToFloat(row.s[g0 + g]) * row.global;
   }
 }
 
 // Chunks [c0, c0 + nc) (their column index / chunk) of tokens [t0, t0 + MR) times
 // rows[0, NR): out[i * ldo + j] (+)= the partial dot products. sw[j] holds row j's weight scales
-// from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last).
-template <bool kMx, bool kLanes, int MR, int NR>
+// from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last), zw[j]
+// its zero points (int4-zp, the same groups, 16 bytes past the last).
+template <Nib K, bool kLanes, int kClasses, int MR, int NR>
 void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const float* const* sw,
-           int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo, bool accumulate) {
+           const uint8_t* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
+           bool accumulate) {
+  const D8 d8;
   const D16 d16;
   const D32 d32;
   const DQF dqf;
@@ -840,13 +937,15 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
   // Chunks per flush: one (kLanes), or a group's.
   const int64_t per_flush = kLanes ? 1 : ql.group / chunk;
   const int64_t groups_per_chunk = kLanes ? chunk / ql.group : 0;
-  const auto lane_table = [&] {
-    if constexpr (kLanes) {
-      return hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
-    } else {
-      return 0;
+  using Idx = decltype(hn::IndicesFromVec(dqf, hn::Zero(hn::RebindToSigned<DQF>())));
+  Idx lane_table[kClasses];
+  if constexpr (kLanes) {
+    for (int c = 0; c < kClasses; ++c) {
+      lane_table[c] =
+          hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group[c]));
     }
-  }();
+  }
+  const auto byte_group = hn::LoadU(d8, ql.byte_group);
   hn::Vec<DQF> total[MR][NR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
@@ -856,11 +955,14 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
   const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
   int64_t since = 0;
   for (int64_t f = 0; f < nc; f += per_flush) {
-    V32 s0[MR][NR], s1[MR][NR];
+    V32 s0[kClasses][MR][NR], s1[kClasses][MR][NR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
+    for (int c = 0; c < kClasses; ++c) {
 #pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
+      for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+        for (int j = 0; j < NR; ++j) s0[c][i][j] = s1[c][i][j] = hn::Zero(d32);
+      }
     }
     for (int64_t ci = f; ci < f + per_flush; ++ci) {
       const int64_t c = (c0 + ci) * chunk;
@@ -881,37 +983,53 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
       }
 #pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) {
+        hn::Vec<D8> zeros = hn::Zero(d8);
+        if constexpr (K == Nib::kInt4Zp) {
+          if constexpr (kLanes) {  // each byte's group's zero point
+            zeros = hn::TableLookupBytes(hn::LoadDup128(d8, zw[j] + ci * groups_per_chunk),
+                                         byte_group);
+          } else {
+            zeros = hn::Set(d8, zw[j][ci / per_flush]);
+          }
+        }
         V16 w[4];
-        QDecodeChunk<kMx>(HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2, w);
+        QDecodeChunk<K>(HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2, zeros, w);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
           const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
 #pragma GCC unroll 4
           for (int v = 0; v < 4; ++v) {
-            s0[i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
-                                                     s0[i][j], s1[i][j]);
+            const int cls = kClasses == 1 ? 0 : ql.class_of[v];
+            s0[cls][i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
+                                                          s0[cls][i][j], s1[cls][i][j]);
           }
         }
       }
     }
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      hn::Vec<DQF> wscale;
-      float wscalar = 0.0f;
-      if constexpr (kLanes) {
-        wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
-      } else {
-        wscalar = sw[j][f / per_flush];
-      }
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
+#pragma GCC unroll 2
+      for (int cls = 0; cls < kClasses; ++cls) {
+        hn::Vec<DQF> wscale;
+        float wscalar = 0.0f;
         if constexpr (kLanes) {
-          const float* sx = xq.sx + (t0 + i) * xq.ldsx + (c0 + f) * n32;
-          total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
+          wscale =
+              hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table[cls]);
         } else {
-          const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
-          total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
+          wscalar = sw[j][f / per_flush];
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const auto sum =
+              hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[cls][i][j], s1[cls][i][j]));
+          if constexpr (kLanes) {
+            const float* sx =
+                xq.sx + (t0 + i) * xq.ldsx + ((c0 + f) * kClasses + cls) * n32;
+            total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
+          } else {
+            const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
+            total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
+          }
         }
       }
     }
@@ -930,14 +1048,19 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
 constexpr int64_t kQMaxBlockGroups = 256;
 
-template <bool kMx, bool kLanes, int NR>
-void QDecodeStep(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout& ql,
+template <Nib K, bool kLanes, int kClasses, int NR>
+void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql,
                  const QInputs& xq, const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[NR];
   for (int j = 0; j < NR; ++j) row_ptr[j] = dec.RowOf(rows[j]);
   HWY_ALIGN float sw[NR][kQMaxBlockGroups + kQMaxLanes32];
+  HWY_ALIGN uint8_t zw[K == Nib::kInt4Zp ? NR : 1][kQMaxBlockGroups + 16];
   const float* swp[NR];
-  for (int j = 0; j < NR; ++j) swp[j] = sw[j];
+  const uint8_t* zwp[NR];
+  for (int j = 0; j < NR; ++j) {
+    swp[j] = sw[j];
+    zwp[j] = zw[K == Nib::kInt4Zp ? j : 0];
+  }
   const int64_t chunks = CeilDiv(a.w->cols, ql.chunk);
   const int64_t groups = a.w->cols / ql.group;
   for (int64_t c0 = 0; c0 < chunks; c0 += cc) {
@@ -945,25 +1068,34 @@ void QDecodeStep(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout&
     const int64_t g0 = c0 * ql.chunk / ql.group;
     const int64_t ng = std::min(nc * ql.chunk / ql.group, groups - g0);
     for (int j = 0; j < NR; ++j) {
-      RowScales<kMx>(row_ptr[j], g0, ng, sw[j]);
+      RowScales<K>(row_ptr[j], g0, ng, sw[j]);
       std::fill(sw[j] + ng, sw[j] + ng + kQMaxLanes32, 0.0f);
+      if constexpr (K == Nib::kInt4Zp) {
+        std::memcpy(zw[j], row_ptr[j].z + g0, static_cast<size_t>(ng));
+        std::fill(zw[j] + ng, zw[j] + ng + 16, uint8_t{0});
+      }
     }
     int64_t t = 0;
-    // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
-    for (; t + 2 <= a.num_tokens; t += 2) {
-      QTile<kMx, kLanes, 2, NR>(ql, xq, row_ptr, swp, t, c0, nc, tile + t * kStreams, kStreams,
-                                c0 > 0);
+    // Two tokens share each decoded chunk (eight integer sums beside the decoded codes); with
+    // two classes of sums, one.
+    if constexpr (kClasses == 1) {
+      for (; t + 2 <= a.num_tokens; t += 2) {
+        QTile<K, kLanes, kClasses, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc,
+                                          tile + t * kStreams, kStreams, c0 > 0);
+      }
     }
-    if (t < a.num_tokens) {
-      QTile<kMx, kLanes, 1, NR>(ql, xq, row_ptr, swp, t, c0, nc, tile + t * kStreams, kStreams,
-                                c0 > 0);
+    for (; t < a.num_tokens; ++t) {
+      QTile<K, kLanes, kClasses, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams,
+                                        kStreams, c0 > 0);
     }
   }
 }
 
-template <bool kMx, bool kLanes>
-void QDecodeRows(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout& ql) {
-  const QInputs xq = QuantizeTokens(a, ql, kMx, a.work);
+template <Nib K, bool kLanes, int kClasses>
+void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql) {
+  // 1/256 for the decoded codes' placement in the int16's high byte, 1/2 for E2M1 x 2.
+  const float code_scale = NibbleDec<K>::kE2M1 ? 1.0f / 512.0f : 1.0f / 256.0f;
+  const QInputs xq = QuantizeTokens(a, ql, code_scale, a.work);
   const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
   // K block in chunks: the tokens' int16 inputs within kDecodeXBytes of L1, and whole groups
   // within the weight-scale buffers.
@@ -978,10 +1110,10 @@ void QDecodeRows(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout&
     for (int q = 0; q < kStreams && q * per + s < a.num_rows; ++q) col[nr++] = q * per + s;
     for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[col[j]];
     switch (nr) {
-      case 4: QDecodeStep<kMx, kLanes, 4>(dec, a, ql, xq, rows, cc, tile); break;
-      case 3: QDecodeStep<kMx, kLanes, 3>(dec, a, ql, xq, rows, cc, tile); break;
-      case 2: QDecodeStep<kMx, kLanes, 2>(dec, a, ql, xq, rows, cc, tile); break;
-      default: QDecodeStep<kMx, kLanes, 1>(dec, a, ql, xq, rows, cc, tile); break;
+      case 4: QDecodeStep<K, kLanes, kClasses, 4>(dec, a, ql, xq, rows, cc, tile); break;
+      case 3: QDecodeStep<K, kLanes, kClasses, 3>(dec, a, ql, xq, rows, cc, tile); break;
+      case 2: QDecodeStep<K, kLanes, kClasses, 2>(dec, a, ql, xq, rows, cc, tile); break;
+      default: QDecodeStep<K, kLanes, kClasses, 1>(dec, a, ql, xq, rows, cc, tile); break;
     }
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       for (int j = 0; j < nr; ++j) a.out[t * a.ldo + col[j]] = tile[t * kStreams + j];
@@ -990,24 +1122,28 @@ void QDecodeRows(const NibbleDec<kMx>& dec, const DotRowsArgs& a, const QLayout&
 }
 
 // The integer decode walk (4 sequential row streams, as DecodeWalk), where it applies: up to
-// kDecodeMaxTokens tokens, rows of whole chunks, groups of whole chunks or chunks of whole
-// groups (one per 128-bit block), and groups whose sums cannot overflow. Returns false otherwise.
-template <bool kMx>
-bool QDecodeWalk(const NibbleDec<kMx>& dec, const DotRowsArgs& a) {
+// kDecodeMaxTokens tokens, groups of whole chunks or chunks of whole groups (each 32-bit lane
+// within one group), and groups whose sums cannot overflow. Returns false otherwise.
+template <Nib K>
+bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
   QLayout ql{};
   ql.cols = a.w->cols;
-  ql.group = dec.group();
+  ql.group = dec.m.group;
   ql.chunk = QChunk();
   if (a.num_tokens > kDecodeMaxTokens || ql.group > kQMaxGroup || a.w->cols % ql.group != 0) {
     return false;
   }
   if (ql.group % ql.chunk == 0) {
-    QDecodeRows<kMx, false>(dec, a, ql);
+    QDecodeRows<K, false, 1>(dec, a, ql);
     return true;
   }
-  if (ql.chunk % ql.group != 0 || !QLaneGroups(ql.group, ql.lane_group)) return false;
+  if (ql.chunk % ql.group != 0 || !QLaneGroups(&ql)) return false;
   ql.lanes = true;
-  QDecodeRows<kMx, true>(dec, a, ql);
+  if (ql.classes == 1) {
+    QDecodeRows<K, true, 1>(dec, a, ql);
+  } else {
+    QDecodeRows<K, true, 2>(dec, a, ql);
+  }
   return true;
 }
 
@@ -1029,8 +1165,8 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   PrefillStrips(dec, a, sp);
 }
 
-template <bool kMx>
-void NibbleDotRows(const NibbleDec<kMx>& dec, const DotRowsArgs& a) {
+template <Nib K>
+void NibbleDotRows(const NibbleDec<K>& dec, const DotRowsArgs& a) {
   if (QDecodeWalk(dec, a)) return;
   DotRowsWith(dec, a);
 }
@@ -1043,8 +1179,10 @@ void DotRows(const DotRowsArgs& a) {
   switch (m.format) {
     case WeightFormat::kBf16: return DotRowsWith(Bf16Dec{m}, a);
     case WeightFormat::kFp8Block: return DotRowsWith(Fp8Dec(m), a);
-    case WeightFormat::kMxfp4: return NibbleDotRows(NibbleDec<true>{m}, a);
-    case WeightFormat::kInt4: return NibbleDotRows(NibbleDec<false>{m}, a);
+    case WeightFormat::kMxfp4: return NibbleDotRows(NibbleDec<Nib::kMx>{m}, a);
+    case WeightFormat::kInt4: return NibbleDotRows(NibbleDec<Nib::kInt4>{m}, a);
+    case WeightFormat::kInt4Zp: return NibbleDotRows(NibbleDec<Nib::kInt4Zp>{m}, a);
+    case WeightFormat::kNvfp4: return NibbleDotRows(NibbleDec<Nib::kNvfp4>{m}, a);
   }
 }
 

@@ -153,7 +153,8 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
 }
 
 void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* scales,
-                         int64_t rows, int64_t cols, int64_t row, float* out) {
+                         int64_t rows, int64_t cols, int64_t row, float* out,
+                         const uint8_t* zeros, float global) {
   switch (q.format) {
     case WeightFormat::kBf16: {
       const bf16_t* p = static_cast<const bf16_t*>(data) + row * cols;
@@ -182,6 +183,25 @@ void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* sc
       for (int64_t c = 0; c < cols; ++c) {
         const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
         out[c] = static_cast<float>(code - 8) * Bf16ToFloat(s[c / q.group]);
+      }
+      return;
+    }
+    case WeightFormat::kInt4Zp: {
+      const uint8_t* p = static_cast<const uint8_t*>(data) + row * q.WeightRowBytes(cols);
+      const fp16_t* s = static_cast<const fp16_t*>(scales) + row * q.ScaleCols(cols);
+      const uint8_t* z = zeros + row * q.ScaleCols(cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
+        out[c] = static_cast<float>(code - z[c / q.group]) * HalfToFloat(s[c / q.group]);
+      }
+      return;
+    }
+    case WeightFormat::kNvfp4: {
+      const uint8_t* p = static_cast<const uint8_t*>(data) + row * q.WeightRowBytes(cols);
+      const uint8_t* s = static_cast<const uint8_t*>(scales) + row * q.ScaleCols(cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
+        out[c] = Fp4E2M1ToFloat(code) * Fp8E4M3ToFloat(s[c / q.group]) * global;
       }
       return;
     }
@@ -225,6 +245,24 @@ float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, 
       const bf16_t s = static_cast<const bf16_t*>(
           scales)[(expert * rows + row) * groups + col / q.group];
       return static_cast<float>(nibble - 8) * Bf16ToFloat(s);
+    }
+    case WeightFormat::kInt4Zp: {
+      const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
+      const int nibble = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      const int64_t groups = q.ScaleCols(cols);
+      const int64_t g = (expert * rows + row) * groups + col / q.group;
+      const uint8_t* zeros = is_w13 ? w.w13_zeros : w.w2_zeros;
+      return static_cast<float>(nibble - zeros[g]) *
+             HalfToFloat(static_cast<const fp16_t*>(scales)[g]);
+    }
+    case WeightFormat::kNvfp4: {
+      const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
+      const uint8_t code = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      const int64_t groups = q.ScaleCols(cols);
+      const uint8_t s = static_cast<const uint8_t*>(
+          scales)[(expert * rows + row) * groups + col / q.group];
+      const float global = is_w13 ? w.W13Global(expert, row) : w.w2_global[expert];
+      return Fp4E2M1ToFloat(code) * Fp8E4M3ToFloat(s) * global;
     }
   }
   return 0.0f;

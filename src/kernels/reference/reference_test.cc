@@ -135,6 +135,96 @@ TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
   EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), 1.75f);
   EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 1), -2.0f);
   EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 2), 0.0f);
+  // int4-zp (AWQ/GPTQ): byte 0xA3 = low code 3, high code 10; zero 5; fp16 scale 0.5 (0x3800).
+  // Row 1 (gate half, group 0) has zero 0 and scale 2.0 (0x4000).
+  w.scheme = WeightScheme{WeightFormat::kInt4Zp, 32, 1};
+  std::vector<uint8_t> zp(64 * 16, 0);
+  zp[0] = 0xA3;
+  zp[16] = 0x01;  // row 1, columns 0 and 1: codes 1 and 0
+  std::vector<fp16_t> zp_scale(64, fp16_t{0x3800});
+  zp_scale[1] = fp16_t{0x4000};
+  std::vector<uint8_t> zeros(64, 5);
+  zeros[1] = 0;
+  w.w13 = zp.data();
+  w.w13_scales = zp_scale.data();
+  w.w13_zeros = zeros.data();
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), -1.0f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 1), 2.5f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 1, 0), 2.0f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 1, 1), 0.0f);
+  // NVFP4: byte 0x7A = low code 10 (-1.0), high 7 (6.0); E4M3 0x40 = 2.0 for columns 0-15,
+  // 0x30 = 0.5 for 16-31; globals 0.25 (gate rows) and 4.0 (up rows, from I = 32 on).
+  w.scheme = WeightScheme::Default(WeightFormat::kNvfp4);
+  std::vector<uint8_t> nv(64 * 16, 0);
+  nv[0] = 0x7A;
+  nv[8] = 0x11;          // columns 16, 17: codes 1, 1 (0.5)
+  nv[32 * 16] = 0x02;    // row 32 (up), column 0: code 2 (1.0)
+  std::vector<uint8_t> nv_scale(64 * 2, 0x40);
+  for (int r = 0; r < 64; ++r) nv_scale[static_cast<size_t>(2 * r + 1)] = 0x30;
+  std::vector<float> globals = {0.25f, 4.0f};
+  w.w13 = nv.data();
+  w.w13_scales = nv_scale.data();
+  w.w13_global = globals.data();
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 0), -0.5f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 1), 3.0f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 0, 16), 0.0625f);
+  EXPECT_EQ(reference::DequantizeWeight(w, reference::Projection::kW13, 0, 32, 0), 8.0f);
+}
+
+// The encoders of the AWQ/GPTQ and NVFP4 formats round-trip within their steps: int4-zp to half a
+// step of its group ((max - min) / 15), NVFP4 to half an E2M1 step of the block's scale (at most
+// 1 x scale x global near 6) plus the E4M3 rounding of the scale.
+TEST(ReferenceDequantize, Int4ZpAndNvfp4EncodersRoundTrip) {
+  std::vector<float> w(4 * 64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(0.37f * static_cast<float>(i)) * 0.2f;
+  w[7] = 1.5f;  // an outlier in one group
+  {
+    const WeightScheme q{WeightFormat::kInt4Zp, 32, 1};
+    std::vector<uint8_t> data(static_cast<size_t>(q.WeightBytes(4, 64)));
+    std::vector<uint8_t> scales(static_cast<size_t>(q.ScaleBytes(4, 64)));
+    std::vector<uint8_t> zeros(static_cast<size_t>(q.ZeroBytes(4, 64)));
+    EXPECT_EQ(zeros.size(), 8u);
+    QuantizeMatrix(q, w.data(), 4, 64, data.data(), scales.data(), zeros.data());
+    std::vector<float> row(64);
+    for (int64_t r = 0; r < 4; ++r) {
+      reference::DequantizeMatrixRow(q, data.data(), scales.data(), 4, 64, r, row.data(),
+                                     zeros.data());
+      for (int64_t c = 0; c < 64; ++c) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int64_t i = c / 32 * 32; i < c / 32 * 32 + 32; ++i) {
+          lo = std::min(lo, w[static_cast<size_t>(r * 64 + i)]);
+          hi = std::max(hi, w[static_cast<size_t>(r * 64 + i)]);
+        }
+        EXPECT_NEAR(row[static_cast<size_t>(c)], w[static_cast<size_t>(r * 64 + c)],
+                    0.51f * (hi - lo) / 15.0f + 1e-6f)
+            << r << " " << c;
+      }
+    }
+  }
+  {
+    const WeightScheme q = WeightScheme::Default(WeightFormat::kNvfp4);
+    std::vector<uint8_t> data(static_cast<size_t>(q.WeightBytes(4, 64)));
+    std::vector<uint8_t> scales(static_cast<size_t>(q.ScaleBytes(4, 64)));
+    float global = 0.0f;
+    QuantizeMatrix(q, w.data(), 4, 64, data.data(), scales.data(), nullptr, &global);
+    EXPECT_FLOAT_EQ(global, 1.5f / (6.0f * 448.0f));
+    std::vector<float> row(64);
+    for (int64_t r = 0; r < 4; ++r) {
+      reference::DequantizeMatrixRow(q, data.data(), scales.data(), 4, 64, r, row.data(), nullptr,
+                                     global);
+      for (int64_t c = 0; c < 64; ++c) {
+        float amax = 0.0f;
+        for (int64_t i = c / 16 * 16; i < c / 16 * 16 + 16; ++i) {
+          amax = std::max(amax, std::abs(w[static_cast<size_t>(r * 64 + i)]));
+        }
+        // E2M1 steps are at most 2 (between 4 and 6) in units of amax / 6, the E4M3 scale rounds
+        // by 1/16: half a step plus the scale's error at the largest value.
+        EXPECT_NEAR(row[static_cast<size_t>(c)], w[static_cast<size_t>(r * 64 + c)],
+                    amax / 6.0f * (1.0f + 6.0f / 16.0f) + 1e-6f)
+            << r << " " << c;
+      }
+    }
+  }
 }
 
 TEST(ReferenceGemm, TinySwiGluWithBiases) {
