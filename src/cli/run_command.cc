@@ -13,6 +13,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "moeshard/base/numa.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/comm/local_comm.h"
 #include "moeshard/comm/mpi_comm.h"
@@ -119,6 +120,11 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
                    ? fmt::format(", rank {} on [{}]", spec.rank_cpus.size() - 1,
                                  fmt::join(spec.rank_cpus.back(), ", "))
                    : std::string());
+  }
+  if (std::any_of(spec.rank_numa_nodes.begin(), spec.rank_numa_nodes.end(),
+                  [](int n) { return n >= 0; })) {
+    fmt::print("  ranks on NUMA nodes [{}] (each rank's weights first touched by its node's CPUs)\n",
+               fmt::join(spec.rank_numa_nodes, ", "));
   }
   fmt::print(
       "  MoE layers [{}], {} tokens in all ({} DP ranks holding [{}]), {} warm-up + {} timed "
@@ -336,7 +342,10 @@ int RunRun(const RunFlags& f) {
   }
   spec.kernel_threads = f.threads > 0 ? f.threads : std::max(1, hw / world);
   // Each rank's kernel threads on CPUs of their own, when the ranks do not oversubscribe them.
-  if (!f.no_pin) spec.rank_cpus = SplitCpus(AllowedCpus(), world, spec.kernel_threads);
+  if (!f.no_pin) {
+    spec.rank_cpus = SplitCpusByNode(AllowedCpus(), NumaNodes(), world, spec.kernel_threads,
+                                     &spec.rank_numa_nodes);
+  }
   const Status s = RunLocalRanks(world, LocalCommOptions{}, per_rank);
   if (!s.ok()) return fail(s);
   return report_ok ? 0 : 1;

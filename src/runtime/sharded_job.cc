@@ -118,6 +118,9 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
                              .cpus = static_cast<size_t>(rank) < spec.rank_cpus.size()
                                          ? spec.rank_cpus[static_cast<size_t>(rank)]
                                          : std::vector<int>{}}));
+  // Pin this rank's thread (the pool's thread 0) before loading, so the pages it first touches
+  // (the weights it copies in) come from its own NUMA node's memory.
+  ctx.pool().ParallelFor(1, 1, [](int64_t, int64_t, int) {});
   Instance inst;
   const auto load_start = std::chrono::steady_clock::now();
   MOESHARD_RETURN_IF_ERROR(Build(plan, rank, spec, world, ctx, max_tokens, &inst));

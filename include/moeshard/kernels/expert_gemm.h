@@ -40,12 +40,17 @@
 // Biases are fp32: w13_bias [E_local, R13] in w13's row order, w2_bias [E_local, H].
 //
 // Numerics (optimised backends): the input rows and the intermediate activation are rounded to
-// bf16 (round to nearest even) and multiplied with the (exactly) dequantised weights, with
-// fp32 accumulation; weights are dequantised inside the inner loop (AVX-512 prefill of MXFP4:
-// one 8-row strip at a time into L1, where weights below 2^-126 flush to zero), never copied
-// whole. The summation order differs between the decode and prefill kernels, so results agree
-// within rounding, not bit for bit, when an expert's token count crosses 16.
-//
+// bf16 (round to nearest even) and multiplied with the dequantised weights, with fp32
+// accumulation; weights are dequantised inside the inner loop or a small strip at a time (AVX-512
+// prefill of MXFP4: one 8-row strip into L1, where weights below 2^-126 flush to zero; SIMD
+// prefill: 12-row strips into fp32, exact for bf16, MXFP4, int4 and int4-zp, one rounding of
+// code x scale for fp8 and NVFP4), never copied whole. The SIMD backends' decode of 4-bit weights
+// (up to 16 tokens per expert) multiplies on 16-bit integers: each token's bf16 inputs are
+// quantized per scale group with a power-of-two scale, exact for every input within 2^6 of its
+// group's largest magnitude and otherwise off by at most 2^-15 of it. The summation order differs
+// between variants (vector widths, tiles, K blocks, vdpbf16ps pair sums) and between the decode
+// and prefill kernels, so variants agree with the reference within rounding, not bit for bit;
+// each variant is deterministic and independent of the thread count.
 // Thread safety: one call at a time per KernelContext; parallel over the context's pool.
 #pragma once
 

@@ -54,8 +54,11 @@ struct ShardedJobSpec {
   Tolerance tolerance;
   int kernel_threads = 1;        // threads of each rank's kernel context
   // CPUs each rank's kernel threads are pinned to, by world rank (empty, or an empty entry:
-  // not pinned). See SplitCpus: ranks get disjoint runs of the process's CPUs when they fit.
+  // not pinned). See SplitCpus: ranks get disjoint runs of the process's CPUs when they fit, and
+  // on several NUMA nodes each rank's from one node (SplitCpusByNode), so the weights its
+  // threads load land in that node's memory.
   std::vector<std::vector<int>> rank_cpus;
+  std::vector<int> rank_numa_nodes;  // the node of each rank's CPUs (-1: not placed by node)
   bool collect_outputs = false;  // rank 0 receives every layer's output of every token
   // bf16 routed experts rewritten into the row-group layout after loading when the kernels run
   // on AVX-512 (UseCpuRowGroupLayout); false keeps them row-major.
