@@ -6,7 +6,7 @@ string(APPEND body "#include \"config/presets.h\"\n\nnamespace moeshard {\n\n")
 string(APPEND body "const std::vector<EmbeddedPreset>& EmbeddedPresets() {\n")
 string(APPEND body "  static const std::vector<EmbeddedPreset> presets = {\n")
 foreach(f ${FILES})
-  get_filename_component(stem ${f} NAME_WE)
+  get_filename_component(stem ${f} NAME_WLE)  # "qwen1.5-moe-a2.7b" keeps its dots
   file(READ ${f} content)
   string(APPEND body "      {\"${stem}\", R\"moeshard_json(${content})moeshard_json\"},\n")
 endforeach()

@@ -169,7 +169,8 @@ Status Validate(const ModelConfig& c, const ConfigFields& f) {
                    fmt::format("a divisor of num_attention_heads ({})", c.num_attention_heads),
                    std::to_string(c.num_kv_heads));
   }
-  if (c.routing == RoutingMethod::kSigmoidGroupedTopK) {
+  if (c.routing == RoutingMethod::kSigmoidGroupedTopK ||
+      c.routing == RoutingMethod::kSoftmaxGroupedTopK) {
     if (c.num_experts % c.n_group != 0) {
       return f.Error("n_group", fmt::format("a divisor of the number of experts ({})", c.num_experts),
                      std::to_string(c.n_group));

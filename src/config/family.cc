@@ -37,6 +37,7 @@ const char* TensorRoleName(TensorRole r) {
     case TensorRole::kSharedGate: return "shared_gate";
     case TensorRole::kSharedUp: return "shared_up";
     case TensorRole::kSharedDown: return "shared_down";
+    case TensorRole::kSharedGateProj: return "shared_expert_gate";
     case TensorRole::kLatentDown: return "latent_down";
     case TensorRole::kLatentUp: return "latent_up";
     case TensorRole::kLatentNorm: return "latent_norm";

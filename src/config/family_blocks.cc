@@ -169,12 +169,14 @@ void AddGqaAttention(TensorList& t, const std::vector<int64_t>& layers, const Gq
   t.Linear(p + "v_proj", C::kAttention, kv, H, TpSplit::kKvColumn, layers, o.quant).unit =
       c.head_dim;
   t.Linear(p + "o_proj", C::kAttention, H, q, TpSplit::kRow, layers, o.quant);
-  if (o.bias) {
+  if (o.bias || o.qkv_bias) {
     t.Vector(p + "q_proj.bias", C::kAttention, {q}, TpSplit::kColumn, layers, c.dtype);
     t.Vector(p + "k_proj.bias", C::kAttention, {kv}, TpSplit::kKvColumn, layers, c.dtype).unit =
         c.head_dim;
     t.Vector(p + "v_proj.bias", C::kAttention, {kv}, TpSplit::kKvColumn, layers, c.dtype).unit =
         c.head_dim;
+  }
+  if (o.bias) {
     t.Vector(p + "o_proj.bias", C::kAttention, {H}, TpSplit::kReplicated, layers, c.dtype);
   }
   if (o.sinks) {
@@ -201,18 +203,21 @@ void AddGatedMlp(TensorList& t, const std::string& module, TensorCategory cat, i
            down_role);
 }
 
-void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers) {
+void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers,
+               const RouterOptions& o) {
   const ModelConfig& c = t.config();
   using C = TensorCategory;
-  t.Linear(module, C::kRouter, c.num_experts, c.hidden_size, TpSplit::kReplicated, layers,
-           Quantizable::kNo, TensorRole::kRouter);
+  TensorDef& w = t.Linear(module, C::kRouter, c.num_experts, c.hidden_size, TpSplit::kReplicated,
+                          layers, Quantizable::kNo, TensorRole::kRouter);
+  if (o.weight_dtype) w.dtype = *o.weight_dtype;
   if (c.router_bias) {
     t.Vector(module + ".bias", C::kRouter, {c.num_experts}, TpSplit::kReplicated, layers, c.dtype,
              TensorRole::kRouterBias);
   }
   if (c.has_correction_bias) {
     // fp32 in the releases (transformers keeps e_score_correction_bias in fp32).
-    t.Vector(module + ".e_score_correction_bias", C::kRouter, {c.num_experts}, TpSplit::kReplicated,
+    const std::string& at = o.correction_bias_module.empty() ? module : o.correction_bias_module;
+    t.Vector(at + ".e_score_correction_bias", C::kRouter, {c.num_experts}, TpSplit::kReplicated,
              layers, DType::kF32, TensorRole::kCorrectionBias);
   }
 }
@@ -223,6 +228,14 @@ void AddSharedExperts(TensorList& t, const std::string& module,
   if (c.num_shared_experts == 0) return;
   AddGatedMlp(t, module, TensorCategory::kSharedExperts, c.shared_expert_intermediate_size, layers,
               TensorRole::kSharedGate, TensorRole::kSharedUp, TensorRole::kSharedDown);
+}
+
+void AddSharedExpertGate(TensorList& t, const std::string& module,
+                         const std::vector<int64_t>& layers) {
+  const ModelConfig& c = t.config();
+  if (c.num_shared_experts == 0 || !c.shared_expert_gate) return;
+  t.Linear(module, TensorCategory::kSharedExperts, 1, c.hidden_size, TpSplit::kReplicated, layers,
+           Quantizable::kNo, TensorRole::kSharedGateProj);
 }
 
 ExpertLayout PerExpertLayout(const ModelConfig& c, const std::string& prefix,
@@ -262,20 +275,24 @@ Status ParseMla(const ConfigFields& f, ModelConfig& c) {
   return Status::Ok();
 }
 
-Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c) {
+Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c,
+                            const DeepseekDefaults& d) {
   MOESHARD_ASSIGN_OR_RETURN(
       std::string scoring,
-      f.StringAlias({"scoring_func", "moe_router_activation_func"}, "sigmoid"));
-  MOESHARD_ASSIGN_OR_RETURN(
-      std::string topk_method,
-      f.Choice("topk_method", "noaux_tc", {"noaux_tc", "greedy", "group_limited_greedy"}));
+      f.StringAlias({"scoring_func", "moe_router_activation_func"}, std::string(d.scoring)));
+  MOESHARD_ASSIGN_OR_RETURN(std::string topk_method,
+                            f.Choice("topk_method", std::string(d.topk_method),
+                                     {"noaux_tc", "greedy", "group_limited_greedy"}));
   if (scoring == "sigmoid") {
     c.scoring = ScoringFunc::kSigmoid;
     c.routing = RoutingMethod::kSigmoidGroupedTopK;
     c.has_correction_bias = topk_method == "noaux_tc";
   } else if (scoring == "softmax") {
+    // DeepSeek-V2: `greedy` is plain top-k, `group_limited_greedy` keeps the topk_group groups
+    // with the best single expert (modeling_deepseek.py MoEGate; vLLM grouped_topk).
     c.scoring = ScoringFunc::kSoftmax;
-    c.routing = RoutingMethod::kSoftmaxTopK;
+    c.routing = topk_method == "group_limited_greedy" ? RoutingMethod::kSoftmaxGroupedTopK
+                                                      : RoutingMethod::kSoftmaxTopK;
   } else {
     const char* key = f.Has("scoring_func") ? "scoring_func" : "moe_router_activation_func";
     return f.Error(key, "\"sigmoid\" or \"softmax\"", "\"" + scoring + "\"");
@@ -283,12 +300,12 @@ Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.n_group, f.IntAlias({"n_group", "num_expert_group"}, 1, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.topk_group, f.Int("topk_group", 1, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob,
-                            f.BoolAlias({"norm_topk_prob", "moe_renormalize"}, true));
+                            f.BoolAlias({"norm_topk_prob", "moe_renormalize"}, d.norm_topk_prob));
   MOESHARD_ASSIGN_OR_RETURN(c.routed_scaling_factor, f.Double("routed_scaling_factor", 1.0));
   return Status::Ok();
 }
 
-Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c) {
+Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c, const DeepseekDefaults& d) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   MOESHARD_RETURN_IF_ERROR(ParseMla(f, c));
@@ -304,7 +321,7 @@ Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c) {
   MOESHARD_ASSIGN_OR_RETURN(c.first_k_dense_replace, f.Int("first_k_dense_replace", 0));
   MOESHARD_ASSIGN_OR_RETURN(int64_t freq, f.Int("moe_layer_freq", 1, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.num_mtp_layers, f.Int("num_nextn_predict_layers", 0));
-  MOESHARD_RETURN_IF_ERROR(ParseDeepseekRouting(f, c));
+  MOESHARD_RETURN_IF_ERROR(ParseDeepseekRouting(f, c, d));
   MOESHARD_RETURN_IF_ERROR(f.Choice("hidden_act", "silu", {"silu"}).status());
   c.activation = ExpertActivation::kSwiGlu;
   c.routed_expert_hidden_size = c.hidden_size;

@@ -6,6 +6,7 @@
 // Thread safety: a builder is used by one thread; the blocks are pure.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,7 @@ struct GqaOptions {
   // gpt-oss's MXFP4 covers only the experts: its attention stays bf16 whatever the config says.
   Quantizable quant = Quantizable::kYes;
   bool bias = false;     // q/k/v/o biases (gpt-oss)
+  bool qkv_bias = false; // q/k/v biases only (Qwen2-MoE, GLM-4.5)
   bool sinks = false;    // per-head attention sinks (gpt-oss)
   bool qk_norm = false;  // q_norm / k_norm over head_dim (Qwen3)
 };
@@ -81,9 +83,20 @@ void AddGatedMlp(TensorList& t, const std::string& module, TensorCategory cat, i
                  TensorRole down_role = TensorRole::kOther);
 // The router `<module>` [E, H] (never quantized), with its bias and the noaux_tc correction
 // bias when the config has them.
-void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers);
+struct RouterOptions {
+  std::optional<DType> weight_dtype;  // stored dtype of the weight (default: the model's)
+  // Where `e_score_correction_bias` sits (default: the router module; MiniMax-M2 keeps it on
+  // the sparse block, `block_sparse_moe.e_score_correction_bias`).
+  std::string correction_bias_module;
+};
+void AddRouter(TensorList& t, const std::string& module, const std::vector<int64_t>& layers,
+               const RouterOptions& o = {});
 // Shared experts at `<module>` (gate/up column-parallel, down row-parallel by default).
 void AddSharedExperts(TensorList& t, const std::string& module, const std::vector<int64_t>& layers);
+// The shared experts' output gate `<module>` [1, H] (Qwen2-MoE's shared_expert_gate: a plain
+// torch Linear in every engine, so replicated and never quantized).
+void AddSharedExpertGate(TensorList& t, const std::string& module,
+                         const std::vector<int64_t>& layers);
 
 // The per-expert layout of DeepSeek-style checkpoints: `<moe>.experts.{expert}.<gate|up|down>`
 // with rank tensors `<moe>.experts.w13_*` (names relative to the text prefix).
@@ -106,13 +119,23 @@ Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required = 
                 bool attention_bias_default = false);
 // The MLA fields of DeepSeek-V3 and Kimi (q_lora_rank, kv_lora_rank, head dims).
 Status ParseMla(const ConfigFields& f, ModelConfig& c);
-// DeepSeek-style routing: sigmoid (noaux_tc, correction bias) or softmax scores, grouped
-// top-k, renormalisation, scaling. Kimi-K3 spells the keys moe_router_activation_func,
-// num_expert_group and moe_renormalize; both spellings are read.
-Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c);
-// The DeepSeek-V3 text model (Kimi-K2, K2-Thinking, K2.5's backbone): MLA on every layer,
-// dense first layers, shared experts, SwiGLU.
-Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c);
+// The defaults of the routing keys a config may leave out: DeepSeek-V3's (sigmoid, noaux_tc,
+// renormalised) or DeepSeek-V2's (DeepseekV2Config: softmax, greedy, not renormalised).
+struct DeepseekDefaults {
+  const char* scoring = "sigmoid";
+  const char* topk_method = "noaux_tc";
+  bool norm_topk_prob = true;
+};
+inline constexpr DeepseekDefaults kDeepseekV2Defaults{"softmax", "greedy", false};
+// DeepSeek-style routing: sigmoid (noaux_tc, correction bias) or softmax scores (greedy, or
+// group-limited by each group's best expert), grouped top-k, renormalisation, scaling. Kimi-K3
+// spells the keys moe_router_activation_func, num_expert_group and moe_renormalize; both
+// spellings are read.
+Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c,
+                            const DeepseekDefaults& d = {});
+// The DeepSeek-V3 text model (Kimi-K2, K2-Thinking, K2.5's backbone; DeepSeek-V2 with its
+// defaults): MLA on every layer, dense first layers, shared experts, SwiGLU.
+Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c, const DeepseekDefaults& d = {});
 // Its tensors under `t`'s prefix, and its per-expert layout.
 void AddDeepseekTextTensors(TensorList& t);
 ExpertLayout DeepseekExperts(const ModelConfig& c, const std::string& prefix);

@@ -47,7 +47,8 @@ TEST(FamilyTest, RegistryHoldsEveryFamilyOnce) {
     EXPECT_NE(f->experts, nullptr);
   }
   for (const char* t :
-       {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral", "gpt_oss"}) {
+       {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral", "gpt_oss",
+        "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2", "llama4"}) {
     EXPECT_NE(FindFamily(t), nullptr) << t;
   }
   EXPECT_EQ(FindFamily("llama"), nullptr);
@@ -148,6 +149,102 @@ TEST(FamilyTest, Olmoe) {
             (std::vector<int64_t>{2048}));
   EXPECT_EQ(t.at("model.layers.{layer}.mlp.gate").role, TensorRole::kRouter);
   EXPECT_EQ(c.family->experts(c).down, "model.layers.{layer}.mlp.experts.{expert}.down_proj");
+}
+
+// DeepSeek-V2 (modeling_deepseek.py; vLLM deepseek_v2.py): softmax scores, group-limited
+// greedy by each group's best expert, no renormalisation, x16; V2-Lite: full-rank q, greedy.
+TEST(FamilyTest, DeepseekV2) {
+  const ModelConfig v2 = Preset("deepseek-v2");
+  EXPECT_EQ(v2.family_name(), "deepseek_v2");
+  EXPECT_EQ(v2.routing, RoutingMethod::kSoftmaxGroupedTopK);
+  EXPECT_EQ(v2.n_group, 8);
+  EXPECT_EQ(v2.topk_group, 3);
+  EXPECT_FALSE(v2.norm_topk_prob);
+  EXPECT_FALSE(v2.has_correction_bias);
+  EXPECT_DOUBLE_EQ(v2.routed_scaling_factor, 16.0);
+  EXPECT_EQ(v2.num_moe_layers(), 59);
+  EXPECT_EQ(v2.shared_expert_intermediate_size, 2 * 1536);
+  const ModelConfig lite = Preset("deepseek-v2-lite");
+  EXPECT_EQ(lite.routing, RoutingMethod::kSoftmaxTopK);
+  EXPECT_EQ(lite.mla.q_lora_rank, 0);
+  const auto t = ByName(lite);
+  EXPECT_EQ(t.at("model.layers.{layer}.self_attn.q_proj").shape,
+            (std::vector<int64_t>{16 * (128 + 64), 2048}));
+  EXPECT_EQ(t.count("model.layers.{layer}.self_attn.q_a_proj"), 0u);
+  EXPECT_EQ(t.count("model.layers.{layer}.mlp.gate.e_score_correction_bias"), 0u);
+}
+
+// Qwen2-MoE (vLLM qwen2_moe.py): q/k/v biases without an o bias, a shared expert of
+// shared_expert_intermediate_size behind a [1, H] sigmoid gate, softmax without renormalising.
+TEST(FamilyTest, Qwen2Moe) {
+  const ModelConfig c = Preset("qwen1.5-moe-a2.7b");
+  EXPECT_EQ(c.family_name(), "qwen2_moe");
+  EXPECT_TRUE(c.shared_expert_gate);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 5632);
+  EXPECT_EQ(c.num_moe_layers(), 24);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").shape,
+            (std::vector<int64_t>{1, 2048}));
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").role,
+            TensorRole::kSharedGateProj);
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert.down_proj").shape,
+            (std::vector<int64_t>{2048, 5632}));
+  EXPECT_EQ(t.count("model.layers.{layer}.self_attn.k_proj.bias"), 1u);
+  EXPECT_EQ(t.count("model.layers.{layer}.self_attn.o_proj.bias"), 0u);
+}
+
+// GLM-4.5-Air (vLLM glm4_moe.py): one dense layer, sigmoid noaux_tc with a correction bias on
+// mlp.gate, q/k/v biases, no q/k norm in Air; the MTP layer is not planned.
+TEST(FamilyTest, Glm4Moe) {
+  const ModelConfig c = Preset("glm-4.5-air");
+  EXPECT_EQ(c.family_name(), "glm4_moe");
+  EXPECT_EQ(c.routing, RoutingMethod::kSigmoidGroupedTopK);
+  EXPECT_EQ(c.num_moe_layers(), 45);
+  EXPECT_EQ(c.num_mtp_layers, 1);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.gate.e_score_correction_bias").dtype, DType::kF32);
+  EXPECT_EQ(t.at("model.layers.{layer}.self_attn.q_proj").shape,
+            (std::vector<int64_t>{96 * 128, 4096}));
+  EXPECT_EQ(t.count("model.layers.{layer}.self_attn.q_norm.weight"), 0u);
+  EXPECT_EQ(t.count("model.layers.{layer}.self_attn.v_proj.bias"), 1u);
+}
+
+// MiniMax-M2 (vLLM minimax_m2.py): F32 router, the routing bias on block_sparse_moe itself,
+// full-width q/k norms, w1/w3/w2 experts, block fp8 with `fmt` float8_e4m3fn.
+TEST(FamilyTest, MinimaxM2) {
+  const ModelConfig c = Preset("minimax-m2");
+  EXPECT_EQ(c.family_name(), "minimax_m2");
+  EXPECT_EQ(c.num_experts, 256);
+  EXPECT_EQ(c.moe_intermediate_size, 1536);
+  EXPECT_EQ(c.quant.scheme.format, WeightFormat::kFp8Block);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("model.layers.{layer}.block_sparse_moe.gate").dtype, DType::kF32);
+  EXPECT_EQ(t.at("model.layers.{layer}.block_sparse_moe.e_score_correction_bias").role,
+            TensorRole::kCorrectionBias);
+  EXPECT_EQ(t.at("model.layers.{layer}.self_attn.q_norm.weight").shape,
+            (std::vector<int64_t>{48 * 128}));
+  EXPECT_EQ(c.family->experts(c).up, "model.layers.{layer}.block_sparse_moe.experts.{expert}.w3");
+}
+
+// Llama-4 (vLLM llama4.py): top-1 sigmoid applied to the expert input, MoE every
+// interleave_moe_layer_step layers, fused input-major experts with gate columns first.
+TEST(FamilyTest, Llama4) {
+  const ModelConfig c = Preset("tiny-llama4");
+  EXPECT_EQ(c.family_name(), "llama4");
+  EXPECT_TRUE(c.router_weight_on_input);
+  EXPECT_EQ(c.routing, RoutingMethod::kTopKThenSigmoid);
+  EXPECT_EQ(c.num_moe_layers(), 2);
+  EXPECT_FALSE(c.layers[0].moe);
+  EXPECT_TRUE(c.layers[1].moe);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("language_model.model.layers.{layer}.feed_forward.gate_proj").shape,
+            (std::vector<int64_t>{256, 128}));
+  EXPECT_EQ(t.at("language_model.model.layers.{layer}.feed_forward.shared_expert.gate_proj")
+                .shape,
+            (std::vector<int64_t>{64, 128}));
+  const ExpertLayout x = c.family->experts(c);
+  EXPECT_TRUE(x.fused && x.fused_in_major && !x.gate_up_interleaved);
+  EXPECT_EQ(x.fused_gate_up, "language_model.model.layers.{layer}.feed_forward.experts.gate_up_proj");
 }
 
 }  // namespace

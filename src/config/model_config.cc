@@ -87,6 +87,8 @@ const char* RoutingMethodName(RoutingMethod method) {
     case RoutingMethod::kSoftmaxTopK: return "softmax-topk";
     case RoutingMethod::kSigmoidGroupedTopK: return "sigmoid-grouped-topk";
     case RoutingMethod::kTopKThenSoftmax: return "topk-softmax";
+    case RoutingMethod::kSoftmaxGroupedTopK: return "softmax-grouped-topk";
+    case RoutingMethod::kTopKThenSigmoid: return "topk-sigmoid";
   }
   return "?";
 }

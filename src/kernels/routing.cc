@@ -28,6 +28,28 @@ void SelectTopK(const float* score, std::vector<int32_t>& candidates, int64_t k)
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// The candidates of grouped routing: every expert of the `topk_group` best-scored groups, in
+// ascending expert order (all experts when every group is kept).
+void KeptGroupMembers(const float* group_score, int64_t num_groups, int64_t topk_group,
+                      int64_t group_size, std::vector<int32_t>& groups,
+                      std::vector<int32_t>& cand) {
+  cand.clear();
+  if (topk_group >= num_groups) {
+    cand.resize(static_cast<size_t>(num_groups * group_size));
+    std::iota(cand.begin(), cand.end(), 0);
+    return;
+  }
+  groups.resize(static_cast<size_t>(num_groups));
+  std::iota(groups.begin(), groups.end(), 0);
+  SelectTopK(group_score, groups, topk_group);
+  std::sort(groups.begin(), groups.begin() + topk_group);
+  for (int64_t gi = 0; gi < topk_group; ++gi) {
+    for (int64_t i = 0; i < group_size; ++i) {
+      cand.push_back(static_cast<int32_t>(groups[gi] * group_size + i));
+    }
+  }
+}
+
 void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float* weights,
                 std::vector<float>& score, std::vector<int32_t>& cand,
                 std::vector<int32_t>& groups) {
@@ -58,6 +80,43 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
       for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
       return;
     }
+    case RoutingKind::kSoftmaxGroupedTopK: {
+      score.resize(static_cast<size_t>(num_experts + p.num_groups));
+      s = score.data();
+      float* group_score = s + num_experts;
+      const float max_logit = *std::max_element(logits, logits + num_experts);
+      float sum = 0.0f;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        s[e] = std::exp(logits[e] - max_logit);
+        sum += s[e];
+      }
+      for (int64_t e = 0; e < num_experts; ++e) s[e] /= sum;
+      const int64_t group_size = num_experts / p.num_groups;
+      for (int64_t g = 0; g < p.num_groups; ++g) {
+        group_score[g] = *std::max_element(s + g * group_size, s + (g + 1) * group_size);
+      }
+      KeptGroupMembers(group_score, p.num_groups, p.topk_group, group_size, groups, cand);
+      SelectTopK(s, cand, k);
+      float wsum = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        ids[i] = cand[i];
+        weights[i] = s[cand[i]];
+        wsum += weights[i];
+      }
+      const float norm = p.renormalize ? p.routed_scaling_factor / wsum : p.routed_scaling_factor;
+      for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+      return;
+    }
+    case RoutingKind::kTopKThenSigmoid: {
+      cand.resize(static_cast<size_t>(num_experts));
+      std::iota(cand.begin(), cand.end(), 0);
+      SelectTopK(logits, cand, k);
+      for (int64_t i = 0; i < k; ++i) {
+        ids[i] = cand[i];
+        weights[i] = Sigmoid(logits[cand[i]]) * p.routed_scaling_factor;
+      }
+      return;
+    }
     case RoutingKind::kSigmoidGroupedTopK: {
       score.resize(static_cast<size_t>(2 * num_experts + p.num_groups));
       s = score.data();
@@ -68,7 +127,6 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
         biased[e] = s[e] + p.e_score_correction_bias[e];
       }
       const int64_t group_size = num_experts / p.num_groups;
-      cand.clear();
       if (p.topk_group < p.num_groups) {
         // Group score: sum of the group's top-2 biased scores (top-1 for single-expert groups).
         for (int64_t g = 0; g < p.num_groups; ++g) {
@@ -84,19 +142,8 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
           }
           group_score[g] = group_size >= 2 ? top1 + top2 : top1;
         }
-        groups.resize(static_cast<size_t>(p.num_groups));
-        std::iota(groups.begin(), groups.end(), 0);
-        SelectTopK(group_score, groups, p.topk_group);
-        std::sort(groups.begin(), groups.begin() + p.topk_group);
-        for (int64_t gi = 0; gi < p.topk_group; ++gi) {
-          for (int64_t i = 0; i < group_size; ++i) {
-            cand.push_back(static_cast<int32_t>(groups[gi] * group_size + i));
-          }
-        }
-      } else {
-        cand.resize(static_cast<size_t>(num_experts));
-        std::iota(cand.begin(), cand.end(), 0);
       }
+      KeptGroupMembers(group_score, p.num_groups, p.topk_group, group_size, groups, cand);
       SelectTopK(biased, cand, k);
       float wsum = 0.0f;
       for (int64_t i = 0; i < k; ++i) {
@@ -133,6 +180,8 @@ const char* RoutingKindName(RoutingKind kind) {
     case RoutingKind::kSoftmaxTopK: return "softmax_topk";
     case RoutingKind::kSigmoidGroupedTopK: return "sigmoid_grouped_topk";
     case RoutingKind::kTopKThenSoftmax: return "topk_softmax";
+    case RoutingKind::kSoftmaxGroupedTopK: return "softmax_grouped_topk";
+    case RoutingKind::kTopKThenSigmoid: return "topk_sigmoid";
   }
   return "?";
 }
@@ -154,12 +203,12 @@ Status ValidateRouting(const RoutingParams& p, const RoutingArgs& a) {
       (a.router_logits == nullptr || a.topk_ids == nullptr || a.topk_weights == nullptr)) {
     return InvalidArgumentError("route: 'router_logits/topk_ids/topk_weights': expected non-null");
   }
-  if (p.kind == RoutingKind::kSigmoidGroupedTopK) {
-    if (p.e_score_correction_bias == nullptr) {
-      return InvalidArgumentError(
-          "route: 'e_score_correction_bias': expected [num_experts] fp32 for noaux_tc routing, "
-          "got null");
-    }
+  if (p.kind == RoutingKind::kSigmoidGroupedTopK && p.e_score_correction_bias == nullptr) {
+    return InvalidArgumentError(
+        "route: 'e_score_correction_bias': expected [num_experts] fp32 for noaux_tc routing, "
+        "got null");
+  }
+  if (p.kind == RoutingKind::kSigmoidGroupedTopK || p.kind == RoutingKind::kSoftmaxGroupedTopK) {
     if (p.num_groups < 1 || p.num_experts % p.num_groups != 0) {
       return InvalidArgumentError(
           fmt::format("route: 'num_groups': expected a divisor of num_experts ({}), got {}",

@@ -33,6 +33,12 @@ const RoutingCase kCases[] = {
     {"grouped_k_eq_e", RoutingKind::kSigmoidGroupedTopK, 8, 8, 2, 2, true, 1.0f},
     {"gpt_oss", RoutingKind::kTopKThenSoftmax, 32, 4, 1, 1, true, 1.0f},
     {"topk_softmax_k_eq_e", RoutingKind::kTopKThenSoftmax, 6, 6, 1, 1, true, 1.0f},
+    // DeepSeek-V2 (160 experts, 8 groups keep 3, top 6, scale 16) and V2-Lite-like shapes.
+    {"deepseek_v2", RoutingKind::kSoftmaxGroupedTopK, 160, 6, 8, 3, false, 16.0f},
+    {"softmax_grouped_renorm", RoutingKind::kSoftmaxGroupedTopK, 64, 6, 8, 1, true, 1.0f},
+    {"softmax_grouped_all_kept", RoutingKind::kSoftmaxGroupedTopK, 16, 4, 4, 4, false, 1.0f},
+    {"llama4", RoutingKind::kTopKThenSigmoid, 16, 1, 1, 1, false, 1.0f},
+    {"topk_sigmoid_k4", RoutingKind::kTopKThenSigmoid, 128, 4, 1, 1, false, 1.0f},
 };
 
 void CheckAgainstReference(const RoutingCase& c, int64_t num_tokens, bool ties, uint64_t seed) {
@@ -106,6 +112,47 @@ TEST(Routing, AllEqualLogitsPickLowestIndices) {
   }
 }
 
+// DeepSeek-V2's group_limited_greedy scores a group by its best expert (not the sum of two, as
+// noaux_tc does), and Llama-4's weights are the sigmoid of the chosen logits: hand-checked.
+TEST(Routing, SoftmaxGroupsAreScoredByTheirBestExpert) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  // Groups of two: {3, 3} sums to more than {3.5, -9}, but its best expert is lower.
+  const std::vector<float> logits = {3.0f, 3.0f, 3.5f, -9.0f, 0.0f, 0.0f, 1.0f, -1.0f};
+  RoutingParams p{.kind = RoutingKind::kSoftmaxGroupedTopK,
+                  .num_experts = 8,
+                  .top_k = 2,
+                  .renormalize = false,
+                  .num_groups = 4,
+                  .topk_group = 1,
+                  .routed_scaling_factor = 2.0f};
+  std::vector<int32_t> ids(2);
+  std::vector<float> w(2);
+  ASSERT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 3}));
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(w[0], 2.0 * std::exp(3.5) / sum, 1e-6);
+  EXPECT_NEAR(w[1], 2.0 * std::exp(-9.0) / sum, 1e-9);
+  p.renormalize = true;
+  ASSERT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).ok());
+  EXPECT_NEAR(w[0] + w[1], 2.0, 1e-6);
+  // Every group kept: the plain top-2.
+  p.topk_group = 4;
+  ASSERT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 0}));
+}
+
+TEST(Routing, TopKThenSigmoidWeighsByTheChosenLogits) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  const std::vector<float> logits = {0.0f, 2.0f, -1.0f, 1.0f};
+  RoutingParams p{.kind = RoutingKind::kTopKThenSigmoid, .num_experts = 4, .top_k = 1};
+  std::vector<int32_t> ids(1);
+  std::vector<float> w(1);
+  ASSERT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).ok());
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_NEAR(w[0], 1.0 / (1.0 + std::exp(-2.0)), 1e-6);
+}
+
 TEST(Routing, RejectsInvalidParams) {
   KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
   std::vector<float> logits(8);
@@ -127,6 +174,11 @@ TEST(Routing, RejectsInvalidParams) {
   p.num_groups = 4;
   p.topk_group = 1;
   p.top_k = 3;  // one group of 2 experts cannot supply 3
+  EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);
+  // Softmax groups need no bias, but the same group arithmetic.
+  p = {.kind = RoutingKind::kSoftmaxGroupedTopK, .num_experts = 8, .top_k = 2, .num_groups = 4};
+  EXPECT_TRUE(Route(ctx, p, a).ok());
+  p.num_groups = 3;
   EXPECT_EQ(Route(ctx, p, a).code(), StatusCode::kInvalidArgument);
 }
 

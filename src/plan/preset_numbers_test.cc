@@ -67,5 +67,23 @@ TEST(PresetNumbersTest, Qwen3_235B_Tp8NoEpAndEp) {
   EXPECT_EQ(Routed("qwen3-235b-a22b", Opts(8, 1, true)), all / 8);
 }
 
+TEST(PresetNumbersTest, DeepseekV2LiteBf16MatchesVllmLog) {
+  // 26 MoE layers x 64 experts x 3 matrices of 1408 x 2048 in bf16 = 26.81 GiB routed.
+  EXPECT_EQ(Routed("deepseek-v2-lite", Opts(1)), 26LL * 64 * 3 * 1408 * 2048 * 2);
+  // vLLM logged 29.30 GiB of weights for DeepSeek-V2-Lite bf16 at TP1 (issue "The MoE families
+  // and quantization formats people deploy"); the whole plan is within 0.5 % of it.
+  const ShardPlan p = PlanOrDie(PresetOrDie("deepseek-v2-lite"), Opts(1));
+  const double gib = static_cast<double>(p.ranks[0].WeightBytes()) / (1LL << 30);
+  EXPECT_NEAR(gib, 29.30, 29.30 * 0.005);
+}
+
+TEST(PresetNumbersTest, Qwen2MoeSharedExpertAndGate) {
+  // Qwen1.5-MoE-A2.7B at TP2: the shared expert [5632 x 2048] x 3 split in two, its [1, 2048]
+  // gate replicated, on each of 24 layers.
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen1.5-moe-a2.7b"), Opts(2));
+  EXPECT_EQ(p.ranks[1].BytesOf(TensorCategory::kSharedExperts),
+            24LL * (3 * 5632 / 2 * 2048 * 2 + 2048 * 2));
+}
+
 }  // namespace
 }  // namespace moeshard

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -49,6 +50,8 @@ RoutingParams KernelRoutingParams(const ModelConfig& m) {
     case RoutingMethod::kSoftmaxTopK: r.kind = RoutingKind::kSoftmaxTopK; break;
     case RoutingMethod::kSigmoidGroupedTopK: r.kind = RoutingKind::kSigmoidGroupedTopK; break;
     case RoutingMethod::kTopKThenSoftmax: r.kind = RoutingKind::kTopKThenSoftmax; break;
+    case RoutingMethod::kSoftmaxGroupedTopK: r.kind = RoutingKind::kSoftmaxGroupedTopK; break;
+    case RoutingMethod::kTopKThenSigmoid: r.kind = RoutingKind::kTopKThenSigmoid; break;
   }
   r.num_experts = m.num_experts;
   r.top_k = m.num_experts_per_tok;
@@ -114,6 +117,7 @@ struct MoeRuntime::Impl {
     const bf16_t* latent_norm = nullptr;     // [L] or null
     bool has_shared = false;
     DenseWeight shared_gate, shared_up, shared_down;  // [S_local, H] x2, [H, S_local]
+    DenseWeight shared_out_gate;  // [1, H]: sigmoid gate on the shared output, or empty
     ExpertWeights experts;
     std::vector<float> w13_bias, w2_bias;  // fp32 copies of the bf16 biases
   };
@@ -133,6 +137,8 @@ struct MoeRuntime::Impl {
   int64_t H = 0, L = 0, Lp = 0, E = 0, k = 0, S_local = 0;
   int64_t T_max = 0, C_max = 0, U_max = 0, R_max = 0;
   bool latent = false, shared_split = false;
+  bool shared_gated = false;      // the shared output is scaled by sigmoid(shared_out_gate . x)
+  bool weight_on_input = false;   // top-1 routing weight applied to the expert input
   std::vector<int64_t> layer_ids;
   std::vector<Layer> layers;
   std::vector<int32_t> global_to_local;  // [E]
@@ -152,6 +158,7 @@ struct MoeRuntime::Impl {
   std::vector<float> chunk_y;                       // [C_max, H]
   std::vector<float> gate_buf, up_buf;              // [T_max or C_max, S_local]
   std::vector<float> shared_partial, shared_chunk;  // [T_max, H], [C_max, H]
+  std::vector<float> shared_gate_logit;             // [C_max]
 
   Status Init(const ShardPlan& p, const WeightViews& w, Communicator& wc, KernelContext& kc,
               const MoeRuntimeOptions& o);
@@ -161,6 +168,8 @@ struct MoeRuntime::Impl {
                                  int64_t layer, bool required);
   Status RunLayer(const Layer& ly, int64_t T, TokenRange chunk, const int32_t* given_ids,
                   const float* given_w);
+  // chunk_y += shared_chunk, each token's row scaled by its shared-expert gate when gated.
+  void AddSharedOutput(const Layer& ly, const float* xc, int64_t C);
   int64_t WorkspaceBytes() const;
 };
 
@@ -279,6 +288,14 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
           "runtime: 'shared experts' of layer {}: expected gate/up [{}, {}] and down [{}, {}]",
           layer, S_local, H, H, S_local));
     }
+    if (shared_gated) {
+      MOESHARD_ASSIGN_OR_RETURN(ly->shared_out_gate, Dense(w, R::kSharedGateProj, layer));
+      if (ly->shared_out_gate.rows != 1 || ly->shared_out_gate.cols != H) {
+        return InvalidArgumentError(fmt::format(
+            "runtime: shared expert gate of layer {}: expected [1, {}], got [{}, {}]", layer, H,
+            ly->shared_out_gate.rows, ly->shared_out_gate.cols));
+      }
+    }
   }
 
   // Routed experts in the plan's fused layout.
@@ -369,6 +386,14 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
     const TensorShard* t = FindShard(*rank_plan, TensorRole::kSharedGate, TensorPart::kWeight);
     S_local = t != nullptr ? t->local_shape[0] : 0;
     shared_split = p.options.shared_experts == SharedExpertsMode::kSharded && tp > 1;
+    shared_gated = m.shared_expert_gate;
+  }
+  weight_on_input = m.router_weight_on_input;
+  if (weight_on_input && k != 1) {
+    return InvalidArgumentError(fmt::format(
+        "runtime: routing weights on the expert input need top-1 routing (as vLLM's "
+        "apply_router_weight_on_input), got num_experts_per_tok {}",
+        k));
   }
 
   // Layers.
@@ -438,10 +463,9 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
     const int64_t rows = shared_split ? T_max : C_max;
     gate_buf.assign(rows * S_local, 0.0f);
     up_buf.assign(rows * S_local, 0.0f);
-    if (shared_split) {
-      shared_partial.assign(T_max * H, 0.0f);
-      shared_chunk.assign(C_max * H, 0.0f);
-    }
+    if (shared_split) shared_partial.assign(T_max * H, 0.0f);
+    if (shared_split || shared_gated) shared_chunk.assign(C_max * H, 0.0f);
+    if (shared_gated) shared_gate_logit.assign(C_max, 0.0f);
   }
   if (moe_ep > 1) {
     ones.assign(R_max, 1.0f);
@@ -473,10 +497,29 @@ int64_t MoeRuntime::Impl::WorkspaceBytes() const {
               Bytes(union_ids) + Bytes(chunk_w) + Bytes(union_w) + Bytes(lat) + Bytes(chunk_rows) +
               Bytes(union_rows) + Bytes(union_out) + Bytes(chunk_out) + Bytes(ones) +
               Bytes(chunk_y) + Bytes(gate_buf) + Bytes(up_buf) + Bytes(shared_partial) +
-              Bytes(shared_chunk) + Bytes(global_to_local) + Bytes(scratch.rows);
+              Bytes(shared_chunk) + Bytes(shared_gate_logit) + Bytes(global_to_local) + Bytes(scratch.rows);
   for (const Layer& l : layers) b += Bytes(l.router_bias) + Bytes(l.w13_bias) + Bytes(l.w2_bias);
   if (dispatcher) b += dispatcher->WorkspaceBytes();
   return b;
+}
+
+void MoeRuntime::Impl::AddSharedOutput(const Layer& ly, const float* xc, int64_t C) {
+  if (!shared_gated) {
+    for (int64_t i = 0; i < C * H; ++i) chunk_y[i] += shared_chunk[i];
+    return;
+  }
+  if (C == 0) return;
+  internal::Linear(*ctx, scratch,
+                   internal::LinearArgs{.w = &ly.shared_out_gate,
+                                        .x = xc,
+                                        .x_stride = H,
+                                        .num_tokens = C,
+                                        .y = shared_gate_logit.data(),
+                                        .y_stride = 1});
+  for (int64_t c = 0; c < C; ++c) {
+    const float g = 1.0f / (1.0f + std::exp(-shared_gate_logit[c]));
+    for (int64_t i = 0; i < H; ++i) chunk_y[c * H + i] += g * shared_chunk[c * H + i];
+  }
 }
 
 Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
@@ -532,7 +575,14 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
   }
   for (int64_t c = 0; c < C; ++c) {
     bf16_t* row = chunk_rows.data() + c * Lp;
-    for (int64_t i = 0; i < L; ++i) row[i] = FloatToBf16(zsrc[c * zstride + i]);
+    if (weight_on_input) {
+      // Llama-4: the expert sees x * w (top-1), and its output is taken with weight 1.
+      const float wt = chunk_w[c];
+      for (int64_t i = 0; i < L; ++i) row[i] = FloatToBf16(zsrc[c * zstride + i] * wt);
+      chunk_w[c] = 1.0f;
+    } else {
+      for (int64_t i = 0; i < L; ++i) row[i] = FloatToBf16(zsrc[c * zstride + i]);
+    }
     std::fill(row + L, row + Lp, bf16_t{});
   }
 
@@ -642,7 +692,21 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
                                                 .y_stride = H});
       MOESHARD_RETURN_IF_ERROR(
           tp_comm->ReduceScatterSumV(shared_partial.data(), shared_chunk.data(), tp_floats));
-      for (int64_t i = 0; i < C * H; ++i) chunk_y[i] += shared_chunk[i];
+      AddSharedOutput(ly, xc, C);
+    } else if (C > 0 && shared_gated) {
+      internal::GatedMlp(kc, scratch,
+                         internal::GatedMlpArgs{.gate = &ly.shared_gate,
+                                                .up = &ly.shared_up,
+                                                .down = &ly.shared_down,
+                                                .activation = activation,
+                                                .x = xc,
+                                                .x_stride = H,
+                                                .num_tokens = C,
+                                                .gate_buf = gate_buf.data(),
+                                                .up_buf = up_buf.data(),
+                                                .y = shared_chunk.data(),
+                                                .y_stride = H});
+      AddSharedOutput(ly, xc, C);
     } else if (C > 0) {
       internal::GatedMlp(kc, scratch,
                          internal::GatedMlpArgs{.gate = &ly.shared_gate,

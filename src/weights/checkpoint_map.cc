@@ -226,25 +226,35 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
     }
     if (q.format == WeightFormat::kBf16 && x.fused_in_major) {
       // Stored input-major: [E, in, out]. Read the rank's window and transpose it into the
-      // out-major rank layout.
+      // out-major rank layout. Interleaved gate/up (gpt-oss) is one window of 2*[ib, ie)
+      // columns; gate-then-up halves (Llama-4: columns [0, I) gate, [I, 2I) up) are one window
+      // per half, the up half landing at row I_padded.
       const int src = AddSource(t, {module, s.dtype, {E, in, out}, kind, {}});
+      const int64_t halves = w13 && !x.gate_up_interleaved ? g : 1;
       for (int64_t slot = 0; slot < num_slots; ++slot) {
-        Piece p;
-        p.source_idx = src;
-        p.transpose = true;
-        p.element_bytes = es;
-        p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * in * out * es;
-        p.window.row_bytes = out * es;
-        if (w13) {
-          p.window.row_begin = 0, p.window.row_end = in;
-          p.window.col_begin = g * ib * es, p.window.col_end = g * ie * es;
-        } else {
-          p.window.row_begin = ib, p.window.row_end = ie;
-          p.window.col_begin = 0, p.window.col_end = out * es;
+        for (int64_t h = 0; h < halves; ++h) {
+          Piece p;
+          p.source_idx = src;
+          p.transpose = true;
+          p.element_bytes = es;
+          p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * in * out * es;
+          p.window.row_bytes = out * es;
+          p.dst_offset = slot * slot_bytes;
+          if (w13 && halves > 1) {
+            p.window.row_begin = 0, p.window.row_end = in;
+            p.window.col_begin = (h * I.logical + ib) * es;
+            p.window.col_end = (h * I.logical + ie) * es;
+            p.dst_offset += h * I.padded_local * dst_row;
+          } else if (w13) {
+            p.window.row_begin = 0, p.window.row_end = in;
+            p.window.col_begin = g * ib * es, p.window.col_end = g * ie * es;
+          } else {
+            p.window.row_begin = ib, p.window.row_end = ie;
+            p.window.col_begin = 0, p.window.col_end = out * es;
+          }
+          p.window.dst_row_stride = dst_row;
+          t.pieces.push_back(p);
         }
-        p.window.dst_row_stride = dst_row;
-        p.dst_offset = slot * slot_bytes;
-        t.pieces.push_back(p);
       }
       return Status::Ok();
     }

@@ -19,7 +19,7 @@
 namespace moeshard {
 namespace {
 
-// W[r][c] of a dense weight held whole (bf16, or fp8 with the config's block scales).
+// W[r][c] of a dense weight held whole (bf16, fp32, or fp8 with the config's block scales).
 struct Dense {
   const WeightView* w = nullptr;
   const WeightView* s = nullptr;
@@ -27,6 +27,7 @@ struct Dense {
   double At(int64_t r, int64_t c) const {
     const int64_t cols = w->shape[1];
     if (w->dtype == DType::kBF16) return Bf16ToFloat(w->as<bf16_t>()[r * cols + c]);
+    if (w->dtype == DType::kF32) return w->as<float>()[r * cols + c];
     const int64_t sc = s->shape[1];
     return static_cast<double>(Fp8E4M3ToFloat(w->as<uint8_t>()[r * cols + c])) *
            s->as<float>()[(r / block_rows) * sc + c / block_cols];
@@ -158,6 +159,15 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
                                     .topk_ids = ids.data(),
                                     .topk_weights = tw.data()})
                   .ok());
+  if (m.router_weight_on_input) {
+    // Llama-4: the expert's input is x * w (top-1) and its output is taken whole. The runtime
+    // rounds the scaled row to bf16, as it does every expert input.
+    ASSERT_EQ(k, 1);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < L; ++i) z[t * L + i] *= tw[t];
+      tw[t] = 1.0f;
+    }
+  }
   // Experts over the plan's fused tensors (1 rank: every expert, no padding with moeshard-cpu),
   // in the format the config declares.
   ExpertWeights ew;
@@ -213,6 +223,11 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
         a[i] = ApplyActivation(mp.activation, static_cast<float>(g[i]), static_cast<float>(u[i]));
       }
       y = P.Dense(R::kSharedDown).Apply(a);
+      if (m.shared_expert_gate) {
+        // Qwen2-MoE: sigmoid(shared_expert_gate . x) scales the shared output per token.
+        const double g1 = P.Dense(R::kSharedGateProj).Apply(hs[t])[0];
+        for (double& v : y) v /= 1.0 + std::exp(-g1);
+      }
     }
     for (int64_t h = 0; h < H; ++h) ref[t * H + h] = static_cast<float>(x[t * H + h] + r[h] + y[h]);
   }

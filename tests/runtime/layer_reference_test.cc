@@ -27,6 +27,11 @@ TEST(RuntimeLayerReferenceTest, MixtralRowGroupLayout) { CheckPreset("tiny-mixtr
 TEST(RuntimeLayerReferenceTest, Mixtral) { CheckPreset("tiny-mixtral"); }
 TEST(RuntimeLayerReferenceTest, GptOss) { CheckPreset("tiny-gpt-oss"); }
 TEST(RuntimeLayerReferenceTest, Olmoe) { CheckPreset("tiny-olmoe"); }
+TEST(RuntimeLayerReferenceTest, DeepseekV2) { CheckPreset("tiny-deepseek-v2"); }
+TEST(RuntimeLayerReferenceTest, Qwen2Moe) { CheckPreset("tiny-qwen2-moe"); }
+TEST(RuntimeLayerReferenceTest, Glm4Moe) { CheckPreset("tiny-glm4-moe"); }
+TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }
+TEST(RuntimeLayerReferenceTest, Llama4) { CheckPreset("tiny-llama4"); }
 
 }  // namespace
 }  // namespace moeshard

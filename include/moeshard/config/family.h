@@ -62,6 +62,7 @@ enum class TensorRole {
   kSharedGate,      // [S, H]
   kSharedUp,        // [S, H]
   kSharedDown,      // [H, S]
+  kSharedGateProj,  // [1, H]: the per-token sigmoid gate on the shared experts' output
   kLatentDown,      // [L, H]: hidden -> latent before the routed experts
   kLatentUp,        // [H, L]: latent -> hidden after them
   kLatentNorm,      // [L]

@@ -36,6 +36,9 @@ enum class RoutingMethod {
   kSoftmaxTopK,          // softmax over all experts, top-k, optional renormalise (Qwen3, Mixtral)
   kSigmoidGroupedTopK,   // `noaux_tc`: sigmoid + correction bias, grouped top-k (DeepSeek, Kimi)
   kTopKThenSoftmax,      // top-k over logits, softmax over the k (gpt-oss)
+  kSoftmaxGroupedTopK,   // softmax, groups scored by their best expert (DeepSeek-V2
+                         // `group_limited_greedy`)
+  kTopKThenSigmoid,      // top-k over logits, sigmoid of each (Llama-4)
 };
 
 enum class ExpertActivation {
@@ -135,6 +138,7 @@ struct ModelConfig {
   int64_t head_dim = 0;  // GQA head dim
   bool attention_bias = false;
   bool attention_sinks = false;  // gpt-oss per-head sinks
+  bool qk_norm = false;          // q_norm / k_norm over head_dim (GLM-4.5 use_qk_norm)
   int64_t sliding_window = 0;
   MlaConfig mla;
   KdaConfig kda;
@@ -162,6 +166,12 @@ struct ModelConfig {
   bool router_bias = false;          // gpt-oss router has a bias
   bool has_correction_bias = false;  // e_score_correction_bias (noaux_tc)
   bool expert_bias = false;          // gpt-oss experts have biases
+  // The shared experts' output is scaled per token by sigmoid(shared_expert_gate . x), a
+  // [1, H] weight (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE).
+  bool shared_expert_gate = false;
+  // The routing weight multiplies the expert's input instead of its output (Llama-4; vLLM
+  // `apply_router_weight_on_input`, top-1 only).
+  bool router_weight_on_input = false;
   ExpertActivation activation = ExpertActivation::kSwiGlu;
   double situ_beta = 4.0;
   double situ_linear_beta = 25.0;

@@ -1,6 +1,6 @@
 // Router: fp32 router logits -> top-k expert ids and weights per token.
 //
-// Three variants cover the supported families:
+// Five variants cover the supported families:
 //   kSoftmaxTopK         softmax over all experts, top-k of the probabilities, optionally
 //                        renormalised over the k (Qwen3 `norm_topk_prob`, Mixtral).
 //   kSigmoidGroupedTopK  DeepSeek-V3 / Kimi `noaux_tc`: s = sigmoid(logit); selection uses
@@ -10,7 +10,13 @@
 //                        biased scores inside kept groups. The weights are the UNBIASED s of
 //                        the chosen experts, renormalised (denominator sum + 1e-20) when
 //                        `renormalize`.
+//   kSoftmaxGroupedTopK  DeepSeek-V2 `group_limited_greedy`: s = softmax(logits); each group
+//                        is scored by its largest s; the best `topk_group` groups are kept; top-k
+//                        of s inside them; weights s, renormalised when `renormalize`.
+//                        (`greedy`, DeepSeek-V2-Lite's, is kSoftmaxTopK.)
 //   kTopKThenSoftmax     gpt-oss: top-k of the raw logits, softmax over those k.
+//   kTopKThenSigmoid     Llama-4: top-k of the raw logits, each weight sigmoid(logit), not
+//                        renormalised (vLLM Llama4MoE.custom_routing_function).
 // Every variant finally multiplies the weights by `routed_scaling_factor`.
 //
 // Ties are broken deterministically, lower expert (or group) index first, in every backend;
@@ -32,6 +38,8 @@ enum class RoutingKind {
   kSoftmaxTopK,
   kSigmoidGroupedTopK,
   kTopKThenSoftmax,
+  kSoftmaxGroupedTopK,
+  kTopKThenSigmoid,
 };
 
 const char* RoutingKindName(RoutingKind kind);
@@ -40,9 +48,10 @@ struct RoutingParams {
   RoutingKind kind = RoutingKind::kSoftmaxTopK;
   int64_t num_experts = 0;  // E (global, logical experts)
   int64_t top_k = 0;        // k, 1 <= k <= E
-  // kSoftmaxTopK and kSigmoidGroupedTopK: renormalise the k weights to sum to 1.
+  // kSoftmaxTopK, kSigmoidGroupedTopK and kSoftmaxGroupedTopK: renormalise the k weights to
+  // sum to 1.
   bool renormalize = true;
-  // kSigmoidGroupedTopK: E % num_groups == 0, 1 <= topk_group <= num_groups,
+  // The grouped kinds: E % num_groups == 0, 1 <= topk_group <= num_groups,
   // k <= topk_group * (E / num_groups).
   int64_t num_groups = 1;
   int64_t topk_group = 1;

@@ -101,6 +101,49 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
         }
         break;
       }
+      case RoutingKind::kSoftmaxGroupedTopK: {
+        const double max_logit = *std::max_element(logits, logits + num_experts);
+        std::vector<double> prob(static_cast<size_t>(num_experts));
+        double sum = 0.0;
+        for (int64_t e = 0; e < num_experts; ++e) {
+          prob[e] = std::exp(static_cast<double>(logits[e]) - max_logit);
+          sum += prob[e];
+        }
+        for (double& v : prob) v /= sum;
+        const int64_t group_size = num_experts / p.num_groups;
+        std::vector<double> group_score(static_cast<size_t>(p.num_groups), -INFINITY);
+        for (int64_t e = 0; e < num_experts; ++e) {
+          group_score[e / group_size] = std::max(group_score[e / group_size], prob[e]);
+        }
+        const std::vector<int32_t> group_order = SortedDescending(group_score);
+        std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
+        for (int64_t gi = 0; gi < p.topk_group; ++gi) {
+          const int64_t g = group_order[gi];
+          for (int64_t i = 0; i < group_size; ++i) masked[g * group_size + i] = prob[g * group_size + i];
+        }
+        const std::vector<int32_t> order = SortedDescending(masked);
+        double wsum = 0.0;
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          ids[i] = order[i];
+          chosen_weight[i] = prob[order[i]];
+          wsum += chosen_weight[i];
+        }
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          const double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
+          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+        }
+        break;
+      }
+      case RoutingKind::kTopKThenSigmoid: {
+        std::vector<double> lv(logits, logits + num_experts);
+        const std::vector<int32_t> order = SortedDescending(lv);
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          ids[i] = order[i];
+          weights[i] = static_cast<float>(1.0 / (1.0 + std::exp(-lv[order[i]])) *
+                                          p.routed_scaling_factor);
+        }
+        break;
+      }
       case RoutingKind::kTopKThenSoftmax: {
         std::vector<double> lv(logits, logits + num_experts);
         const std::vector<int32_t> order = SortedDescending(lv);
