@@ -132,7 +132,7 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
   for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
     const int64_t e = rp.expert_slots[slot];
     const auto sl = static_cast<int64_t>(slot);
-    if (x.fused) {  // gpt-oss
+    if (x.fused) {  // gpt-oss, Llama-4
       const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
       if (leaf == "bias") {
         const FullTensor& src = full.at(module + x.bias_suffix);
@@ -159,9 +159,15 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
       } else {  // bf16, stored in-major [E, in, out]
         const FullTensor& src = full.at(module);
         if (w13) {
-          for (int64_t r = 0; r < 2 * Ir; ++r)
+          // Interleaved (gpt-oss): the rank's columns are 2*[ib, ib + Ir). Gate then up halves
+          // (Llama-4): columns [h*I + ib, h*I + ib + Ir) go to rows h*Ip + [0, Ir).
+          for (int64_t r = 0; r < 2 * Ir; ++r) {
+            const int64_t h = r / Ir, j = r % Ir;
+            const int64_t col = x.gate_up_interleaved ? 2 * ib + r : h * I + ib + j;
+            const int64_t row = x.gate_up_interleaved ? r : h * Ip + j;
             for (int64_t c = 0; c < H; ++c)
-              copy_elem(src, (e * H + c) * 2 * I + 2 * ib + r, dst_at(sl, r, c));
+              copy_elem(src, (e * H + c) * 2 * I + col, dst_at(sl, row, c));
+          }
         } else {
           for (int64_t h = 0; h < H; ++h)
             for (int64_t i = 0; i < Ir; ++i)

@@ -39,6 +39,18 @@ def expert_tensors(cfg):
         prefix, E, I, H = "", cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         first, L, fmt = 0, cfg["num_hidden_layers"], "bf16"
         module, projs = "mlp", ("gate_proj", "up_proj", "down_proj")
+    elif mt == "llama4":
+        # Llama-4 (vLLM llama4.py): experts fused per layer and stored input-major, gate_up_proj
+        # [E, H, 2I] (gate columns, then up) and down_proj [E, I, H], with no ".weight" leaf, on
+        # every interleave_moe_layer_step-th layer.
+        t = cfg["text_config"]
+        E, I, H, L = t["num_local_experts"], t["intermediate_size"], t["hidden_size"], t["num_hidden_layers"]
+        step = t.get("interleave_moe_layer_step", 1)
+        for layer in range(step - 1, L, step):
+            base = "language_model.model.layers.%d.feed_forward.experts." % layer
+            out[base + "gate_up_proj"] = ("BF16", [E, H, 2 * I])
+            out[base + "down_proj"] = ("BF16", [E, I, H])
+        return out
     else:
         sys.exit("hand_built_checkpoint.py: unsupported model_type " + mt)
 

@@ -2,7 +2,8 @@
 // shards and an index, the family's expert naming re-derived from config.json) and the same
 // tensors written by moeshard's SafetensorsWriter load identically, rank by rank, over TP, EP
 // and hybrid plans, for bf16 (tiny-qwen3-moe), fp8 block (tiny-deepseek-v3) and MXFP4
-// (tiny-kimi-k3) experts -- and both equal the independent reference slicing.
+// (tiny-kimi-k3) experts and fused input-major gate-then-up bf16 experts (tiny-llama4) -- and
+// both equal the independent reference slicing.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -122,7 +123,8 @@ TEST_P(HandBuiltCheckpointTest, LoadsIdenticallyToMoeshardWrittenOne) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HandBuiltCheckpointTest,
-                         ::testing::Values("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-kimi-k3"),
+                         ::testing::Values("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-kimi-k3",
+                                           "tiny-llama4"),
                          [](const auto& i) {
                            std::string n = i.param;
                            for (char& c : n) {
