@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -38,6 +40,30 @@ TEST(ConfigTest, EveryPresetParses) {
     Result<ModelConfig> r = LoadModelConfig(p.name);
     EXPECT_TRUE(r.ok()) << p.name << ": " << r.status().ToString();
     EXPECT_FALSE(p.description.empty()) << p.name;
+  }
+}
+
+// transformers 5 writes some families' expert counts under their attribute-map names
+// (Qwen3-MoE: num_local_experts; MiniMax-M2 already does); both spellings read the same, and a
+// contradiction between them is an error naming both.
+TEST(ConfigTest, Transformers5SpellingsReadTheSame) {
+  for (const auto& [preset, old_key, new_key] :
+       {std::tuple{"qwen3-30b-a3b", "num_experts", "num_local_experts"},
+        std::tuple{"qwen1.5-moe-a2.7b", "num_experts", "num_local_experts"},
+        std::tuple{"minimax-m2", "num_local_experts", "num_experts"}}) {
+    SCOPED_TRACE(preset);
+    nlohmann::json j = PresetJson(preset);
+    const int64_t experts = j[old_key];
+    j.erase(old_key);
+    j[new_key] = experts;
+    Result<ModelConfig> r = ParseModelConfig(j.dump(), "t5.json", "t5");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->num_experts, experts);
+    j[old_key] = experts + 1;
+    r = ParseModelConfig(j.dump(), "t5.json", "t5");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find(old_key), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(new_key), std::string::npos) << r.status().message();
   }
 }
 
