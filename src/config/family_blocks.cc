@@ -1,6 +1,7 @@
 #include "config/family_blocks.h"
 
 #include <functional>
+#include <set>
 
 #include "config/config_fields.h"
 
@@ -263,6 +264,35 @@ Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required,
   if (!head_dim_required) head_dim = c.hidden_size / c.num_attention_heads;
   MOESHARD_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", head_dim, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.attention_bias, f.Bool("attention_bias", attention_bias_default));
+  return Status::Ok();
+}
+
+Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c) {
+  MOESHARD_RETURN_IF_ERROR(ParseGqa(f, c));
+  MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size,
+                            f.Int("moe_intermediate_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_experts,
+                            f.IntAlias({"num_experts", "num_local_experts"}, std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_experts_per_tok,
+                            f.IntAlias({"num_experts_per_tok"}, std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob", false));
+  MOESHARD_ASSIGN_OR_RETURN(int64_t step, f.Int("decoder_sparse_step", 1, 1));
+  std::set<int64_t> mlp_only;
+  if (f.Has("mlp_only_layers")) {
+    MOESHARD_ASSIGN_OR_RETURN(std::vector<int64_t> l,
+                              f.IntList("mlp_only_layers", 0, c.num_layers - 1));
+    mlp_only.insert(l.begin(), l.end());
+  }
+  MOESHARD_RETURN_IF_ERROR(f.Choice("hidden_act", "silu", {"silu"}).status());
+  c.activation = ExpertActivation::kSwiGlu;
+  c.scoring = ScoringFunc::kSoftmax;
+  c.routing = RoutingMethod::kSoftmaxTopK;
+  c.routed_expert_hidden_size = c.hidden_size;
+  c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    c.layers[static_cast<size_t>(i)].moe = !mlp_only.count(i) && (i + 1) % step == 0;
+  }
   return Status::Ok();
 }
 

@@ -117,6 +117,10 @@ namespace moeshard::family {
 // head_dim (default hidden / heads, or required when `head_dim_required`), attention_bias.
 Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required = false,
                 bool attention_bias_default = false);
+// The Qwen MoE text model (Qwen3-MoE, and Qwen2-MoE before its shared expert): GQA, softmax
+// top-k renormalised when norm_topk_prob, MoE every `decoder_sparse_step` layers except
+// `mlp_only_layers`, the expert count as `num_experts` or `num_local_experts` (transformers 5).
+Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c);
 // The MLA fields of DeepSeek-V3 and Kimi (q_lora_rank, kv_lora_rank, head dims).
 Status ParseMla(const ConfigFields& f, ModelConfig& c);
 // The defaults of the routing keys a config may leave out: DeepSeek-V3's (sigmoid, noaux_tc,

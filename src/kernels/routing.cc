@@ -28,6 +28,31 @@ void SelectTopK(const float* score, std::vector<int32_t>& candidates, int64_t k)
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// s[e] = softmax(logits)[e] over the experts.
+void Softmax(const float* logits, int64_t n, float* s) {
+  const float max_logit = *std::max_element(logits, logits + n);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < n; ++e) {
+    s[e] = std::exp(logits[e] - max_logit);
+    sum += s[e];
+  }
+  for (int64_t e = 0; e < n; ++e) s[e] /= sum;
+}
+
+// ids/weights of the first k candidates, each weight score[id], renormalised over the k (the
+// sum plus `eps`) when asked, times the scaling factor.
+void TakeTopK(const std::vector<int32_t>& cand, const float* score, int64_t k, bool renormalize,
+              float eps, float scale, int32_t* ids, float* weights) {
+  float wsum = 0.0f;
+  for (int64_t i = 0; i < k; ++i) {
+    ids[i] = cand[i];
+    weights[i] = score[cand[i]];
+    wsum += weights[i];
+  }
+  const float norm = renormalize ? scale / (wsum + eps) : scale;
+  for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+}
+
 // The candidates of grouped routing: every expert of the `topk_group` best-scored groups, in
 // ascending expert order (all experts when every group is kept).
 void KeptGroupMembers(const float* group_score, int64_t num_groups, int64_t topk_group,
@@ -60,51 +85,25 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
   float* biased = s + num_experts;
   switch (p.kind) {
     case RoutingKind::kSoftmaxTopK: {
-      const float max_logit = *std::max_element(logits, logits + num_experts);
-      float sum = 0.0f;
-      for (int64_t e = 0; e < num_experts; ++e) {
-        s[e] = std::exp(logits[e] - max_logit);
-        sum += s[e];
-      }
-      for (int64_t e = 0; e < num_experts; ++e) s[e] /= sum;
+      Softmax(logits, num_experts, s);
       cand.resize(static_cast<size_t>(num_experts));
       std::iota(cand.begin(), cand.end(), 0);
       SelectTopK(s, cand, k);
-      float wsum = 0.0f;
-      for (int64_t i = 0; i < k; ++i) {
-        ids[i] = cand[i];
-        weights[i] = s[cand[i]];
-        wsum += weights[i];
-      }
-      const float norm = p.renormalize ? p.routed_scaling_factor / wsum : p.routed_scaling_factor;
-      for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+      TakeTopK(cand, s, k, p.renormalize, 0.0f, p.routed_scaling_factor, ids, weights);
       return;
     }
     case RoutingKind::kSoftmaxGroupedTopK: {
       score.resize(static_cast<size_t>(num_experts + p.num_groups));
       s = score.data();
       float* group_score = s + num_experts;
-      const float max_logit = *std::max_element(logits, logits + num_experts);
-      float sum = 0.0f;
-      for (int64_t e = 0; e < num_experts; ++e) {
-        s[e] = std::exp(logits[e] - max_logit);
-        sum += s[e];
-      }
-      for (int64_t e = 0; e < num_experts; ++e) s[e] /= sum;
+      Softmax(logits, num_experts, s);
       const int64_t group_size = num_experts / p.num_groups;
       for (int64_t g = 0; g < p.num_groups; ++g) {
         group_score[g] = *std::max_element(s + g * group_size, s + (g + 1) * group_size);
       }
       KeptGroupMembers(group_score, p.num_groups, p.topk_group, group_size, groups, cand);
       SelectTopK(s, cand, k);
-      float wsum = 0.0f;
-      for (int64_t i = 0; i < k; ++i) {
-        ids[i] = cand[i];
-        weights[i] = s[cand[i]];
-        wsum += weights[i];
-      }
-      const float norm = p.renormalize ? p.routed_scaling_factor / wsum : p.routed_scaling_factor;
-      for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+      TakeTopK(cand, s, k, p.renormalize, 0.0f, p.routed_scaling_factor, ids, weights);
       return;
     }
     case RoutingKind::kTopKThenSigmoid: {
@@ -145,15 +144,7 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
       }
       KeptGroupMembers(group_score, p.num_groups, p.topk_group, group_size, groups, cand);
       SelectTopK(biased, cand, k);
-      float wsum = 0.0f;
-      for (int64_t i = 0; i < k; ++i) {
-        ids[i] = cand[i];
-        weights[i] = s[cand[i]];
-        wsum += weights[i];
-      }
-      const float norm =
-          p.renormalize ? p.routed_scaling_factor / (wsum + 1e-20f) : p.routed_scaling_factor;
-      for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+      TakeTopK(cand, s, k, p.renormalize, 1e-20f, p.routed_scaling_factor, ids, weights);
       return;
     }
     case RoutingKind::kTopKThenSoftmax: {

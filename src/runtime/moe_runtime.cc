@@ -693,21 +693,8 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
       MOESHARD_RETURN_IF_ERROR(
           tp_comm->ReduceScatterSumV(shared_partial.data(), shared_chunk.data(), tp_floats));
       AddSharedOutput(ly, xc, C);
-    } else if (C > 0 && shared_gated) {
-      internal::GatedMlp(kc, scratch,
-                         internal::GatedMlpArgs{.gate = &ly.shared_gate,
-                                                .up = &ly.shared_up,
-                                                .down = &ly.shared_down,
-                                                .activation = activation,
-                                                .x = xc,
-                                                .x_stride = H,
-                                                .num_tokens = C,
-                                                .gate_buf = gate_buf.data(),
-                                                .up_buf = up_buf.data(),
-                                                .y = shared_chunk.data(),
-                                                .y_stride = H});
-      AddSharedOutput(ly, xc, C);
     } else if (C > 0) {
+      // Ungated: straight into chunk_y; gated: into shared_chunk, then scaled per token.
       internal::GatedMlp(kc, scratch,
                          internal::GatedMlpArgs{.gate = &ly.shared_gate,
                                                 .up = &ly.shared_up,
@@ -718,9 +705,11 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
                                                 .num_tokens = C,
                                                 .gate_buf = gate_buf.data(),
                                                 .up_buf = up_buf.data(),
-                                                .y = chunk_y.data(),
+                                                .y = shared_gated ? shared_chunk.data()
+                                                                  : chunk_y.data(),
                                                 .y_stride = H,
-                                                .accumulate = true});
+                                                .accumulate = !shared_gated});
+      if (shared_gated) AddSharedOutput(ly, xc, C);
     }
   }
   const float* res = stream.data() + chunk.begin * H;

@@ -2,8 +2,6 @@
 // routing (renormalised when norm_topk_prob), no shared expert, MoE every
 // `decoder_sparse_step` layers except `mlp_only_layers`. Configs written by transformers 5
 // spell the expert count `num_local_experts` (older ones `num_experts`).
-#include <set>
-
 #include "config/config_fields.h"
 #include "config/family_blocks.h"
 
@@ -11,32 +9,7 @@ namespace moeshard {
 namespace {
 
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
-  MOESHARD_RETURN_IF_ERROR(family::ParseGqa(f, c));
-  MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size,
-                            f.Int("moe_intermediate_size", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_experts,
-                            f.IntAlias({"num_experts", "num_local_experts"}, std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_experts_per_tok,
-                            f.IntAlias({"num_experts_per_tok"}, std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob", false));
-  MOESHARD_ASSIGN_OR_RETURN(int64_t step, f.Int("decoder_sparse_step", 1, 1));
-  std::set<int64_t> mlp_only;
-  if (f.Has("mlp_only_layers")) {
-    MOESHARD_ASSIGN_OR_RETURN(std::vector<int64_t> l,
-                              f.IntList("mlp_only_layers", 0, c.num_layers - 1));
-    mlp_only.insert(l.begin(), l.end());
-  }
-  MOESHARD_RETURN_IF_ERROR(f.Choice("hidden_act", "silu", {"silu"}).status());
-  c.activation = ExpertActivation::kSwiGlu;
-  c.scoring = ScoringFunc::kSoftmax;
-  c.routing = RoutingMethod::kSoftmaxTopK;
-  c.routed_expert_hidden_size = c.hidden_size;
-  c.layers.assign(static_cast<size_t>(c.num_layers), LayerSpec{});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    c.layers[static_cast<size_t>(i)].moe = !mlp_only.count(i) && (i + 1) % step == 0;
-  }
-  return Status::Ok();
+  return family::ParseQwenMoe(f, c);
 }
 
 std::vector<TensorDef> Tensors(const ModelConfig& c) {
