@@ -14,6 +14,8 @@
 //                  --min-time 0.5 --json out.json
 //   ggml_moe_bench --shape tiny --format mxfp4 --tokens 4 --check   # numerics vs an fp32 reference
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,8 +29,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -108,7 +108,8 @@ Options ParseArgs(int argc, char** argv) {
   auto to_int = [&](const std::string& flag, const std::string& s) -> long long {
     char* end = nullptr;
     const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0') Usage(argv[0], "'" + flag + "': expected an integer, got '" + s + "'");
+    if (s.empty() || *end != '\0')
+      Usage(argv[0], "'" + flag + "': expected an integer, got '" + s + "'");
     return v;
   };
   for (int i = 1; i < argc; ++i) {
@@ -129,7 +130,8 @@ Options ParseArgs(int argc, char** argv) {
       const std::string s = need(i);
       char* end = nullptr;
       o.min_time = std::strtod(s.c_str(), &end);
-      if (s.empty() || *end != '\0' || o.min_time < 0) Usage(argv[0], "'--min-time': expected seconds, got '" + s + "'");
+      if (s.empty() || *end != '\0' || o.min_time < 0)
+        Usage(argv[0], "'--min-time': expected seconds, got '" + s + "'");
     } else if (a == "--min-reps") {
       o.min_repetitions = static_cast<int>(to_int(a, need(i)));
     } else if (a == "--json") {
@@ -230,7 +232,8 @@ void Route(const std::vector<float>& logits, int64_t tokens, int64_t experts, in
     for (int64_t k = 0; k < top_k; ++k) sum += std::exp(static_cast<double>(l[order[k]] - mx));
     for (int64_t k = 0; k < top_k; ++k) {
       (*ids)[t * top_k + k] = order[k];
-      (*weights)[t * top_k + k] = static_cast<float>(std::exp(static_cast<double>(l[order[k]] - mx)) / sum);
+      (*weights)[t * top_k + k] =
+          static_cast<float>(std::exp(static_cast<double>(l[order[k]] - mx)) / sum);
     }
   }
 }
@@ -380,8 +383,8 @@ bool BuildGraph(ggml_backend_t backend, const Shape& s, int64_t tokens, ggml_ten
     }
   }
   const size_t n_nodes = 64 + 2 * static_cast<size_t>(k);
-  ggml_init_params ip = {ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false),
-                         nullptr, true};
+  ggml_init_params ip = {
+      ggml_tensor_overhead() * n_nodes + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
   g->ctx = ggml_init(ip);
   ggml_context* ctx = g->ctx;
   // build_moe_ffn: up/gate [I, k, T], swiglu, down [H, k, T], * weights, sum over the k slots.
@@ -432,7 +435,8 @@ int RunCheck(const Options& o, const Shape& s, const Format& f, ggml_backend_t b
   Graph g;
   std::string why;
   if (!BuildGraph(backend, s, tokens, gate.t, up.t, down.t, &g, &why)) {
-    std::printf("check %s %s tokens %lld: skipped: %s\n", s.name, f.name, (long long)tokens, why.c_str());
+    std::printf("check %s %s tokens %lld: skipped: %s\n", s.name, f.name, (long long)tokens,
+                why.c_str());
     FreeGraph(&g);
     return 1;
   }
@@ -525,7 +529,8 @@ int main(int argc, char** argv) {
     if (o.format == f.name) format = &f;
   }
   if (shape == nullptr) Usage(argv[0], "'--shape': unknown shape '" + o.shape + "'");
-  if (format == nullptr) Usage(argv[0], "'--format': expected bf16, mxfp4, q4_0 or q8_0, got '" + o.format + "'");
+  if (format == nullptr)
+    Usage(argv[0], "'--format': expected bf16, mxfp4, q4_0 or q8_0, got '" + o.format + "'");
   const Shape& s = *shape;
   const Format& f = *format;
   const int threads = o.threads > 0 ? o.threads : OnlineCpus();
@@ -550,11 +555,12 @@ int main(int argc, char** argv) {
   for (const Feature& ft : features) {
     if (ft.on) feat_list += std::string(feat_list.empty() ? "" : " ") + ft.name;
   }
-  std::printf("machine: %s, %d threads, ggml %s commit %s, CPU features (as built): %s, %s, "
-              "load average %s\n",
-              cpu.c_str(), threads, ggml_version(), GGML_BENCH_GGML_COMMIT,
-              feat_list.empty() ? "none of AVX2/AVX512" : feat_list.c_str(),
-              openmp ? "OpenMP threads" : "ggml threadpool", load_before.c_str());
+  std::printf(
+      "machine: %s, %d threads, ggml %s commit %s, CPU features (as built): %s, %s, "
+      "load average %s\n",
+      cpu.c_str(), threads, ggml_version(), GGML_BENCH_GGML_COMMIT,
+      feat_list.empty() ? "none of AVX2/AVX512" : feat_list.c_str(),
+      openmp ? "OpenMP threads" : "ggml threadpool", load_before.c_str());
 
   std::vector<Result> results;
   std::vector<std::string> skipped;
@@ -576,7 +582,8 @@ int main(int argc, char** argv) {
   ggml_backend_cpu_set_n_threads(backend, threads);
   ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
   // persistent, as llama.cpp's tools use; GGML_BENCH_NO_THREADPOOL=1: a threadpool per compute
-  ggml_threadpool_t threadpool = std::getenv("GGML_BENCH_NO_THREADPOOL") ? nullptr : ggml_threadpool_new(&tpp);
+  ggml_threadpool_t threadpool =
+      std::getenv("GGML_BENCH_NO_THREADPOOL") ? nullptr : ggml_threadpool_new(&tpp);
   if (threadpool) ggml_backend_cpu_set_threadpool(backend, threadpool);
   ggml_backend_dev_t dev = ggml_backend_get_device(backend);
   ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
@@ -599,13 +606,14 @@ int main(int argc, char** argv) {
                          "ffn_up_exps", distinct, o.seed * 3 + 1, &up, &why) &&
         MakeExpertTensor(dev, extra, plain, f.type, s.intermediate, s.hidden, s.experts, s.top_k,
                          "ffn_down_exps", distinct, o.seed * 3 + 2, &down, &why)) {
-      std::printf("weights: %s [%lld, %lld, %lld] x2 + [%lld, %lld, %lld], %.1f MB, in %s / %s / %s "
-                  "(gate/up/down), %.1f s to make\n",
-                  ggml_type_name(f.type), (long long)s.hidden, (long long)s.intermediate,
-                  (long long)s.experts, (long long)s.intermediate, (long long)s.hidden,
-                  (long long)s.experts,
-                  (ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) / 1e6,
-                  gate.buft_name.c_str(), up.buft_name.c_str(), down.buft_name.c_str(), Now() - t0);
+      std::printf(
+          "weights: %s [%lld, %lld, %lld] x2 + [%lld, %lld, %lld], %.1f MB, in %s / %s / %s "
+          "(gate/up/down), %.1f s to make\n",
+          ggml_type_name(f.type), (long long)s.hidden, (long long)s.intermediate,
+          (long long)s.experts, (long long)s.intermediate, (long long)s.hidden,
+          (long long)s.experts,
+          (ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) / 1e6,
+          gate.buft_name.c_str(), up.buft_name.c_str(), down.buft_name.c_str(), Now() - t0);
     }
   }
   if (!why.empty()) {
@@ -614,14 +622,17 @@ int main(int argc, char** argv) {
   } else if (o.check) {
     rc = RunCheck(o, s, f, backend, gate, up, down);
   } else {
-    const double expert_bytes = static_cast<double>(ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) /
-                                static_cast<double>(s.experts);
+    const double expert_bytes =
+        static_cast<double>(ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) /
+        static_cast<double>(s.experts);
     for (const int64_t tokens : o.tokens) {
       Graph g;
       std::string gwhy;
       if (!BuildGraph(backend, s, tokens, gate.t, up.t, down.t, &g, &gwhy)) {
-        std::printf("%s %s tokens %lld: skipped: %s\n", s.name, f.name, (long long)tokens, gwhy.c_str());
-        skipped.push_back(std::string(s.name) + " " + f.name + " tokens " + std::to_string(tokens) + ": " + gwhy);
+        std::printf("%s %s tokens %lld: skipped: %s\n", s.name, f.name, (long long)tokens,
+                    gwhy.c_str());
+        skipped.push_back(std::string(s.name) + " " + f.name + " tokens " + std::to_string(tokens) +
+                          ": " + gwhy);
         FreeGraph(&g);
         continue;
       }
@@ -674,7 +685,8 @@ int main(int argc, char** argv) {
                 static_cast<double>(s.hidden * s.intermediate);
       r.repack = gate.repack || up.repack || down.repack;
       r.buffer_types = gate.buft_name + "/" + up.buft_name + "/" + down.buft_name;
-      std::printf("  %s %s tokens %lld: %.3f ms\n", s.name, f.name, (long long)tokens, r.seconds * 1e3);
+      std::printf("  %s %s tokens %lld: %.3f ms\n", s.name, f.name, (long long)tokens,
+                  r.seconds * 1e3);
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -683,35 +695,42 @@ int main(int argc, char** argv) {
   const std::string load_after = LoadAverage();
   if (!results.empty()) {
     std::printf("\nload average after: %s\n", load_after.c_str());
-    std::printf("\n| shape | format | tokens | experts | weights MB | time ms | reps | GB/s | GFLOP/s | buffers (gate/up/down) |\n");
+    std::printf(
+        "\n| shape | format | tokens | experts | weights MB | time ms | reps | GB/s | GFLOP/s | "
+        "buffers (gate/up/down) |\n");
     std::printf("|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
     for (const Result& r : results) {
-      std::printf("| %s | %s | %lld | %.1f | %.1f | %.3f | %d | %.1f | %.0f | %s |\n", r.shape.c_str(),
-                  r.format.c_str(), (long long)r.tokens, r.experts_touched, r.weight_bytes / 1e6,
-                  r.seconds * 1e3, r.repetitions, r.weight_bytes / r.seconds / 1e9,
-                  r.flops / r.seconds / 1e9, r.buffer_types.c_str());
+      std::printf("| %s | %s | %lld | %.1f | %.1f | %.3f | %d | %.1f | %.0f | %s |\n",
+                  r.shape.c_str(), r.format.c_str(), (long long)r.tokens, r.experts_touched,
+                  r.weight_bytes / 1e6, r.seconds * 1e3, r.repetitions,
+                  r.weight_bytes / r.seconds / 1e9, r.flops / r.seconds / 1e9,
+                  r.buffer_types.c_str());
     }
   }
 
   if (!o.json.empty() && !o.check) {
     std::ostringstream js;
     js.precision(9);
-    js << "{\n  \"machine\": {\n    \"cpu\": " << JsonString(cpu) << ",\n    \"threads\": " << threads
+    js << "{\n  \"machine\": {\n    \"cpu\": " << JsonString(cpu)
+       << ",\n    \"threads\": " << threads
        << ",\n    \"ggml_commit\": " << JsonString(GGML_BENCH_GGML_COMMIT)
        << ",\n    \"ggml_version\": " << JsonString(ggml_version())
        << ",\n    \"openmp\": " << (openmp ? "true" : "false")
        << ",\n    \"loadavg_before\": " << JsonString(load_before)
        << ",\n    \"loadavg_after\": " << JsonString(load_after) << ",\n    \"cpu_features\": {";
     for (size_t i = 0; i < sizeof features / sizeof features[0]; ++i) {
-      js << (i ? ", " : "") << JsonString(features[i].name) << ": " << (features[i].on ? "true" : "false");
+      js << (i ? ", " : "") << JsonString(features[i].name) << ": "
+         << (features[i].on ? "true" : "false");
     }
     js << "}\n  },\n  \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      js << (i ? "," : "") << "\n    {\"shape\": " << JsonString(r.shape) << ", \"format\": " << JsonString(r.format)
-         << ", \"tokens\": " << r.tokens << ", \"seconds\": " << r.seconds
-         << ", \"repetitions\": " << r.repetitions << ", \"repack\": " << (r.repack ? "true" : "false")
-         << ", \"buffer_types\": " << JsonString(r.buffer_types) << ", \"experts_touched\": " << r.experts_touched
+      js << (i ? "," : "") << "\n    {\"shape\": " << JsonString(r.shape)
+         << ", \"format\": " << JsonString(r.format) << ", \"tokens\": " << r.tokens
+         << ", \"seconds\": " << r.seconds << ", \"repetitions\": " << r.repetitions
+         << ", \"repack\": " << (r.repack ? "true" : "false")
+         << ", \"buffer_types\": " << JsonString(r.buffer_types)
+         << ", \"experts_touched\": " << r.experts_touched
          << ", \"weight_bytes\": " << r.weight_bytes << ", \"flops\": " << r.flops << "}";
     }
     js << "\n  ],\n  \"skipped\": [";

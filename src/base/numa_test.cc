@@ -2,14 +2,13 @@
 // node; a real multi-node machine was not available to test on).
 #include "moeshard/base/numa.h"
 
-#include "moeshard/base/thread_pool.h"
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include <unistd.h>
+#include "moeshard/base/thread_pool.h"
 
 namespace moeshard {
 namespace {

@@ -258,8 +258,7 @@ namespace moeshard::family {
 Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required,
                 bool attention_bias_default) {
   MOESHARD_ASSIGN_OR_RETURN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads,
-                            f.Int("num_key_value_heads", c.num_attention_heads, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.num_kv_heads, f.Int("num_key_value_heads", c.num_attention_heads, 1));
   std::optional<int64_t> head_dim;
   if (!head_dim_required) head_dim = c.hidden_size / c.num_attention_heads;
   MOESHARD_ASSIGN_OR_RETURN(c.head_dim, f.Int("head_dim", head_dim, 1));
@@ -305,8 +304,7 @@ Status ParseMla(const ConfigFields& f, ModelConfig& c) {
   return Status::Ok();
 }
 
-Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c,
-                            const DeepseekDefaults& d) {
+Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c, const DeepseekDefaults& d) {
   MOESHARD_ASSIGN_OR_RETURN(
       std::string scoring,
       f.StringAlias({"scoring_func", "moe_router_activation_func"}, std::string(d.scoring)));

@@ -68,10 +68,10 @@ void AddMlaAttention(TensorList& t, const std::vector<int64_t>& layers);
 struct GqaOptions {
   // gpt-oss's MXFP4 covers only the experts: its attention stays bf16 whatever the config says.
   Quantizable quant = Quantizable::kYes;
-  bool bias = false;     // q/k/v/o biases (gpt-oss)
-  bool qkv_bias = false; // q/k/v biases only (Qwen2-MoE, GLM-4.5)
-  bool sinks = false;    // per-head attention sinks (gpt-oss)
-  bool qk_norm = false;  // q_norm / k_norm over head_dim (Qwen3)
+  bool bias = false;      // q/k/v/o biases (gpt-oss)
+  bool qkv_bias = false;  // q/k/v biases only (Qwen2-MoE, GLM-4.5)
+  bool sinks = false;     // per-head attention sinks (gpt-oss)
+  bool qk_norm = false;   // q_norm / k_norm over head_dim (Qwen3)
 };
 // Grouped-query attention: q column-parallel, k/v split by KV head (replicated when fewer KV
 // heads than TP), o row-parallel.
@@ -135,8 +135,7 @@ inline constexpr DeepseekDefaults kDeepseekV2Defaults{"softmax", "greedy", false
 // group-limited by each group's best expert), grouped top-k, renormalisation, scaling. Kimi-K3
 // spells the keys moe_router_activation_func, num_expert_group and moe_renormalize; both
 // spellings are read.
-Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c,
-                            const DeepseekDefaults& d = {});
+Status ParseDeepseekRouting(const ConfigFields& f, ModelConfig& c, const DeepseekDefaults& d = {});
 // The DeepSeek-V3 text model (Kimi-K2, K2-Thinking, K2.5's backbone; DeepSeek-V2 with its
 // defaults): MLA on every layer, dense first layers, shared experts, SwiGLU.
 Status ParseDeepseekText(const ConfigFields& f, ModelConfig& c, const DeepseekDefaults& d = {});

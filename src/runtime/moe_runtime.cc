@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -137,8 +137,8 @@ struct MoeRuntime::Impl {
   int64_t H = 0, L = 0, Lp = 0, E = 0, k = 0, S_local = 0;
   int64_t T_max = 0, C_max = 0, U_max = 0, R_max = 0;
   bool latent = false, shared_split = false;
-  bool shared_gated = false;      // the shared output is scaled by sigmoid(shared_out_gate . x)
-  bool weight_on_input = false;   // top-1 routing weight applied to the expert input
+  bool shared_gated = false;     // the shared output is scaled by sigmoid(shared_out_gate . x)
+  bool weight_on_input = false;  // top-1 routing weight applied to the expert input
   std::vector<int64_t> layer_ids;
   std::vector<Layer> layers;
   std::vector<int32_t> global_to_local;  // [E]
@@ -174,8 +174,7 @@ struct MoeRuntime::Impl {
 };
 
 Result<const WeightView*> MoeRuntime::Impl::View(const WeightViews& w, TensorRole role,
-                                                  TensorPart part, int64_t layer,
-                                                  bool required) {
+                                                 TensorPart part, int64_t layer, bool required) {
   const TensorShard* t = FindShard(*rank_plan, role, part, layer);
   if (t == nullptr) {
     if (!required) return static_cast<const WeightView*>(nullptr);
@@ -187,8 +186,7 @@ Result<const WeightView*> MoeRuntime::Impl::View(const WeightViews& w, TensorRol
   return w.Get(ExpandName(t->name, layer), t->dtype, t->padded_shape);
 }
 
-Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, TensorRole role,
-                                            int64_t layer) {
+Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, TensorRole role, int64_t layer) {
   MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(w, role, TensorPart::kWeight, layer, true));
   MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, View(w, role, TensorPart::kScale, layer, false));
   DenseWeight d;
@@ -209,8 +207,7 @@ Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, TensorRole rol
   d.scheme = plan->model.quant.scheme;
   d.scales = sv->data;
   d.cols = d.scheme.packed() ? v->shape[1] * 2 : v->shape[1];
-  if (d.scheme.WeightDType() != v->dtype ||
-      d.scheme.ScaleShape(d.rows, d.cols) != sv->shape) {
+  if (d.scheme.WeightDType() != v->dtype || d.scheme.ScaleShape(d.rows, d.cols) != sv->shape) {
     return InvalidArgumentError(fmt::format(
         "runtime: {} of layer {}: expected {} storage with scales [{}], got {} [{}] with scales "
         "[{}]",
@@ -230,28 +227,29 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
   {
     MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(w, R::kPreMoeNorm, P::kValue, layer, true));
     if (v->dtype != DType::kBF16 || v->shape != std::vector<int64_t>{H}) {
-      return InvalidArgumentError(fmt::format(
-          "runtime: pre-MoE norm of layer {}: expected BF16 [{}], got {} [{}]", layer, H,
-          DTypeName(v->dtype), fmt::join(v->shape, ", ")));
+      return InvalidArgumentError(
+          fmt::format("runtime: pre-MoE norm of layer {}: expected BF16 [{}], got {} [{}]", layer,
+                      H, DTypeName(v->dtype), fmt::join(v->shape, ", ")));
     }
     ly->pre_norm = v->as<bf16_t>();
   }
   MOESHARD_ASSIGN_OR_RETURN(ly->router, Dense(w, R::kRouter, layer));
   if (ly->router.rows != E || ly->router.cols != H) {
-    return InvalidArgumentError(fmt::format("runtime: router of layer {}: expected [{}, {}], got [{}, {}]",
-                                            layer, E, H, ly->router.rows, ly->router.cols));
+    return InvalidArgumentError(
+        fmt::format("runtime: router of layer {}: expected [{}, {}], got [{}, {}]", layer, E, H,
+                    ly->router.rows, ly->router.cols));
   }
   MOESHARD_ASSIGN_OR_RETURN(const WeightView* rb, View(w, R::kRouterBias, P::kValue, layer, false));
   if (rb != nullptr) ly->router_bias = ToFloat(*rb);
-  MOESHARD_ASSIGN_OR_RETURN(const WeightView* cb,
-                            View(w, R::kCorrectionBias, P::kValue, layer,
-                                 routing.kind == RoutingKind::kSigmoidGroupedTopK &&
-                                     m.has_correction_bias));
+  MOESHARD_ASSIGN_OR_RETURN(
+      const WeightView* cb,
+      View(w, R::kCorrectionBias, P::kValue, layer,
+           routing.kind == RoutingKind::kSigmoidGroupedTopK && m.has_correction_bias));
   if (cb != nullptr) {
     if (cb->dtype != DType::kF32 || cb->shape != std::vector<int64_t>{E}) {
-      return InvalidArgumentError(fmt::format(
-          "runtime: correction bias of layer {}: expected F32 [{}], got {} [{}]", layer, E,
-          DTypeName(cb->dtype), fmt::join(cb->shape, ", ")));
+      return InvalidArgumentError(
+          fmt::format("runtime: correction bias of layer {}: expected F32 [{}], got {} [{}]", layer,
+                      E, DTypeName(cb->dtype), fmt::join(cb->shape, ", ")));
     }
     ly->correction_bias = cb->as<float>();
   }
@@ -270,9 +268,9 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
                               View(w, R::kLatentNorm, P::kValue, layer, m.latent_moe_use_norm));
     if (n != nullptr) {
       if (n->dtype != DType::kBF16 || n->shape != std::vector<int64_t>{L}) {
-        return InvalidArgumentError(fmt::format(
-            "runtime: latent norm of layer {}: expected BF16 [{}], got {} [{}]", layer, L,
-            DTypeName(n->dtype), fmt::join(n->shape, ", ")));
+        return InvalidArgumentError(
+            fmt::format("runtime: latent norm of layer {}: expected BF16 [{}], got {} [{}]", layer,
+                        L, DTypeName(n->dtype), fmt::join(n->shape, ", ")));
       }
       ly->latent_norm = n->as<bf16_t>();
     }
@@ -291,9 +289,9 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
     if (shared_gated) {
       MOESHARD_ASSIGN_OR_RETURN(ly->shared_out_gate, Dense(w, R::kSharedGateProj, layer));
       if (ly->shared_out_gate.rows != 1 || ly->shared_out_gate.cols != H) {
-        return InvalidArgumentError(fmt::format(
-            "runtime: shared expert gate of layer {}: expected [1, {}], got [{}, {}]", layer, H,
-            ly->shared_out_gate.rows, ly->shared_out_gate.cols));
+        return InvalidArgumentError(
+            fmt::format("runtime: shared expert gate of layer {}: expected [1, {}], got [{}, {}]",
+                        layer, H, ly->shared_out_gate.rows, ly->shared_out_gate.cols));
       }
     }
   }
@@ -390,10 +388,10 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
   }
   weight_on_input = m.router_weight_on_input;
   if (weight_on_input && k != 1) {
-    return InvalidArgumentError(fmt::format(
-        "runtime: routing weights on the expert input need top-1 routing (as vLLM's "
-        "apply_router_weight_on_input), got num_experts_per_tok {}",
-        k));
+    return InvalidArgumentError(
+        fmt::format("runtime: routing weights on the expert input need top-1 routing (as vLLM's "
+                    "apply_router_weight_on_input), got num_experts_per_tok {}",
+                    k));
   }
 
   // Layers.
@@ -497,7 +495,8 @@ int64_t MoeRuntime::Impl::WorkspaceBytes() const {
               Bytes(union_ids) + Bytes(chunk_w) + Bytes(union_w) + Bytes(lat) + Bytes(chunk_rows) +
               Bytes(union_rows) + Bytes(union_out) + Bytes(chunk_out) + Bytes(ones) +
               Bytes(chunk_y) + Bytes(gate_buf) + Bytes(up_buf) + Bytes(shared_partial) +
-              Bytes(shared_chunk) + Bytes(shared_gate_logit) + Bytes(global_to_local) + Bytes(scratch.rows);
+              Bytes(shared_chunk) + Bytes(shared_gate_logit) + Bytes(global_to_local) +
+              Bytes(scratch.rows);
   for (const Layer& l : layers) b += Bytes(l.router_bias) + Bytes(l.w13_bias) + Bytes(l.w2_bias);
   if (dispatcher) b += dispatcher->WorkspaceBytes();
   return b;
@@ -695,20 +694,20 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
       AddSharedOutput(ly, xc, C);
     } else if (C > 0) {
       // Ungated: straight into chunk_y; gated: into shared_chunk, then scaled per token.
-      internal::GatedMlp(kc, scratch,
-                         internal::GatedMlpArgs{.gate = &ly.shared_gate,
-                                                .up = &ly.shared_up,
-                                                .down = &ly.shared_down,
-                                                .activation = activation,
-                                                .x = xc,
-                                                .x_stride = H,
-                                                .num_tokens = C,
-                                                .gate_buf = gate_buf.data(),
-                                                .up_buf = up_buf.data(),
-                                                .y = shared_gated ? shared_chunk.data()
-                                                                  : chunk_y.data(),
-                                                .y_stride = H,
-                                                .accumulate = !shared_gated});
+      internal::GatedMlp(
+          kc, scratch,
+          internal::GatedMlpArgs{.gate = &ly.shared_gate,
+                                 .up = &ly.shared_up,
+                                 .down = &ly.shared_down,
+                                 .activation = activation,
+                                 .x = xc,
+                                 .x_stride = H,
+                                 .num_tokens = C,
+                                 .gate_buf = gate_buf.data(),
+                                 .up_buf = up_buf.data(),
+                                 .y = shared_gated ? shared_chunk.data() : chunk_y.data(),
+                                 .y_stride = H,
+                                 .accumulate = !shared_gated});
       if (shared_gated) AddSharedOutput(ly, xc, C);
     }
   }

@@ -474,26 +474,31 @@ def _gqa_attention(p: str, cfg: dict, qk_norm: bool) -> list[tuple]:
     return t
 
 
-def build_qwen3_moe(cfg: dict) -> list[Tensor]:
-    # checkpoints.md "Qwen3-MoE"; every tensor BF16.
+def _bf16_gqa_moe(cfg: dict, E: int, I: int, moe: str, projs: tuple, qk_norm: bool) -> list[Tensor]:
+    """A BF16 GQA MoE model without shared experts: router `<moe>.gate`, experts
+    `<moe>.experts.E.<proj>` with projs (name, gate/up or down) in the release's order."""
     H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    E, I = cfg["num_experts"], cfg["moe_intermediate_size"]
     out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
     for li in range(L):
         p = f"model.layers.{li}."
         t = [(p + "input_layernorm.weight", "BF16", (H,))]
-        t += _gqa_attention(p, cfg, qk_norm=True)
+        t += _gqa_attention(p, cfg, qk_norm=qk_norm)
         t += [(p + "post_attention_layernorm.weight", "BF16", (H,)),
-              (p + "mlp.gate.weight", "BF16", (E, H))]
+              (p + moe + ".gate.weight", "BF16", (E, H))]
         for e in range(E):
-            x = f"{p}mlp.experts.{e}."
-            t += [(x + "gate_proj.weight", "BF16", (I, H)),
-                  (x + "up_proj.weight", "BF16", (I, H)),
-                  (x + "down_proj.weight", "BF16", (H, I))]
+            x = f"{p}{moe}.experts.{e}."
+            t += [(x + name + ".weight", "BF16", (H, I) if down else (I, H)) for name, down in projs]
         out += [(n, d, s, ("layer", li)) for n, d, s in t]
     out += [("model.norm.weight", "BF16", (H,), ("model",)),
             ("lm_head.weight", "BF16", (V, H), ("model",))]
     return out
+
+
+def build_qwen3_moe(cfg: dict) -> list[Tensor]:
+    # checkpoints.md "Qwen3-MoE"; every tensor BF16.
+    return _bf16_gqa_moe(cfg, cfg["num_experts"], cfg["moe_intermediate_size"], "mlp",
+                         (("gate_proj", False), ("up_proj", False), ("down_proj", True)),
+                         qk_norm=True)
 
 
 def cut_qwen3_moe(cfg: dict, n: int) -> None:
@@ -504,24 +509,9 @@ def cut_qwen3_moe(cfg: dict, n: int) -> None:
 def build_mixtral(cfg: dict) -> list[Tensor]:
     # checkpoints.md "Mixtral": block_sparse_moe.gate, experts.E.{w1,w2,w3} (w1 gate,
     # w3 up, w2 down), BF16.
-    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    E, I = cfg["num_local_experts"], cfg["intermediate_size"]
-    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
-    for li in range(L):
-        p = f"model.layers.{li}."
-        t = [(p + "input_layernorm.weight", "BF16", (H,))]
-        t += _gqa_attention(p, cfg, qk_norm=False)
-        t += [(p + "post_attention_layernorm.weight", "BF16", (H,)),
-              (p + "block_sparse_moe.gate.weight", "BF16", (E, H))]
-        for e in range(E):
-            x = f"{p}block_sparse_moe.experts.{e}."
-            t += [(x + "w1.weight", "BF16", (I, H)),
-                  (x + "w2.weight", "BF16", (H, I)),
-                  (x + "w3.weight", "BF16", (I, H))]
-        out += [(n, d, s, ("layer", li)) for n, d, s in t]
-    out += [("model.norm.weight", "BF16", (H,), ("model",)),
-            ("lm_head.weight", "BF16", (V, H), ("model",))]
-    return out
+    return _bf16_gqa_moe(cfg, cfg["num_local_experts"], cfg["intermediate_size"],
+                         "block_sparse_moe", (("w1", False), ("w2", True), ("w3", False)),
+                         qk_norm=False)
 
 
 # ---------------------------------------------------------------------------------------

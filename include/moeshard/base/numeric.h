@@ -39,8 +39,8 @@ inline float RoundToBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
 struct fp16_t {
   uint16_t bits = 0;
 };
-float HalfToFloat(fp16_t v);      // exact (subnormals, infinities, NaN)
-fp16_t FloatToHalf(float f);      // RNE; overflow to infinity; NaN stays NaN
+float HalfToFloat(fp16_t v);  // exact (subnormals, infinities, NaN)
+fp16_t FloatToHalf(float f);  // RNE; overflow to infinity; NaN stays NaN
 
 // fp8 e4m3fn: bias 7, max 448, 0x7f/0xff NaN, no infinity.
 float Fp8E4M3ToFloat(uint8_t v);
@@ -60,9 +60,9 @@ inline float E8M0ToFloat(uint8_t e) {
 uint8_t FloatToE8M0Ceil(float f);
 
 // FP4 E2M1 values indexed by the 4-bit code.
-inline constexpr std::array<float, 16> kFp4E2M1Values = {
-    0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+inline constexpr std::array<float, 16> kFp4E2M1Values = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,
+                                                         4.0f,  6.0f,  -0.0f, -0.5f, -1.0f, -1.5f,
+                                                         -2.0f, -3.0f, -4.0f, -6.0f};
 
 inline float Fp4E2M1ToFloat(uint8_t code) { return kFp4E2M1Values[code & 0xf]; }
 // Nearest E2M1 code (ties to the even mantissa), saturating at +-6.

@@ -35,8 +35,8 @@ namespace moeshard {
 class ChunkFnRef {
  public:
   template <typename F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, ChunkFnRef>)
-  ChunkFnRef(F& fn)  // NOLINT(google-explicit-constructor): passed straight from call sites
+  requires(!std::is_same_v<std::remove_cvref_t<F>, ChunkFnRef>)
+      ChunkFnRef(F& fn)  // NOLINT(google-explicit-constructor): passed straight from call sites
       : obj_(const_cast<void*>(static_cast<const void*>(&fn))),
         call_([](void* obj, int64_t b, int64_t e, int t) { (*static_cast<F*>(obj))(b, e, t); }) {}
   void operator()(int64_t b, int64_t e, int t) const { call_(obj_, b, e, t); }

@@ -47,9 +47,9 @@ enum class WeightFormat {
   kInt4Zp,    // asymmetric int4 (nibble - zero) with one fp16 scale and zero point per group
   kNvfp4,     // E2M1 with one E4M3 scale per 16 values and an fp32 global scale per tensor
 };
-inline constexpr WeightFormat kAllWeightFormats[] = {
-    WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
-    WeightFormat::kInt4, WeightFormat::kInt4Zp,   WeightFormat::kNvfp4};
+inline constexpr WeightFormat kAllWeightFormats[] = {WeightFormat::kBf16,   WeightFormat::kFp8Block,
+                                                     WeightFormat::kMxfp4,  WeightFormat::kInt4,
+                                                     WeightFormat::kInt4Zp, WeightFormat::kNvfp4};
 
 enum class ScaleLayout {
   kNone,     // no scales
@@ -65,15 +65,15 @@ struct WeightFormatSpec {
   DType weight_dtype;     // storage dtype of the weight tensor
   DType scale_dtype;      // storage dtype of the scale tensor (kBool when none)
   ScaleLayout scale_layout;
-  int64_t default_group;         // input-dimension values per scale
-  int64_t default_block_rows;    // output rows per scale (kBlock2D), else 1
-  bool fixed_group;              // the group size is part of the format (mxfp4: 32)
-  bool zero_points;              // asymmetric formats store zero points (int4-zp)
-  std::string_view weight_leaf;  // checkpoint leaf of the weight: "weight", "weight_packed"
-  std::string_view scale_leaf;   // checkpoint leaf of the scales: "", "weight_scale_inv", ...
-  DType zero_dtype = DType::kBool;  // storage of the zero points (kBool when none), per scale
-  std::string_view zero_leaf = "";  // checkpoint leaf of the zero points
-  bool global_scale = false;        // one F32 scale per tensor on top of the group scales
+  int64_t default_group;              // input-dimension values per scale
+  int64_t default_block_rows;         // output rows per scale (kBlock2D), else 1
+  bool fixed_group;                   // the group size is part of the format (mxfp4: 32)
+  bool zero_points;                   // asymmetric formats store zero points (int4-zp)
+  std::string_view weight_leaf;       // checkpoint leaf of the weight: "weight", "weight_packed"
+  std::string_view scale_leaf;        // checkpoint leaf of the scales: "", "weight_scale_inv", ...
+  DType zero_dtype = DType::kBool;    // storage of the zero points (kBool when none), per scale
+  std::string_view zero_leaf = "";    // checkpoint leaf of the zero points
+  bool global_scale = false;          // one F32 scale per tensor on top of the group scales
   std::string_view global_leaf = "";  // checkpoint leaf of the global scale
 };
 

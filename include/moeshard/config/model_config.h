@@ -33,12 +33,12 @@ enum class ScoringFunc { kSoftmax, kSigmoid };
 
 // How the router turns logits into (expert, weight) pairs.
 enum class RoutingMethod {
-  kSoftmaxTopK,          // softmax over all experts, top-k, optional renormalise (Qwen3, Mixtral)
-  kSigmoidGroupedTopK,   // `noaux_tc`: sigmoid + correction bias, grouped top-k (DeepSeek, Kimi)
-  kTopKThenSoftmax,      // top-k over logits, softmax over the k (gpt-oss)
-  kSoftmaxGroupedTopK,   // softmax, groups scored by their best expert (DeepSeek-V2
-                         // `group_limited_greedy`)
-  kTopKThenSigmoid,      // top-k over logits, sigmoid of each (Llama-4)
+  kSoftmaxTopK,         // softmax over all experts, top-k, optional renormalise (Qwen3, Mixtral)
+  kSigmoidGroupedTopK,  // `noaux_tc`: sigmoid + correction bias, grouped top-k (DeepSeek, Kimi)
+  kTopKThenSoftmax,     // top-k over logits, softmax over the k (gpt-oss)
+  kSoftmaxGroupedTopK,  // softmax, groups scored by their best expert (DeepSeek-V2
+                        // `group_limited_greedy`)
+  kTopKThenSigmoid,     // top-k over logits, sigmoid of each (Llama-4)
 };
 
 enum class ExpertActivation {
@@ -112,12 +112,12 @@ struct LayerSpec {
 };
 
 struct ModelConfig {
-  std::string name;         // preset name or the path it came from
-  std::string source;       // file the fields were read from (for error messages)
-  std::string model_type;   // as written, e.g. "kimi_k3"
-  std::string architecture; // architectures[0]
+  std::string name;                          // preset name or the path it came from
+  std::string source;                        // file the fields were read from (for error messages)
+  std::string model_type;                    // as written, e.g. "kimi_k3"
+  std::string architecture;                  // architectures[0]
   const FamilyDescriptor* family = nullptr;  // never null in a parsed config
-  DType dtype = DType::kBF16;  // torch_dtype: unquantized weights
+  DType dtype = DType::kBF16;                // torch_dtype: unquantized weights
 
   int64_t hidden_size = 0;
   int64_t num_layers = 0;

@@ -20,8 +20,7 @@ constexpr const char* kPrefix = "language_model.";
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
   MOESHARD_RETURN_IF_ERROR(family::ParseGqa(f, c));
   MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size,
-                            f.Int("intermediate_size_mlp", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size_mlp", std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.num_experts,
                             f.IntAlias({"num_local_experts", "num_experts"}, std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.num_experts_per_tok, f.Int("num_experts_per_tok", 1, 1));

@@ -24,6 +24,19 @@ std::vector<int32_t> SortedDescending(const std::vector<double>& v) {
   return idx;
 }
 
+// softmax(logits) over n experts, in double.
+std::vector<double> SoftmaxOf(const float* logits, int64_t n) {
+  const double max_logit = *std::max_element(logits, logits + n);
+  std::vector<double> prob(static_cast<size_t>(n));
+  double sum = 0.0;
+  for (int64_t e = 0; e < n; ++e) {
+    prob[e] = std::exp(static_cast<double>(logits[e]) - max_logit);
+    sum += prob[e];
+  }
+  for (double& v : prob) v /= sum;
+  return prob;
+}
+
 int64_t LocalExpert(const int32_t* map, int32_t global) {
   return map == nullptr ? global : map[global];
 }
@@ -40,16 +53,7 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
     std::vector<double> chosen_weight(static_cast<size_t>(p.top_k));
     switch (p.kind) {
       case RoutingKind::kSoftmaxTopK: {
-        double max_logit = logits[0];
-        for (int64_t e = 0; e < num_experts; ++e)
-          max_logit = std::max<double>(max_logit, logits[e]);
-        std::vector<double> prob(static_cast<size_t>(num_experts));
-        double sum = 0.0;
-        for (int64_t e = 0; e < num_experts; ++e) {
-          prob[e] = std::exp(static_cast<double>(logits[e]) - max_logit);
-          sum += prob[e];
-        }
-        for (double& v : prob) v /= sum;
+        const std::vector<double> prob = SoftmaxOf(logits, num_experts);
         const std::vector<int32_t> order = SortedDescending(prob);
         double wsum = 0.0;
         for (int64_t i = 0; i < p.top_k; ++i) {
@@ -102,14 +106,7 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
         break;
       }
       case RoutingKind::kSoftmaxGroupedTopK: {
-        const double max_logit = *std::max_element(logits, logits + num_experts);
-        std::vector<double> prob(static_cast<size_t>(num_experts));
-        double sum = 0.0;
-        for (int64_t e = 0; e < num_experts; ++e) {
-          prob[e] = std::exp(static_cast<double>(logits[e]) - max_logit);
-          sum += prob[e];
-        }
-        for (double& v : prob) v /= sum;
+        const std::vector<double> prob = SoftmaxOf(logits, num_experts);
         const int64_t group_size = num_experts / p.num_groups;
         std::vector<double> group_score(static_cast<size_t>(p.num_groups), -INFINITY);
         for (int64_t e = 0; e < num_experts; ++e) {
@@ -119,7 +116,8 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
         std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
         for (int64_t gi = 0; gi < p.topk_group; ++gi) {
           const int64_t g = group_order[gi];
-          for (int64_t i = 0; i < group_size; ++i) masked[g * group_size + i] = prob[g * group_size + i];
+          for (int64_t i = 0; i < group_size; ++i)
+            masked[g * group_size + i] = prob[g * group_size + i];
         }
         const std::vector<int32_t> order = SortedDescending(masked);
         double wsum = 0.0;
@@ -139,8 +137,8 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
         const std::vector<int32_t> order = SortedDescending(lv);
         for (int64_t i = 0; i < p.top_k; ++i) {
           ids[i] = order[i];
-          weights[i] = static_cast<float>(1.0 / (1.0 + std::exp(-lv[order[i]])) *
-                                          p.routed_scaling_factor);
+          weights[i] =
+              static_cast<float>(1.0 / (1.0 + std::exp(-lv[order[i]])) * p.routed_scaling_factor);
         }
         break;
       }
@@ -195,9 +193,9 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
   return Status::Ok();
 }
 
-void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* scales,
-                         int64_t rows, int64_t cols, int64_t row, float* out,
-                         const uint8_t* zeros, float global) {
+void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* scales, int64_t rows,
+                         int64_t cols, int64_t row, float* out, const uint8_t* zeros,
+                         float global) {
   switch (q.format) {
     case WeightFormat::kBf16: {
       const bf16_t* p = static_cast<const bf16_t*>(data) + row * cols;
@@ -206,8 +204,7 @@ void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* sc
     }
     case WeightFormat::kFp8Block: {
       const uint8_t* p = static_cast<const uint8_t*>(data) + row * cols;
-      const float* s =
-          static_cast<const float*>(scales) + (row / q.block_rows) * q.ScaleCols(cols);
+      const float* s = static_cast<const float*>(scales) + (row / q.block_rows) * q.ScaleCols(cols);
       for (int64_t c = 0; c < cols; ++c) out[c] = Fp8E4M3ToFloat(p[c]) * s[c / q.group];
       return;
     }
@@ -277,16 +274,16 @@ float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, 
       const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
       const uint8_t code = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
       const int64_t groups = q.ScaleCols(cols);
-      const uint8_t e = static_cast<const uint8_t*>(
-          scales)[(expert * rows + row) * groups + col / q.group];
+      const uint8_t e =
+          static_cast<const uint8_t*>(scales)[(expert * rows + row) * groups + col / q.group];
       return Fp4E2M1ToFloat(code) * E8M0ToFloat(e);
     }
     case WeightFormat::kInt4: {
       const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
       const int nibble = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
       const int64_t groups = q.ScaleCols(cols);
-      const bf16_t s = static_cast<const bf16_t*>(
-          scales)[(expert * rows + row) * groups + col / q.group];
+      const bf16_t s =
+          static_cast<const bf16_t*>(scales)[(expert * rows + row) * groups + col / q.group];
       return static_cast<float>(nibble - 8) * Bf16ToFloat(s);
     }
     case WeightFormat::kInt4Zp: {
@@ -302,8 +299,8 @@ float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, 
       const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
       const uint8_t code = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
       const int64_t groups = q.ScaleCols(cols);
-      const uint8_t s = static_cast<const uint8_t*>(
-          scales)[(expert * rows + row) * groups + col / q.group];
+      const uint8_t s =
+          static_cast<const uint8_t*>(scales)[(expert * rows + row) * groups + col / q.group];
       const float global = is_w13 ? w.W13Global(expert, row) : w.w2_global[expert];
       return Fp4E2M1ToFloat(code) * Fp8E4M3ToFloat(s) * global;
     }
