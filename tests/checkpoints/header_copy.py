@@ -259,9 +259,12 @@ def _mla_attention(p: str, cfg: dict, linear) -> list[tuple]:
     nope, rope, vdim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     a = p + "self_attn."
     t = []
-    t += linear(a + "q_a_proj", q_lora, H)
-    t += [(a + "q_a_layernorm.weight", "BF16", (q_lora,))]
-    t += linear(a + "q_b_proj", heads * (nope + rope), q_lora)
+    if q_lora:
+        t += linear(a + "q_a_proj", q_lora, H)
+        t += [(a + "q_a_layernorm.weight", "BF16", (q_lora,))]
+        t += linear(a + "q_b_proj", heads * (nope + rope), q_lora)
+    else:  # DeepSeek-V2-Lite: q_lora_rank null, one full-rank q_proj (vLLM deepseek_v2.py)
+        t += linear(a + "q_proj", heads * (nope + rope), H)
     t += linear(a + "kv_a_proj_with_mqa", kv_lora + rope, H)
     t += [(a + "kv_a_layernorm.weight", "BF16", (kv_lora,))]
     t += linear(a + "kv_b_proj", heads * (nope + vdim), kv_lora)
@@ -286,9 +289,11 @@ def _deepseek_layer(p: str, li: int, cfg: dict, attn_linear, dense_linear, exper
         E = cfg["n_routed_experts"]
         I = cfg["moe_intermediate_size"]
         S = cfg["n_shared_experts"] * I
-        # router BF16, correction bias F32 (checkpoints.md; transformers commit 2e29a9a)
-        t += [(m + "gate.weight", "BF16", (E, H)),
-              (m + "gate.e_score_correction_bias", "F32", (E,))]
+        # router BF16, correction bias F32 (checkpoints.md; transformers commit 2e29a9a); only
+        # noaux_tc routers have the bias (DeepSeek-V2's softmax routers do not).
+        t += [(m + "gate.weight", "BF16", (E, H))]
+        if cfg.get("topk_method", "noaux_tc") == "noaux_tc":
+            t += [(m + "gate.e_score_correction_bias", "F32", (E,))]
         t += dense_linear(m + "shared_experts.gate_proj", S, H)
         t += dense_linear(m + "shared_experts.up_proj", S, H)
         t += dense_linear(m + "shared_experts.down_proj", H, S)
@@ -599,6 +604,132 @@ def cut_gpt_oss(cfg: dict, n: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# DeepSeek-V2-Lite, Qwen1.5-MoE-A2.7B, GLM-4.5-Air, MiniMax-M2: tensor names, shapes and
+# dtypes as vLLM's loaders read them (deepseek_v2.py, qwen2_moe.py, glm4_moe.py,
+# minimax_m2.py) and third-party header listings; these releases' shard counts and file names
+# were not verified here (no hub access): the counts below are assumptions, and the copies
+# are header-exact in names, dtypes and shapes only.
+# ---------------------------------------------------------------------------------------
+
+def build_deepseek_v2(cfg: dict) -> list[Tensor]:
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        out += [(n, d, s, ("layer", li)) for n, d, s in _deepseek_layer(
+            f"model.layers.{li}.", li, cfg, _bf16_linear, _bf16_linear, _bf16_linear)]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def _gqa_biased(p: str, cfg: dict, qk_norm: bool) -> list[tuple]:
+    """GQA with q/k/v biases and no o bias (Qwen2Attention, Glm4MoeAttention)."""
+    H, nh, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    a = p + "self_attn."
+    return _gqa_attention(p, cfg, qk_norm) + [
+        (a + "q_proj.bias", "BF16", (nh * hd,)), (a + "k_proj.bias", "BF16", (kv * hd,)),
+        (a + "v_proj.bias", "BF16", (kv * hd,))]
+
+
+def build_qwen2_moe(cfg: dict) -> list[Tensor]:
+    # Qwen2MoeSparseMoeBlock: router mlp.gate, experts, one shared_expert and its [1, H] gate.
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    E, I, S = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        p = f"model.layers.{li}."
+        m = p + "mlp."
+        t = [(p + "input_layernorm.weight", "BF16", (H,))]
+        t += _gqa_biased(p, cfg, qk_norm=False)
+        t += [(p + "post_attention_layernorm.weight", "BF16", (H,)),
+              (m + "gate.weight", "BF16", (E, H)),
+              (m + "shared_expert.gate_proj.weight", "BF16", (S, H)),
+              (m + "shared_expert.up_proj.weight", "BF16", (S, H)),
+              (m + "shared_expert.down_proj.weight", "BF16", (H, S)),
+              (m + "shared_expert_gate.weight", "BF16", (1, H))]
+        for e in range(E):
+            x = f"{m}experts.{e}."
+            t += [(x + "gate_proj.weight", "BF16", (I, H)), (x + "up_proj.weight", "BF16", (I, H)),
+                  (x + "down_proj.weight", "BF16", (H, I))]
+        out += [(n, d, s, ("layer", li)) for n, d, s in t]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def build_glm4_moe(cfg: dict) -> list[Tensor]:
+    # Glm4MoeDecoderLayer: dense first_k_dense_replace layers, then mlp.gate (+ F32
+    # e_score_correction_bias), shared_experts and experts.  The MTP layer
+    # (num_nextn_predict_layers) follows vLLM glm4_moe_mtp.py: a MoE decoder layer at index
+    # num_hidden_layers plus enorm, hnorm, eh_proj [H, 2H], shared_head.{norm, head} and its
+    # own embed_tokens (vLLM reads it from the first MTP layer; assumed present).
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    E, I = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+    S, D = cfg["n_shared_experts"] * I, cfg["intermediate_size"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L + cfg.get("num_nextn_predict_layers", 0)):
+        p = f"model.layers.{li}."
+        m = p + "mlp."
+        t = [(p + "input_layernorm.weight", "BF16", (H,))]
+        t += _gqa_biased(p, cfg, qk_norm=cfg.get("use_qk_norm", False))
+        t += [(p + "post_attention_layernorm.weight", "BF16", (H,))]
+        if li < cfg["first_k_dense_replace"]:
+            t += [(m + "gate_proj.weight", "BF16", (D, H)), (m + "up_proj.weight", "BF16", (D, H)),
+                  (m + "down_proj.weight", "BF16", (H, D))]
+        else:
+            t += [(m + "gate.weight", "BF16", (E, H)),
+                  (m + "gate.e_score_correction_bias", "F32", (E,)),
+                  (m + "shared_experts.gate_proj.weight", "BF16", (S, H)),
+                  (m + "shared_experts.up_proj.weight", "BF16", (S, H)),
+                  (m + "shared_experts.down_proj.weight", "BF16", (H, S))]
+            for e in range(E):
+                x = f"{m}experts.{e}."
+                t += [(x + "gate_proj.weight", "BF16", (I, H)),
+                      (x + "up_proj.weight", "BF16", (I, H)),
+                      (x + "down_proj.weight", "BF16", (H, I))]
+        tag = ("layer", li)
+        if li >= L:
+            tag = ("mtp", li)
+            t += [(p + "embed_tokens.weight", "BF16", (V, H)), (p + "enorm.weight", "BF16", (H,)),
+                  (p + "hnorm.weight", "BF16", (H,)), (p + "eh_proj.weight", "BF16", (H, 2 * H)),
+                  (p + "shared_head.norm.weight", "BF16", (H,)),
+                  (p + "shared_head.head.weight", "BF16", (V, H))]
+        out += [(n, d, s, tag) for n, d, s in t]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def build_minimax_m2(cfg: dict) -> list[Tensor]:
+    # MiniMaxM2: fp8 block-quantized attention and experts (weight + F32 weight_scale_inv),
+    # full-width BF16 q_norm / k_norm, F32 router block_sparse_moe.gate and F32
+    # block_sparse_moe.e_score_correction_bias, experts w1 / w2 / w3.  MTP modules are left out
+    # (whether the release ships them is not verified).
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    E, I = cfg["num_local_experts"], cfg["intermediate_size"]
+    nh, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        p = f"model.layers.{li}."
+        a, m = p + "self_attn.", p + "block_sparse_moe."
+        t = [(p + "input_layernorm.weight", "BF16", (H,))]
+        t += _fp8_linear(a + "q_proj", nh * hd, H) + _fp8_linear(a + "k_proj", kv * hd, H)
+        t += _fp8_linear(a + "v_proj", kv * hd, H) + _fp8_linear(a + "o_proj", H, nh * hd)
+        t += [(a + "q_norm.weight", "BF16", (nh * hd,)), (a + "k_norm.weight", "BF16", (kv * hd,)),
+              (p + "post_attention_layernorm.weight", "BF16", (H,)),
+              (m + "gate.weight", "F32", (E, H)),
+              (m + "e_score_correction_bias", "F32", (E,))]
+        for e in range(E):
+            x = f"{m}experts.{e}."
+            t += _fp8_linear(x + "w1", I, H) + _fp8_linear(x + "w2", H, I) + _fp8_linear(x + "w3", I, H)
+        out += [(n, d, s, ("layer", li)) for n, d, s in t]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # Shard assignment where the release's assignment is not published
 # ---------------------------------------------------------------------------------------
 
@@ -664,6 +795,19 @@ RELEASES: dict[str, Release] = {r.key: r for r in [
     Release("gpt-oss-120b", "openai/gpt-oss-120b", 15, _names_0based,
             build_gpt_oss, shard_balanced, cut_gpt_oss,
             "tensor bytes 65,248,815,744, 15 shards (00000-00014 of 00014)"),
+    # Shard counts and names assumed (not verified here); names, dtypes and shapes as above.
+    Release("deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 4, _names_1based(5, 6),
+            build_deepseek_v2, shard_balanced, cut_plain,
+            "shard count assumed; bf16 weights 29.26 GiB (vLLM logged 29.30 GiB)"),
+    Release("qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", 8, _names_1based(5, 5),
+            build_qwen2_moe, shard_balanced, cut_plain,
+            "shard count assumed; 14.3B parameters (model card)"),
+    Release("glm-4.5-air", "zai-org/GLM-4.5-Air", 47, _names_1based(5, 5),
+            build_glm4_moe, shard_balanced, cut_deepseek_v3,
+            "shard count assumed; MTP layer as vLLM glm4_moe_mtp.py reads it"),
+    Release("minimax-m2", "MiniMaxAI/MiniMax-M2", 130, _names_1based(5, 5),
+            build_minimax_m2, shard_balanced, cut_plain,
+            "shard count assumed; MTP modules not written"),
 ]}
 
 
