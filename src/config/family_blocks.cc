@@ -164,7 +164,8 @@ void AddGqaAttention(TensorList& t, const std::vector<int64_t>& layers, const Gq
   const int64_t H = c.hidden_size;
   const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
   const std::string p = "model.layers.{layer}.self_attn.";
-  t.Linear(p + "q_proj", C::kAttention, q, H, TpSplit::kColumn, layers, o.quant);
+  t.Linear(p + "q_proj", C::kAttention, o.q_gate ? 2 * q : q, H, TpSplit::kColumn, layers,
+           o.quant);
   t.Linear(p + "k_proj", C::kAttention, kv, H, TpSplit::kKvColumn, layers, o.quant).unit =
       c.head_dim;
   t.Linear(p + "v_proj", C::kAttention, kv, H, TpSplit::kKvColumn, layers, o.quant).unit =

@@ -72,6 +72,9 @@ struct GqaOptions {
   bool qkv_bias = false;  // q/k/v biases only (Qwen2-MoE, GLM-4.5)
   bool sinks = false;     // per-head attention sinks (gpt-oss)
   bool qk_norm = false;   // q_norm / k_norm over head_dim (Qwen3)
+  // q_proj also holds a per-head output gate, interleaved per head ([q_h, gate_h], Qwen3-Next
+  // attn_output_gate): twice the rows, still split by head.
+  bool q_gate = false;
 };
 // Grouped-query attention: q column-parallel, k/v split by KV head (replicated when fewer KV
 // heads than TP), o row-parallel.

@@ -48,7 +48,7 @@ TEST(FamilyTest, RegistryHoldsEveryFamilyOnce) {
   }
   for (const char* t :
        {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral", "gpt_oss",
-        "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2", "llama4"}) {
+        "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2", "llama4", "qwen3_next"}) {
     EXPECT_NE(FindFamily(t), nullptr) << t;
   }
   EXPECT_EQ(FindFamily("llama"), nullptr);
@@ -224,6 +224,31 @@ TEST(FamilyTest, MinimaxM2) {
   EXPECT_EQ(t.at("model.layers.{layer}.self_attn.q_norm.weight").shape,
             (std::vector<int64_t>{48 * 128}));
   EXPECT_EQ(c.family->experts(c).up, "model.layers.{layer}.block_sparse_moe.experts.{expert}.w3");
+}
+
+// Qwen3-Next (vLLM qwen3_next.py, qwen_gdn_linear_attn.py): every fourth layer gated full
+// attention (q_proj doubled for the gate), the rest Gated DeltaNet; the conv1d over [q, k, v]
+// is split per block; (1 + w) norms; Qwen2-MoE's gated shared expert.
+TEST(FamilyTest, Qwen3Next) {
+  const ModelConfig c = Preset("qwen3-next-80b-a3b");
+  EXPECT_EQ(c.family_name(), "qwen3_next");
+  EXPECT_EQ(c.num_layers_of(AttentionKind::kGqa), 12);
+  EXPECT_EQ(c.num_layers_of(AttentionKind::kGatedDeltaNet), 36);
+  EXPECT_EQ(c.layers[3].attention, AttentionKind::kGqa);
+  EXPECT_TRUE(c.norm_plus_one);
+  EXPECT_TRUE(c.shared_expert_gate);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("model.layers.{layer}.self_attn.q_proj").shape,
+            (std::vector<int64_t>{2 * 16 * 256, 2048}));
+  EXPECT_EQ(t.at("model.layers.{layer}.linear_attn.in_proj_qkvz").shape,
+            (std::vector<int64_t>{2 * 2048 + 2 * 4096, 2048}));
+  const TensorDef& conv = t.at("model.layers.{layer}.linear_attn.conv1d.weight");
+  EXPECT_EQ(conv.shape, (std::vector<int64_t>{8192, 1, 4}));
+  EXPECT_EQ(conv.section_sizes, (std::vector<int64_t>{2048, 2048, 4096}));
+  EXPECT_EQ(t.at("model.layers.{layer}.linear_attn.out_proj").shape,
+            (std::vector<int64_t>{2048, 4096}));
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").shape,
+            (std::vector<int64_t>{1, 2048}));
 }
 
 // Llama-4 (vLLM llama4.py): top-1 sigmoid applied to the expert input, MoE every

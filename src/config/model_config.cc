@@ -67,6 +67,7 @@ const char* AttentionKindName(AttentionKind kind) {
     case AttentionKind::kMla: return "mla";
     case AttentionKind::kGqa: return "gqa";
     case AttentionKind::kKda: return "kda";
+    case AttentionKind::kGatedDeltaNet: return "gated_deltanet";
   }
   return "?";
 }

@@ -26,8 +26,8 @@ size_t CategoryIndex(TensorCategory c) {
 // slice of every block over the whole extent).
 double HeldFraction(const TensorShard& s) {
   if (s.shard_dim < 0) return 1.0;
-  const double whole = static_cast<double>(s.logical_shape[static_cast<size_t>(s.shard_dim)]);
-  return static_cast<double>(s.sections * (s.shard_end - s.shard_begin)) / whole;
+  const size_t d = static_cast<size_t>(s.shard_dim);
+  return static_cast<double>(s.local_shape[d]) / static_cast<double>(s.logical_shape[d]);
 }
 
 // A plan tensor on one rank.

@@ -59,8 +59,10 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
         if (s.shard_dim < 0) continue;
         slices[key][{s.shard_begin, s.shard_end}]++;
         // The split part of one block (fused q/k/v: a third; A_log: the heads it reads).
-        extent[key] = s.split_extent > 0 ? s.split_extent
-                                         : s.logical_shape[s.shard_dim] / std::max<int64_t>(1, s.sections);
+        extent[key] = s.split_extent > 0         ? s.split_extent
+                      : !s.section_sizes.empty() ? s.section_sizes[0]
+                                                 : s.logical_shape[s.shard_dim] /
+                                                       std::max<int64_t>(1, s.sections);
       }
     }
     for (const auto& [name, n] : holders) {

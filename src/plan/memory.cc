@@ -122,6 +122,16 @@ KvCost KvCostOf(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t ma
         c.per_seq += 3 * heads_local * m.kda.head_dim * (m.kda.short_conv_kernel - 1) * 2;
         break;
       }
+      case AttentionKind::kGatedDeltaNet: {
+        // Recurrent state [Vh, dk, dv] and the depthwise conv's tail over q, k, v, both in
+        // the model dtype (vLLM's default mamba cache dtype "auto"; fp32 with
+        // --mamba-ssm-cache-dtype float32 is not modelled).
+        const GdnConfig& g = m.gdn;
+        const int64_t el = DTypeBytes(m.dtype, 1).value_or(2);
+        c.per_seq += g.num_v_heads / tp * g.k_head_dim * g.v_head_dim * el;
+        c.per_seq += (2 * g.key_dim() + g.value_dim()) / tp * (g.conv_kernel - 1) * el;
+        break;
+      }
     }
   }
   return c;
@@ -152,6 +162,9 @@ int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const Memor
   }
   if (m.num_layers_of(AttentionKind::kKda) > 0) {
     attn_width = std::max(attn_width, 3 * m.kda.num_heads * m.kda.head_dim / t.tp);
+  }
+  if (m.num_layers_of(AttentionKind::kGatedDeltaNet) > 0) {
+    attn_width = std::max(attn_width, 2 * (m.gdn.key_dim() + m.gdn.value_dim()) / t.tp);
   }
   const int64_t dense_width = m.num_dense_layers() > 0 ? 2 * m.intermediate_size / t.tp : 0;
   int64_t bytes = 3 * T * H * 2 + T * std::max(attn_width, dense_width) * 2;

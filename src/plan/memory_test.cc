@@ -81,6 +81,18 @@ TEST(MemoryTest, KimiK3_Mxfp4_RoutedBytes) {
   EXPECT_NE(SmallestChangeThatFits(k3, Opts(8, 1, false, "marlin"), mo), "");
 }
 
+// Qwen3-Next at TP4: 12 gated full-attention layers cache K and V (2 KV heads < TP 4: one head
+// per rank); the 36 Gated DeltaNet layers hold per sequence a [32/4, 128, 128] state and the
+// conv tail over q, k, v ((2 * 2048 + 4096) / 4 channels x 3 steps), both bf16.
+TEST(MemoryTest, Qwen3NextLinearAttentionState) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-next-80b-a3b"), Opts(4));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  const MemoryPlan m = PlanMemory(p, mo);
+  EXPECT_EQ(m.ranks[0].kv_bytes_per_token, 12 * 2 * 1 * 256 * 2);
+  EXPECT_EQ(m.ranks[0].state_bytes_per_seq, 36LL * (8 * 128 * 128 * 2 + 2048 * 3 * 2));
+}
+
 TEST(MemoryTest, KvCapacityIsPerDpRankAndKvDtypeMatters) {
   // Advice picks fp8 KV when only the KV budget fails.
   const ModelConfig q = PresetOrDie("qwen3-30b-a3b");

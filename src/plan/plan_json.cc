@@ -24,6 +24,7 @@ json TensorShardToJson(const TensorShard& t) {
   if (t.shard_dim >= 0) {
     j["shard"] = {{"dim", t.shard_dim}, {"begin", t.shard_begin}, {"end", t.shard_end}};
     if (t.sections > 1) j["shard"]["sections"] = t.sections;
+    if (!t.section_sizes.empty()) j["shard"]["section_sizes"] = t.section_sizes;
     if (t.split_extent > 0) j["shard"]["split_extent"] = t.split_extent;
   }
   if (!t.layers.empty()) j["layers"] = t.layers.vec();

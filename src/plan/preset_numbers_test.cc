@@ -85,5 +85,21 @@ TEST(PresetNumbersTest, Qwen2MoeSharedExpertAndGate) {
             24LL * (3 * 5632 / 2 * 2048 * 2 + 2048 * 2));
 }
 
+TEST(PresetNumbersTest, Qwen3NextConvSplitPerBlock) {
+  // TP4: rank 2 holds rows [1024, 1536) of q, of k ([2048, 4096) + 1024...) and [2048, 3072) of
+  // v ([4096, 8192)): 512 + 512 + 1024 channels of the [8192, 1, 4] conv.
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-next-80b-a3b"), Opts(4));
+  for (const TensorShard& s : p.ranks[2].tensors) {
+    if (s.name != "model.layers.{layer}.linear_attn.conv1d.weight") continue;
+    EXPECT_EQ(s.local_shape, (std::vector<int64_t>{2048, 1, 4}));
+    EXPECT_EQ(s.shard_begin, 1024);
+    EXPECT_EQ(s.shard_end, 1536);
+    EXPECT_EQ(s.section_sizes, (std::vector<int64_t>{2048, 2048, 4096}));
+    EXPECT_EQ(s.bytes, 36LL * 2048 * 4 * 2);
+    return;
+  }
+  ADD_FAILURE() << "no conv1d shard on rank 2";
+}
+
 }  // namespace
 }  // namespace moeshard

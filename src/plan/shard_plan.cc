@@ -205,6 +205,21 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
     case TpSplit::kColumn:
     case TpSplit::kRow: {
       dim = split == TpSplit::kColumn ? 0 : 1;
+      if (!t.section_sizes.empty()) {
+        int64_t held = 0;
+        for (int64_t size : t.section_sizes) {
+          if (size % tp != 0) {
+            return InvalidArgumentError(fmt::format(
+                "plan: '{}' {}: expected each of its blocks [{}] to divide by TP {}, got {}",
+                t.name, Dims(t.shape), fmt::join(t.section_sizes, ", "), tp, size));
+          }
+          held += size / tp;
+        }
+        begin = r * (t.section_sizes[0] / tp);
+        end = begin + t.section_sizes[0] / tp;
+        local[static_cast<size_t>(dim)] = held;
+        break;
+      }
       const int64_t extent = SplitExtent(t, dim);
       if (extent % tp != 0) {
         std::vector<int64_t> ok;
@@ -249,6 +264,7 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
     s.role = t.role;
     s.part = part;
     s.sections = dim >= 0 ? sections : 1;
+    if (dim >= 0) s.section_sizes = t.section_sizes;
     s.split_extent = dim >= 0 ? t.split_extent : 0;
     s.tied_source = t.tied_source;
     out.push_back(std::move(s));
@@ -264,7 +280,8 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
     // A scale must not straddle two ranks: fp8 blocks along both dims, mxfp4 / int4 groups
     // along the input dim.
     const int64_t granule = dim == 0 ? q.RowGranule() : q.ColGranule();
-    if ((end - begin) % granule != 0 || sections != 1 || t.split_extent != 0) {
+    if ((end - begin) % granule != 0 || sections != 1 || t.split_extent != 0 ||
+        !t.section_sizes.empty()) {
       std::vector<int64_t> ok;
       for (int64_t d = 1; d <= 64; d *= 2) {
         if (t.shape[static_cast<size_t>(dim)] % d == 0 &&

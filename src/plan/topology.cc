@@ -62,6 +62,9 @@ const std::vector<TpRule>& TpRules() {
       {"KDA low-rank projection rows", [](const ModelConfig& m, int64_t tp) {
          return m.num_layers_of(AttentionKind::kKda) == 0 || m.kda.low_rank_dim % tp == 0;
        }},
+      {"linear_num_key_heads", [](const ModelConfig& m, int64_t tp) {
+         return m.num_layers_of(AttentionKind::kGatedDeltaNet) == 0 || m.gdn.num_k_heads % tp == 0;
+       }},
   };
   return rules;
 }

@@ -65,14 +65,14 @@ void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {
 }
 
 void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n, const bf16_t* weight,
-             float eps, float* y, int64_t y_stride) {
+             float eps, float* y, int64_t y_stride, float weight_offset) {
   for (int64_t t = 0; t < num_tokens; ++t) {
     const float* xr = x + t * x_stride;
     float* yr = y + t * y_stride;
     float sum = 0.0f;
     for (int64_t i = 0; i < n; ++i) sum += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * Bf16ToFloat(weight[i]);
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * (weight_offset + Bf16ToFloat(weight[i]));
   }
 }
 

@@ -56,10 +56,11 @@ struct LinearArgs {
 // y[t, r] (+)= sum_c x[t, c] * W[r, c] (+ bias[r]). REQUIRES: scratch reserved for w.cols.
 void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& args);
 
-// y[t, :] = x[t, :] * rsqrt(mean(x[t, :]^2) + eps) * weight, over `n` columns (fp32 math,
-// sequential sum). x and y: [num_tokens, stride] fp32; may alias. weight: [n] bf16.
+// y[t, :] = x[t, :] * rsqrt(mean(x[t, :]^2) + eps) * (weight_offset + weight), over `n`
+// columns (fp32 math, sequential sum; offset 1 for Gemma-style norms). x and y: [num_tokens,
+// stride] fp32; may alias. weight: [n] bf16.
 void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n, const bf16_t* weight,
-             float eps, float* y, int64_t y_stride);
+             float eps, float* y, int64_t y_stride, float weight_offset = 0.0f);
 
 // The gated MLP of the shared experts on the columns a rank holds:
 //   gate = x Wgᵀ, up = x Wuᵀ ([num_tokens, S_local]), h = act(gate, up), y (+)= h Wdᵀ.

@@ -529,7 +529,7 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
   // 1. Pre-MoE norm: the chunk, or all T tokens when TP-sharded shared experts need them.
   const TokenRange norm_range = shared_split ? TokenRange{0, T} : chunk;
   internal::RmsNorm(stream.data() + norm_range.begin * H, H, norm_range.size(), H, ly.pre_norm, eps,
-                    xn.data() + norm_range.begin * H, H);
+                    xn.data() + norm_range.begin * H, H, plan->model.norm_plus_one ? 1.0f : 0.0f);
   const float* xc = xn.data() + chunk.begin * H;  // [C, H]
 
   // 2. Routing of the chunk.

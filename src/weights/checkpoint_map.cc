@@ -55,24 +55,63 @@ DummyKind KindOf(const std::string& name, TensorPart part, DType dtype) {
   return DummyKind::kWeight;
 }
 
+// A plain tensor whose split dimension holds blocks of unequal sizes (TensorShard::
+// section_sizes): the rank's 1/TP of each block, in order.
+Status MapUnequalSections(const ShardPlan& plan, int64_t rank, int src, MappedTensor& t) {
+  const TensorShard& s = *t.shard;
+  const size_t d = static_cast<size_t>(s.shard_dim);
+  const int64_t es = ElementBytes(s.dtype);
+  const int64_t tp = plan.topology.tp;
+  const int64_t r = plan.ranks[static_cast<size_t>(rank)].coords.tp_rank;
+  int64_t sum = 0;
+  for (int64_t size : s.section_sizes) sum += size;
+  if (d >= s.logical_shape.size() || s.logical_shape[d] != sum || s.local_shape[d] * tp != sum) {
+    return MapError(plan, rank, t.name,
+                    fmt::format("shard dim {} blocks [{}] do not match logical [{}] / local [{}]",
+                                d, fmt::join(s.section_sizes, ", "),
+                                fmt::join(s.logical_shape, ", "), fmt::join(s.local_shape, ", ")));
+  }
+  const int64_t outer = Product(s.logical_shape, 0, d);
+  const int64_t inner = Product(s.logical_shape, d + 1, s.logical_shape.size()) * es;
+  if (outer == 0 || inner == 0) return Status::Ok();
+  int64_t src_at = 0, dst_at = 0;
+  for (int64_t size : s.section_sizes) {
+    const int64_t slice = size / tp;
+    Piece p;
+    p.source_idx = src;
+    p.element_bytes = es;
+    p.window = Slice2D{.base_offset = 0,
+                       .row_bytes = sum * inner,
+                       .row_begin = 0,
+                       .row_end = outer,
+                       .col_begin = (src_at + r * slice) * inner,
+                       .col_end = (src_at + (r + 1) * slice) * inner,
+                       .dst_row_stride = s.local_shape[d] * inner};
+    p.dst_offset = dst_at * inner;
+    t.pieces.push_back(p);
+    src_at += size;
+    dst_at += slice;
+  }
+  return Status::Ok();
+}
+
 // Non-expert tensors: the checkpoint tensor has the plan's logical (storage) shape; the rank
 // holds [begin, end) of shard_dim in each of its `sections` blocks. View the tensor as
 // [prod(dims before d), bytes from d on] and take the byte columns of each block.
 Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const TensorShard& s = *t.shard;
-  const std::string source =
-      ExpandName(s.tied_source.empty() ? s.name : s.tied_source, t.layer);
+  const std::string source = ExpandName(s.tied_source.empty() ? s.name : s.tied_source, t.layer);
   const int64_t es = ElementBytes(s.dtype);
-  SourceTensorSpec spec{source, s.dtype, s.logical_shape,
-                        KindOf(source, s.part, s.dtype), {}};
+  SourceTensorSpec spec{source, s.dtype, s.logical_shape, KindOf(source, s.part, s.dtype), {}};
   if (s.part == TensorPart::kShapeMeta) spec.values = s.meta_values;
   const int src = AddSource(t, std::move(spec));
   const int64_t total = BytesOf(s.dtype, s.logical_shape);
   if (s.shard_dim < 0) {
     if (s.local_shape != s.logical_shape) {
-      return MapError(plan, rank, t.name,
-                      fmt::format("replicated but local shape [{}] differs from logical [{}]",
-                                  fmt::join(s.local_shape, ", "), fmt::join(s.logical_shape, ", ")));
+      return MapError(
+          plan, rank, t.name,
+          fmt::format("replicated but local shape [{}] differs from logical [{}]",
+                      fmt::join(s.local_shape, ", "), fmt::join(s.logical_shape, ", ")));
     }
     if (total == 0) return Status::Ok();
     Piece p;
@@ -89,14 +128,15 @@ Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
     return Status::Ok();
   }
   const size_t d = static_cast<size_t>(s.shard_dim);
+  if (!s.section_sizes.empty()) return MapUnequalSections(plan, rank, src, t);
   const int64_t sections = std::max<int64_t>(1, s.sections);
   const int64_t slice = s.shard_end - s.shard_begin;
   if (d >= s.logical_shape.size() || s.local_shape.size() != s.logical_shape.size() ||
       s.local_shape[d] != sections * slice || s.logical_shape[d] % sections != 0) {
-    return MapError(plan, rank, t.name,
-                    fmt::format("shard dim {} [{}, {}) x {} blocks does not match local shape [{}]",
-                                d, s.shard_begin, s.shard_end, sections,
-                                fmt::join(s.local_shape, ", ")));
+    return MapError(
+        plan, rank, t.name,
+        fmt::format("shard dim {} [{}, {}) x {} blocks does not match local shape [{}]", d,
+                    s.shard_begin, s.shard_end, sections, fmt::join(s.local_shape, ", ")));
   }
   const int64_t outer = Product(s.logical_shape, 0, d);
   const int64_t inner = Product(s.logical_shape, d + 1, s.logical_shape.size()) * es;
@@ -165,9 +205,9 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
 
   if (bias) {
     if (!x.fused || x.bias_suffix.empty()) {
-      return UnimplementedError(fmt::format(
-          "[rank {}/{}] load: '{}': expert biases are only known in fused layouts", rank,
-          plan.topology.world, t.name));
+      return UnimplementedError(
+          fmt::format("[rank {}/{}] load: '{}': expert biases are only known in fused layouts",
+                      rank, plan.topology.world, t.name));
     }
     const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
     const int64_t n = w13 ? g * I.logical : H.logical;
@@ -203,9 +243,11 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
       const std::vector<int64_t> shape =
           scale ? std::vector<int64_t>{E, out, in / q.group}
                 : std::vector<int64_t>{E, out, in / q.group, q.group / 2};
-      const int src = AddSource(
-          t, {module + (scale ? x.fused_scale_suffix : x.fused_weight_suffix), s.dtype, shape,
-              kind, {}});
+      const int src = AddSource(t, {module + (scale ? x.fused_scale_suffix : x.fused_weight_suffix),
+                                    s.dtype,
+                                    shape,
+                                    kind,
+                                    {}});
       for (int64_t slot = 0; slot < num_slots; ++slot) {
         Piece p;
         p.source_idx = src;
@@ -280,9 +322,8 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
       const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
       for (int64_t h = 0; h < parts; ++h) {
         const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
-        const std::vector<int64_t> logical =
-            proj == 2 ? std::vector<int64_t>{H.logical, I.logical}
-                      : std::vector<int64_t>{I.logical, H.logical};
+        const std::vector<int64_t> logical = proj == 2 ? std::vector<int64_t>{H.logical, I.logical}
+                                                       : std::vector<int64_t>{I.logical, H.logical};
         Piece p;
         p.source_idx = AddSource(t, {name_of(e, proj), s.dtype, {2}, kind, logical});
         p.element_bytes = es;
@@ -302,8 +343,8 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   auto spec = [&](int64_t e, int proj) {
     const int64_t out = proj == 2 ? H.logical : I.logical;
     const int64_t in = proj == 2 ? I.logical : H.logical;
-    return SourceTensorSpec{name_of(e, proj), s.dtype, {geo.Rows(out), geo.ColBytes(in) / es},
-                            kind, {}};
+    return SourceTensorSpec{
+        name_of(e, proj), s.dtype, {geo.Rows(out), geo.ColBytes(in) / es}, kind, {}};
   };
   for (int64_t slot = 0; slot < num_slots; ++slot) {
     const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
@@ -378,9 +419,7 @@ Status Validate(const ShardPlan& plan, int64_t rank, const MappedTensor& t) {
 
 }  // namespace
 
-std::string ConcreteName(const std::string& name, int64_t layer) {
-  return ExpandName(name, layer);
-}
+std::string ConcreteName(const std::string& name, int64_t layer) { return ExpandName(name, layer); }
 
 Result<MappedTensor> MapRankTensor(const ShardPlan& plan, int64_t rank, const TensorShard& shard,
                                    int64_t layer) {

@@ -101,7 +101,21 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
       int64_t flat = 0;
       for (size_t d = 0; d < G.size(); ++d) {
         int64_t i = idx[d];
-        if (static_cast<int>(d) == s.shard_dim) {
+        if (static_cast<int>(d) == s.shard_dim && !s.section_sizes.empty()) {
+          // Unequal blocks: local index i falls in block b at offset j; the rank holds the
+          // (shard_begin / first slice)-th slice of each block.
+          const int64_t r = s.shard_begin / slice;
+          int64_t at = 0, local_at = 0;
+          for (int64_t size : s.section_sizes) {
+            const int64_t n = size * slice / s.section_sizes[0];
+            if (idx[d] < local_at + n) {
+              i = at + r * n + (idx[d] - local_at);
+              break;
+            }
+            at += size;
+            local_at += n;
+          }
+        } else if (static_cast<int>(d) == s.shard_dim) {
           const int64_t block = G[d] / s.sections;
           i = (idx[d] / slice) * block + s.shard_begin + idx[d] % slice;
         }

@@ -83,12 +83,13 @@ struct PlanRef {
   }
 };
 
-std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, double eps) {
+std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, double eps,
+                         double offset = 0.0) {
   double ss = 0;
   for (double v : x) ss += v * v;
   const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
   std::vector<double> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * Bf16ToFloat(w.as<bf16_t>()[i]);
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * (offset + Bf16ToFloat(w.as<bf16_t>()[i]));
   return y;
 }
 
@@ -135,7 +136,8 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
   std::vector<std::vector<double>> hs(T);
   for (int64_t t = 0; t < T; ++t) {
     std::vector<double> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
-    hs[t] = Norm(xt, *P.View(R::kPreMoeNorm), eps);
+    // Qwen3-Next's Gemma-style norm scales by (1 + w).
+    hs[t] = Norm(xt, *P.View(R::kPreMoeNorm), eps, m.norm_plus_one ? 1.0 : 0.0);
     std::vector<double> lg = P.Dense(R::kRouter).Apply(hs[t]);
     const WeightView* rb = P.View(R::kRouterBias);
     for (int64_t e = 0; e < E; ++e) {

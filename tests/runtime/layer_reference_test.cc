@@ -32,6 +32,7 @@ TEST(RuntimeLayerReferenceTest, Qwen2Moe) { CheckPreset("tiny-qwen2-moe"); }
 TEST(RuntimeLayerReferenceTest, Glm4Moe) { CheckPreset("tiny-glm4-moe"); }
 TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }
 TEST(RuntimeLayerReferenceTest, Llama4) { CheckPreset("tiny-llama4"); }
+TEST(RuntimeLayerReferenceTest, Qwen3Next) { CheckPreset("tiny-qwen3-next"); }
 
 }  // namespace
 }  // namespace moeshard

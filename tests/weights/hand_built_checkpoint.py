@@ -35,7 +35,7 @@ def expert_tensors(cfg):
         first, L = cfg["first_k_dense_replace"], cfg["num_hidden_layers"]
         fmt = "fp8" if cfg.get("quantization_config", {}).get("quant_method") == "fp8" else "bf16"
         module, projs = "mlp", ("gate_proj", "up_proj", "down_proj")
-    elif mt == "qwen3_moe":
+    elif mt in ("qwen3_moe", "qwen3_next"):  # Qwen3-Next keeps Qwen3-MoE's expert names
         prefix, E, I, H = "", cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         first, L, fmt = 0, cfg["num_hidden_layers"], "bf16"
         module, projs = "mlp", ("gate_proj", "up_proj", "down_proj")

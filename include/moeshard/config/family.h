@@ -111,6 +111,10 @@ struct TensorDef {
   // The split dimension holds `sections` equal blocks, each split over TP on its own (a fused
   // q/k/v weight under QKVParallelLinear): rank r holds slice r of every block.
   int64_t sections = 1;
+  // Non-empty: the split dimension holds these blocks of unequal sizes instead, each split
+  // over TP on its own (Qwen3-Next's depthwise conv over q, k and v: [key, key, value] rows,
+  // vLLM mamba_v2_sharded_weight_loader); `sections` is then their count.
+  std::vector<int64_t> section_sizes;
   // Only the first `split_extent` entries of the split dimension are split (and read); the
   // rest is stored but read by no rank (0: the whole dimension). Kimi-K3 stores A_log as
   // [head_dim] = 128 entries of which the engines read the first num_heads = 96.

@@ -27,6 +27,7 @@ enum class AttentionKind {
   kMla,  // multi-head latent attention (DeepSeek-V3, Kimi): KV cache holds the compressed latent
   kGqa,  // grouped-query attention: KV cache holds num_kv_heads * head_dim keys and values
   kKda,  // Kimi Delta Attention (linear attention): fixed per-sequence state, no per-token KV
+  kGatedDeltaNet,  // Qwen3-Next / Qwen3.5 linear attention: fixed per-sequence state
 };
 
 enum class ScoringFunc { kSoftmax, kSigmoid };
@@ -87,6 +88,17 @@ struct KdaConfig {
   bool full_rank_gate = false;
 };
 
+// Gated DeltaNet linear attention (Qwen3-Next `linear_*` keys).
+struct GdnConfig {
+  int64_t num_k_heads = 0;  // linear_num_key_heads (K)
+  int64_t num_v_heads = 0;  // linear_num_value_heads (Vh, a multiple of K)
+  int64_t k_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t conv_kernel = 0;  // linear_conv_kernel_dim
+  int64_t key_dim() const { return num_k_heads * k_head_dim; }
+  int64_t value_dim() const { return num_v_heads * v_head_dim; }
+};
+
 // A vision tower and its projector into the language model (Kimi-K3's MoonViT + patch merger).
 struct VisionConfig {
   int64_t num_layers = 0;  // 0: no vision tower
@@ -139,9 +151,15 @@ struct ModelConfig {
   bool attention_bias = false;
   bool attention_sinks = false;  // gpt-oss per-head sinks
   bool qk_norm = false;          // q_norm / k_norm over head_dim (GLM-4.5 use_qk_norm)
+  // Full attention gates its output per head: q_proj holds q and the gate, interleaved per
+  // head (Qwen3-Next attn_output_gate).
+  bool attn_output_gate = false;
+  // RMSNorms scale by (1 + w) rather than w (Gemma-style; Qwen3-Next's Qwen3NextRMSNorm).
+  bool norm_plus_one = false;
   int64_t sliding_window = 0;
   MlaConfig mla;
   KdaConfig kda;
+  GdnConfig gdn;
 
   // Dense MLP (layers with moe == false).
   int64_t intermediate_size = 0;

@@ -110,6 +110,9 @@ struct TensorShard {
   // shard_dim is `sections` equal blocks; [begin, end) is the slice of the first block and the
   // rank holds the same slice of every block (local_shape[shard_dim] = sections * slice).
   int64_t sections = 1;
+  // Non-empty: the blocks have these sizes instead of being equal; the rank holds the r-th
+  // 1/TP of each, in order ([shard_begin, shard_end) is its slice of the first block).
+  std::vector<int64_t> section_sizes;
   // The split part of one block of shard_dim, when only a leading part is split and read (the
   // rest stored but unread: Kimi-K3's A_log); 0: the whole block.
   int64_t split_extent = 0;
