@@ -29,6 +29,10 @@ enum class Quantizable {
 class TensorList {
  public:
   TensorList(const ModelConfig& c, std::string prefix) : c_(c), prefix_(std::move(prefix)) {}
+  // `rename` maps every full name (prefix included) to the checkpoint's, for layouts a prefix
+  // cannot express (Qwen3.5: "model.X" -> "model.language_model.X", lm_head unchanged).
+  TensorList(const ModelConfig& c, std::string prefix, std::string (*rename)(const std::string&))
+      : c_(c), prefix_(std::move(prefix)), rename_(rename) {}
 
   // A linear weight [out, in] named by its module.
   TensorDef& Linear(const std::string& module, TensorCategory cat, int64_t out, int64_t in,
@@ -52,6 +56,7 @@ class TensorList {
   TensorDef& Add(TensorDef t);
   const ModelConfig& c_;
   std::string prefix_;
+  std::string (*rename_)(const std::string&) = nullptr;
   std::vector<TensorDef> out_;
   TensorDef dropped_;  // returned for a per-layer tensor on no layer (not listed)
 };
@@ -101,6 +106,12 @@ void AddSharedExperts(TensorList& t, const std::string& module, const std::vecto
 void AddSharedExpertGate(TensorList& t, const std::string& module,
                          const std::vector<int64_t>& layers);
 
+// Gated DeltaNet on `layers`: Qwen3-Next's grouped in_proj_qkvz / in_proj_ba, or Qwen3.5's
+// in_proj_qkv (split per q / k / v block) and in_proj_z / _b / _a (`split_projections`).
+void AddGatedDeltaNet(TensorList& t, const std::vector<int64_t>& layers, bool split_projections);
+// Everything but the routed experts of a Qwen hybrid model (Qwen3-Next, Qwen3.5-MoE).
+void AddQwenHybridTensors(TensorList& t, bool split_projections);
+
 // The per-expert layout of DeepSeek-style checkpoints: `<moe>.experts.{expert}.<gate|up|down>`
 // with rank tensors `<moe>.experts.w13_*` (names relative to the text prefix).
 ExpertLayout PerExpertLayout(const ModelConfig& c, const std::string& prefix,
@@ -124,6 +135,10 @@ Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required = 
 // top-k renormalised when norm_topk_prob, MoE every `decoder_sparse_step` layers except
 // `mlp_only_layers`, the expert count as `num_experts` or `num_local_experts` (transformers 5).
 Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c);
+// The Qwen hybrid-attention keys after the MoE ones (Qwen3-Next, Qwen3.5-MoE): the gated shared
+// expert, the gated full attention, (1 + w) norms, the Gated DeltaNet `linear_*` sizes and the
+// layer kinds (`layer_types`, or every `full_attention_interval`-th layer full).
+Status ParseQwenHybrid(const ConfigFields& f, ModelConfig& c);
 // The MLA fields of DeepSeek-V3 and Kimi (q_lora_rank, kv_lora_rank, head dims).
 Status ParseMla(const ConfigFields& f, ModelConfig& c);
 // The defaults of the routing keys a config may leave out: DeepSeek-V3's (sigmoid, noaux_tc,

@@ -48,7 +48,8 @@ TEST(FamilyTest, RegistryHoldsEveryFamilyOnce) {
   }
   for (const char* t :
        {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral", "gpt_oss",
-        "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2", "llama4", "qwen3_next"}) {
+        "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2", "llama4", "qwen3_next",
+        "qwen3_5_moe"}) {
     EXPECT_NE(FindFamily(t), nullptr) << t;
   }
   EXPECT_EQ(FindFamily("llama"), nullptr);
@@ -249,6 +250,26 @@ TEST(FamilyTest, Qwen3Next) {
             (std::vector<int64_t>{2048, 4096}));
   EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").shape,
             (std::vector<int64_t>{1, 2048}));
+}
+
+// Qwen3.5-MoE (vLLM qwen3_5.py): Qwen3-Next's hybrid under model.language_model., with the
+// DeltaNet projections apart (in_proj_qkv split per block) and bf16 experts fused out-major.
+TEST(FamilyTest, Qwen35Moe) {
+  const ModelConfig c = Preset("qwen3.5-35b-a3b");
+  EXPECT_EQ(c.family_name(), "qwen3_5_moe");
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.num_moe_layers(), 40);
+  EXPECT_EQ(c.num_layers_of(AttentionKind::kGqa), 10);
+  const auto t = ByName(c);
+  EXPECT_EQ(t.at("model.language_model.layers.{layer}.linear_attn.in_proj_qkv").section_sizes,
+            (std::vector<int64_t>{2048, 2048, 4096}));
+  EXPECT_EQ(t.at("model.language_model.layers.{layer}.linear_attn.in_proj_z").shape,
+            (std::vector<int64_t>{4096, 2048}));
+  EXPECT_EQ(t.count("model.language_model.embed_tokens.weight"), 1u);
+  EXPECT_EQ(t.count("lm_head.weight"), 1u);
+  const ExpertLayout x = c.family->experts(c);
+  EXPECT_TRUE(x.fused && !x.fused_in_major && !x.gate_up_interleaved);
+  EXPECT_EQ(x.fused_gate_up, "model.language_model.layers.{layer}.mlp.experts.gate_up_proj");
 }
 
 // Llama-4 (vLLM llama4.py): top-1 sigmoid applied to the expert input, MoE every

@@ -300,9 +300,38 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
       }
       return Status::Ok();
     }
+    if (q.format == WeightFormat::kBf16) {
+      // Stored out-major: [E, out, in] (Qwen3.5: gate rows [0, I), up rows [I, 2I)). The rank's
+      // rows of each half (interleaved: 2*[ib, ie) at once), or its columns of down.
+      const int src = AddSource(t, {module, s.dtype, {E, out, in}, kind, {}});
+      const int64_t halves = w13 && !x.gate_up_interleaved ? g : 1;
+      for (int64_t slot = 0; slot < num_slots; ++slot) {
+        for (int64_t h = 0; h < halves; ++h) {
+          Piece p;
+          p.source_idx = src;
+          p.element_bytes = es;
+          p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * out * in * es;
+          p.window.row_bytes = in * es;
+          p.window.dst_row_stride = dst_row;
+          p.dst_offset = slot * slot_bytes;
+          if (w13) {
+            const int64_t r0 = halves > 1 ? h * I.logical + ib : g * ib;
+            const int64_t r1 = halves > 1 ? h * I.logical + ie : g * ie;
+            p.window.row_begin = r0, p.window.row_end = r1;
+            p.window.col_begin = 0, p.window.col_end = in * es;
+            p.dst_offset += h * I.padded_local * dst_row;
+          } else {
+            p.window.row_begin = 0, p.window.row_end = out;
+            p.window.col_begin = ib * es, p.window.col_end = ie * es;
+          }
+          t.pieces.push_back(p);
+        }
+      }
+      return Status::Ok();
+    }
     return UnimplementedError(fmt::format(
-        "[rank {}/{}] load: '{}': fused experts in {} are not supported (expected bf16 stored "
-        "input-major or mxfp4)",
+        "[rank {}/{}] load: '{}': fused experts in {} are not supported (expected bf16 or "
+        "mxfp4)",
         rank, plan.topology.world, t.name, WeightFormatName(q.format)));
   }
 

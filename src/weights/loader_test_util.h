@@ -170,6 +170,21 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
             for (int64_t c = 0; c < Ir / unit; ++c)
               copy_elem(src, (e * out_rows + h) * cols + ib / unit + c, dst_at(sl, h, c));
         }
+      } else if (!x.fused_in_major) {  // bf16, stored out-major [E, out, in] (Qwen3.5)
+        const FullTensor& src = full.at(module);
+        if (w13) {
+          for (int64_t r = 0; r < 2 * Ir; ++r) {
+            const int64_t h = r / Ir, j = r % Ir;
+            const int64_t row = x.gate_up_interleaved ? 2 * ib + r : h * I + ib + j;
+            const int64_t dst = x.gate_up_interleaved ? r : h * Ip + j;
+            for (int64_t c = 0; c < H; ++c)
+              copy_elem(src, (e * 2 * I + row) * H + c, dst_at(sl, dst, c));
+          }
+        } else {
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < Ir; ++i)
+              copy_elem(src, (e * H + h) * I + ib + i, dst_at(sl, h, i));
+        }
       } else {  // bf16, stored in-major [E, in, out]
         const FullTensor& src = full.at(module);
         if (w13) {

@@ -33,6 +33,7 @@ TEST(RuntimeLayerReferenceTest, Glm4Moe) { CheckPreset("tiny-glm4-moe"); }
 TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }
 TEST(RuntimeLayerReferenceTest, Llama4) { CheckPreset("tiny-llama4"); }
 TEST(RuntimeLayerReferenceTest, Qwen3Next) { CheckPreset("tiny-qwen3-next"); }
+TEST(RuntimeLayerReferenceTest, Qwen35Moe) { CheckPreset("tiny-qwen3.5-moe"); }
 
 }  // namespace
 }  // namespace moeshard

@@ -318,6 +318,7 @@ std::vector<RuntimeCase> BuildCases() {
       {"tiny-deepseek-v2", "deepseekv2", "", 2}, {"tiny-qwen2-moe", "qwen2", "triton", 2},
       {"tiny-glm4-moe", "glm4", "", 2},          {"tiny-minimax-m2", "minimax", "triton", 2},
       {"tiny-llama4", "llama4", "", 4},          {"tiny-qwen3-next", "qwen3next", "triton", 4},
+      {"tiny-qwen3.5-moe", "qwen35", "triton", 4},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
   for (const Family& f : families) {

@@ -39,6 +39,17 @@ def expert_tensors(cfg):
         prefix, E, I, H = "", cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
         first, L, fmt = 0, cfg["num_hidden_layers"], "bf16"
         module, projs = "mlp", ("gate_proj", "up_proj", "down_proj")
+    elif mt == "qwen3_5_moe":
+        # Qwen3.5-MoE bf16 (vLLM qwen3_5.py; on-disk layout per sglang-jax #1251, miles #1317):
+        # experts fused per layer and out-major under model.language_model., gate_up_proj
+        # [E, 2I, H] (gate rows, then up) and down_proj [E, H, I], no ".weight" leaf, every layer.
+        t = cfg["text_config"]
+        E, I, H, L = t["num_experts"], t["moe_intermediate_size"], t["hidden_size"], t["num_hidden_layers"]
+        for layer in range(L):
+            base = "model.language_model.layers.%d.mlp.experts." % layer
+            out[base + "gate_up_proj"] = ("BF16", [E, 2 * I, H])
+            out[base + "down_proj"] = ("BF16", [E, H, I])
+        return out
     elif mt == "llama4":
         # Llama-4 (vLLM llama4.py): experts fused per layer and stored input-major, gate_up_proj
         # [E, H, 2I] (gate columns, then up) and down_proj [E, I, H], with no ".weight" leaf, on
