@@ -42,6 +42,31 @@ const WeightFormatSpec& FormatSpec(WeightFormat format) {
 
 std::string_view WeightFormatName(WeightFormat format) { return FormatSpec(format).name; }
 
+const char* QuantLayoutName(QuantLayout layout) {
+  switch (layout) {
+    case QuantLayout::kNative: return "native";
+    case QuantLayout::kAwq: return "awq";
+    case QuantLayout::kGptq: return "gptq";
+    case QuantLayout::kGptqV2: return "gptq_v2";
+    case QuantLayout::kCompressedTensors: return "compressed-tensors";
+    case QuantLayout::kModelOpt: return "modelopt";
+  }
+  return "?";
+}
+
+QuantLeaves CheckpointLeaves(const WeightScheme& q) {
+  const WeightFormatSpec& s = q.spec();
+  switch (q.layout) {
+    case QuantLayout::kAwq:
+    case QuantLayout::kGptq:
+    case QuantLayout::kGptqV2: return {"qweight", "scales", "qzeros", ""};
+    case QuantLayout::kModelOpt: return {"weight", s.scale_leaf, s.zero_leaf, "weight_scale_2"};
+    case QuantLayout::kNative:
+    case QuantLayout::kCompressedTensors: break;
+  }
+  return {s.weight_leaf, s.scale_leaf, s.zero_leaf, s.global_leaf};
+}
+
 WeightScheme WeightScheme::Default(WeightFormat format) {
   const WeightFormatSpec& s = FormatSpec(format);
   return WeightScheme{format, s.default_group, s.default_block_rows};
@@ -103,12 +128,16 @@ std::pair<int64_t, int64_t> WeightScheme::WeightSlice(bool rows, int64_t begin,
 }
 
 std::pair<int64_t, int64_t> WeightScheme::ScaleSlice(bool rows, int64_t begin, int64_t end) const {
-  const int64_t unit = rows ? RowGranule() : group;
+  const int64_t unit = rows ? (spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1) : group;
   return {begin / unit, CeilDiv(end, unit)};
 }
 
 int64_t WeightScheme::RowGranule() const {
-  return spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1;
+  if (spec().scale_layout == ScaleLayout::kBlock2D) return block_rows;
+  // AWQ packs eight output columns into each qweight / qzeros word, GPTQ and compressed-tensors
+  // eight output rows into each zero-point word.
+  const bool packs_rows = format == WeightFormat::kInt4Zp && layout != QuantLayout::kNative;
+  return packs_rows ? 8 : 1;
 }
 
 int64_t WeightScheme::ColGranule() const {

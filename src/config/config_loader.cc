@@ -61,100 +61,204 @@ Result<json> ParseJsonStrict(std::string_view text, const std::string& source) {
   return j;
 }
 
+// The ignore lists every method spells its own way, appended to out.ignore.
+Status ReadIgnore(const ConfigFields& f, const char* key, QuantizationConfig& out) {
+  if (!f.Has(key)) return Status::Ok();
+  if (!f.Raw(key).is_array()) return f.Error(key, "an array of strings", f.Raw(key).dump());
+  for (const json& e : f.Raw(key)) {
+    if (!e.is_string()) return f.Error(key, "an array of strings", e.dump());
+    out.ignore.push_back(e.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+// A group size of 32-1024 values that the 32-value kernels can walk (AWQ, GPTQ, int4).
+Status CheckInt4Group(const ConfigFields& f, const char* key, int64_t group) {
+  if (group <= 0 || group % 32 != 0) {
+    return f.Error(key, "a positive multiple of 32 (moeshard's int4 kernels walk 32 values a step)",
+                   std::to_string(group),
+                   group == -1 ? "per-channel int4 (group_size -1) is not supported" : "");
+  }
+  return Status::Ok();
+}
+
+// DeepSeek-style block fp8 (`quant_method: fp8`; MiniMax spells fmt "float8_e4m3fn").
+Status ParseFp8(const ConfigFields& f, QuantizationConfig& out) {
+  out.scheme = WeightScheme::Default(WeightFormat::kFp8Block);
+  if (!f.Has("weight_block_size")) {
+    return InvalidArgumentError(fmt::format(
+        "config: {}: required for fp8 (moeshard supports block-scaled fp8, e.g. [128, 128])",
+        f.Where("weight_block_size")));
+  }
+  const json& b = f.Raw("weight_block_size");
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+      b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+    return f.Error("weight_block_size", "two positive integers [rows, cols]", b.dump());
+  }
+  out.scheme.block_rows = b[0].get<int64_t>();
+  out.scheme.group = b[1].get<int64_t>();
+  if (f.Has("fmt")) {
+    MOESHARD_RETURN_IF_ERROR(f.Choice("fmt", std::nullopt, {"e4m3", "float8_e4m3fn"}).status());
+  }
+  MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "ignored_layers", out));
+  return ReadIgnore(f, "modules_to_not_convert", out);
+}
+
+// AutoAWQ (`quant_method: awq`; quant_config.json spells w_bit / q_group_size, vLLM awq.py
+// reads both): 4-bit GEMM packing with zero points.
+Status ParseAwq(const ConfigFields& f, QuantizationConfig& out) {
+  MOESHARD_ASSIGN_OR_RETURN(int64_t bits, f.IntAlias({"bits", "w_bit"}));
+  MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.IntAlias({"group_size", "q_group_size"}, 128, -1));
+  MOESHARD_ASSIGN_OR_RETURN(bool zero_point, f.Bool("zero_point", true));
+  MOESHARD_ASSIGN_OR_RETURN(std::string version, f.String("version", "gemm"));
+  if (bits != 4) return f.Error("bits", "4 (moeshard reads 4-bit AWQ)", std::to_string(bits));
+  MOESHARD_RETURN_IF_ERROR(CheckInt4Group(f, "group_size", group));
+  if (!zero_point) {
+    return f.Error("zero_point", "true (AWQ's GEMM layout stores zero points)", "false");
+  }
+  if (version != "gemm" && version != "GEMM") {
+    return f.Error("version", "\"gemm\" (the packing vLLM and AutoAWQ GEMM kernels read)",
+                   "\"" + version + "\"", "GEMV and Marlin-packed AWQ are not supported");
+  }
+  out.scheme = WeightScheme{WeightFormat::kInt4Zp, group, 1, QuantLayout::kAwq};
+  return ReadIgnore(f, "modules_to_not_convert", out);
+}
+
+// AutoGPTQ / GPTQModel (`quant_method: gptq`): 4-bit, zero points stored minus one unless
+// `checkpoint_format` is "gptq_v2". Act-order (`desc_act`) permutes the input channels by
+// `g_idx`, which the contiguous-group kernels cannot follow.
+Status ParseGptq(const ConfigFields& f, QuantizationConfig& out) {
+  MOESHARD_ASSIGN_OR_RETURN(int64_t bits, f.IntAlias({"bits", "w_bit"}));
+  MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.Int("group_size", 128, -1));
+  MOESHARD_ASSIGN_OR_RETURN(bool desc_act, f.Bool("desc_act", false));
+  MOESHARD_ASSIGN_OR_RETURN(std::string format,
+                            f.Choice("checkpoint_format", "gptq", {"gptq", "gptq_v2"}));
+  if (bits != 4) return f.Error("bits", "4 (moeshard reads 4-bit GPTQ)", std::to_string(bits));
+  MOESHARD_RETURN_IF_ERROR(CheckInt4Group(f, "group_size", group));
+  if (desc_act) {
+    return f.Error("desc_act", "false (moeshard's int4 kernels take groups of consecutive input "
+                   "channels)", "true", "act-order GPTQ checkpoints are not supported yet");
+  }
+  out.scheme = WeightScheme{WeightFormat::kInt4Zp, group, 1,
+                            format == "gptq_v2" ? QuantLayout::kGptqV2 : QuantLayout::kGptq};
+  return ReadIgnore(f, "modules_to_not_convert", out);
+}
+
+// NVIDIA ModelOpt (`quant_method: modelopt` or `modelopt_fp4`): `quant_algo` at the top or, as
+// hf_quant_config.json writes it, under `quantization` (vLLM modelopt.py reads both).
+Status ParseModelOpt(const ConfigFields& top, QuantizationConfig& out) {
+  const bool nested = top.Has("quantization") && top.Raw("quantization").is_object();
+  ConfigFields f = top;
+  if (nested) {
+    MOESHARD_ASSIGN_OR_RETURN(f, top.Object("quantization"));
+  }
+  MOESHARD_ASSIGN_OR_RETURN(std::string algo, f.String("quant_algo", std::nullopt));
+  if (algo != "NVFP4") {
+    return f.Error("quant_algo", "\"NVFP4\" (moeshard reads ModelOpt NVFP4)", "\"" + algo + "\"",
+                   algo == "FP8" ? "per-tensor fp8 (ModelOpt FP8) is not supported yet; block "
+                                   "fp8 checkpoints (quant_method fp8) are"
+                                 : "");
+  }
+  MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.Int("group_size", 16, 1));
+  if (group != 16) return f.Error("group_size", "16 (NVFP4: one E4M3 scale per 16)", std::to_string(group));
+  out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kModelOpt};
+  MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "exclude_modules", out));
+  return ReadIgnore(top, "ignore", out);
+}
+
+// compressed-tensors (llm-compressor): one config group; int4 pack-quantized (symmetric, or
+// asymmetric with packed zero points), mxfp4-pack-quantized and nvfp4-pack-quantized.
+Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
+  MOESHARD_ASSIGN_OR_RETURN(out.format, f.String("format", std::nullopt));
+  MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "ignore", out));
+  if (!f.Has("config_groups") || !f.Raw("config_groups").is_object() ||
+      f.Raw("config_groups").empty()) {
+    return InvalidArgumentError(
+        fmt::format("config: {}: required object is missing", f.Where("config_groups")));
+  }
+  if (f.Raw("config_groups").size() != 1) {
+    return f.Error("config_groups", "exactly one group (moeshard plans one weight scheme)",
+                   std::to_string(f.Raw("config_groups").size()) + " groups");
+  }
+  const json& group = f.Raw("config_groups").begin().value();
+  const std::string gname =
+      f.prefix() + "config_groups." + f.Raw("config_groups").begin().key() + ".weights.";
+  if (!group.is_object() || !group.contains("weights") || !group["weights"].is_object()) {
+    return InvalidArgumentError(
+        fmt::format("config: '{}' in {}: required object is missing", gname, f.source()));
+  }
+  ConfigFields w(group["weights"], f.source(), gname);
+  MOESHARD_ASSIGN_OR_RETURN(int64_t bits, w.Int("num_bits"));
+  MOESHARD_ASSIGN_OR_RETURN(std::string type, w.String("type", "int"));
+  MOESHARD_ASSIGN_OR_RETURN(std::string strategy, w.String("strategy", "group"));
+  MOESHARD_ASSIGN_OR_RETURN(int64_t group_size, w.Int("group_size", std::nullopt, 1));
+  MOESHARD_ASSIGN_OR_RETURN(bool symmetric, w.Bool("symmetric", true));
+  if (bits != 4) {
+    return w.Error("num_bits", "4 (int4 or fp4 weights)", std::to_string(bits),
+                   bits == 8 ? "compressed-tensors fp8 / int8 weights are not supported yet" : "");
+  }
+  auto want_format = [&](const char* expected, const char* what) -> Status {
+    if (out.format == expected) return Status::Ok();
+    return f.Error("format", fmt::format("\"{}\" for {}", expected, what),
+                   "\"" + out.format + "\"");
+  };
+  if (type == "float" && group_size == 16) {  // NVFP4: E4M3 per 16, a global scale per tensor
+    if (strategy != "tensor_group") {
+      return w.Error("strategy", "\"tensor_group\" for fp4 in groups of 16 (NVFP4)",
+                     "\"" + strategy + "\"");
+    }
+    MOESHARD_RETURN_IF_ERROR(want_format("nvfp4-pack-quantized", "NVFP4 weights"));
+    out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kCompressedTensors};
+    return Status::Ok();
+  }
+  if (strategy != "group") return w.Error("strategy", "\"group\"", "\"" + strategy + "\"");
+  if (type == "float") {
+    out.scheme = WeightScheme::Default(WeightFormat::kMxfp4);
+    if (group_size != out.scheme.group) {
+      return w.Error("group_size", "32 for mxfp4 (one E8M0 scale per 32) or 16 for nvfp4",
+                     std::to_string(group_size));
+    }
+    return want_format("mxfp4-pack-quantized", "4-bit float weights");
+  }
+  if (type != "int") return w.Error("type", "\"int\" or \"float\"", "\"" + type + "\"");
+  MOESHARD_RETURN_IF_ERROR(CheckInt4Group(w, "group_size", group_size));
+  MOESHARD_RETURN_IF_ERROR(want_format("pack-quantized", "int4 weights"));
+  out.scheme = symmetric ? WeightScheme{WeightFormat::kInt4, group_size, 1}
+                         : WeightScheme{WeightFormat::kInt4Zp, group_size, 1,
+                                        QuantLayout::kCompressedTensors};
+  // The pack-quantized compressor writes `weight_shape` beside each packed weight
+  // (Kimi-K2-Thinking's headers; compressed-tensors pack_quantized.py).
+  out.weight_shape_meta = true;
+  return Status::Ok();
+}
+
 Result<QuantizationConfig> ParseQuantization(const json& q, const std::string& source,
                                              const std::string& prefix) {
   QuantizationConfig out;
   ConfigFields f(q, source, prefix + "quantization_config.");
   MOESHARD_ASSIGN_OR_RETURN(out.quant_method, f.String("quant_method", std::nullopt));
-  auto read_ignore = [&](const char* key) -> Status {
-    if (!f.Has(key)) return Status::Ok();
-    if (!f.Raw(key).is_array()) return f.Error(key, "an array of strings", f.Raw(key).dump());
-    for (const json& e : f.Raw(key)) {
-      if (!e.is_string()) return f.Error(key, "an array of strings", e.dump());
-      out.ignore.push_back(e.get<std::string>());
-    }
-    return Status::Ok();
-  };
-  if (out.quant_method == "fp8") {
-    out.scheme = WeightScheme::Default(WeightFormat::kFp8Block);
-    if (!f.Has("weight_block_size")) {
-      return InvalidArgumentError(fmt::format(
-          "config: {}: required for fp8 (moeshard supports block-scaled fp8, e.g. [128, 128])",
-          f.Where("weight_block_size")));
-    }
-    const json& b = f.Raw("weight_block_size");
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-        !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
-      return f.Error("weight_block_size", "two positive integers [rows, cols]", b.dump());
-    }
-    out.scheme.block_rows = b[0].get<int64_t>();
-    out.scheme.group = b[1].get<int64_t>();
-    if (f.Has("fmt")) {
-      // Both spellings name fp8 e4m3fn: DeepSeek writes "e4m3", MiniMax "float8_e4m3fn".
-      MOESHARD_RETURN_IF_ERROR(f.Choice("fmt", std::nullopt, {"e4m3", "float8_e4m3fn"}).status());
-    }
-    MOESHARD_RETURN_IF_ERROR(read_ignore("ignored_layers"));
-    MOESHARD_RETURN_IF_ERROR(read_ignore("modules_to_not_convert"));
-  } else if (out.quant_method == "mxfp4") {
+  const std::string& m = out.quant_method;
+  Status s;
+  if (m == "fp8") {
+    s = ParseFp8(f, out);
+  } else if (m == "mxfp4") {
     out.scheme = WeightScheme::Default(WeightFormat::kMxfp4);
-    MOESHARD_RETURN_IF_ERROR(read_ignore("modules_to_not_convert"));
-  } else if (out.quant_method == "compressed-tensors") {
-    MOESHARD_ASSIGN_OR_RETURN(out.format, f.String("format", std::nullopt));
-    MOESHARD_RETURN_IF_ERROR(read_ignore("ignore"));
-    if (!f.Has("config_groups") || !f.Raw("config_groups").is_object() ||
-        f.Raw("config_groups").empty()) {
-      return InvalidArgumentError(
-          fmt::format("config: {}: required object is missing", f.Where("config_groups")));
-    }
-    if (f.Raw("config_groups").size() != 1) {
-      return f.Error("config_groups", "exactly one group (moeshard plans one weight scheme)",
-                     std::to_string(f.Raw("config_groups").size()) + " groups");
-    }
-    const json& group = f.Raw("config_groups").begin().value();
-    const std::string gname = f.prefix() + "config_groups." + f.Raw("config_groups").begin().key() +
-                              ".weights.";
-    if (!group.is_object() || !group.contains("weights") || !group["weights"].is_object()) {
-      return InvalidArgumentError(fmt::format(
-          "config: '{}' in {}: required object is missing", gname, source));
-    }
-    ConfigFields w(group["weights"], source, gname);
-    MOESHARD_ASSIGN_OR_RETURN(int64_t bits, w.Int("num_bits"));
-    MOESHARD_ASSIGN_OR_RETURN(std::string type, w.String("type", "int"));
-    MOESHARD_ASSIGN_OR_RETURN(std::string strategy, w.String("strategy", "group"));
-    MOESHARD_ASSIGN_OR_RETURN(int64_t group_size, w.Int("group_size", std::nullopt, 1));
-    MOESHARD_ASSIGN_OR_RETURN(bool symmetric, w.Bool("symmetric", true));
-    if (bits != 4) return w.Error("num_bits", "4", std::to_string(bits));
-    if (strategy != "group") return w.Error("strategy", "\"group\"", "\"" + strategy + "\"");
-    if (type == "float") {
-      out.scheme = WeightScheme::Default(WeightFormat::kMxfp4);
-      if (group_size != out.scheme.group) {
-        return w.Error("group_size", "32 for mxfp4 (one E8M0 scale per 32)",
-                       std::to_string(group_size));
-      }
-      if (out.format != "mxfp4-pack-quantized") {
-        return f.Error("format", "\"mxfp4-pack-quantized\" for 4-bit float weights",
-                       "\"" + out.format + "\"");
-      }
-    } else if (type == "int") {
-      out.scheme = WeightScheme::Default(WeightFormat::kInt4);
-      out.scheme.group = group_size;
-      if (!symmetric) {
-        return w.Error("symmetric", "true (moeshard supports symmetric int4)", "false");
-      }
-      if (out.format != "pack-quantized") {
-        return f.Error("format", "\"pack-quantized\" for int4 weights",
-                       "\"" + out.format + "\"");
-      }
-      // compressed-tensors' pack-quantized compressor writes `weight_shape` beside each packed
-      // weight (Kimi-K2-Thinking's headers).
-      out.weight_shape_meta = true;
-    } else {
-      return w.Error("type", "\"int\" or \"float\"", "\"" + type + "\"");
-    }
+    s = ReadIgnore(f, "modules_to_not_convert", out);
+  } else if (m == "compressed-tensors") {
+    s = ParseCompressedTensors(f, out);
+  } else if (m == "awq") {
+    s = ParseAwq(f, out);
+  } else if (m == "gptq") {
+    s = ParseGptq(f, out);
+  } else if (m == "modelopt" || m == "modelopt_fp4") {
+    s = ParseModelOpt(f, out);
   } else {
-    return f.Error("quant_method", "one of \"fp8\", \"mxfp4\", \"compressed-tensors\"",
-                   "\"" + out.quant_method + "\"", "moeshard does not know this quantization");
+    return f.Error("quant_method",
+                   "one of \"fp8\", \"mxfp4\", \"compressed-tensors\", \"awq\", \"gptq\", "
+                   "\"modelopt\"",
+                   "\"" + m + "\"", "moeshard does not know this quantization");
   }
+  MOESHARD_RETURN_IF_ERROR(s);
   return out;
 }
 

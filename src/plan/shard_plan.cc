@@ -309,6 +309,17 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
                                   : q.ScaleSlice(dim == 0, begin, end);
     push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
          q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kScale);
+    if (q.has_zero_points()) {  // one per scale, sliced like the scales
+      push(t.name + "." + std::string(q.spec().zero_leaf), q.spec().zero_dtype,
+           q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kZeroPoint);
+    }
+  }
+  if (q.has_global_scale()) {
+    const int saved = dim;
+    dim = -1;  // one value for the whole tensor: every holder keeps it
+    push(t.name + "." + std::string(q.spec().global_leaf), DType::kF32, {1}, {1}, 0, 0,
+         TensorPart::kGlobalScale);
+    dim = saved;
   }
   if (t.shape_meta) {
     const int saved = dim;
@@ -366,6 +377,22 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
                      {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]},
                      shard_dim, sb, se, moe_layers),
            role, TensorPart::kScale, sections);
+      if (q.has_zero_points()) {  // one per scale, sliced and padded like the scales
+        push(MakeShard(p + proj + "_" + std::string(q.spec().zero_leaf), cat, q.spec().zero_dtype,
+                       {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]},
+                       shard_dim, sb, se, moe_layers),
+             role, TensorPart::kZeroPoint, sections);
+      }
+    }
+    if (q.has_global_scale()) {
+      // One F32 per checkpoint tensor: w13 [E, g] (gate, up), w2 [E], whole on every holder.
+      const std::vector<int64_t> lg = proj == "w13" ? std::vector<int64_t>{E, g}
+                                                    : std::vector<int64_t>{E};
+      std::vector<int64_t> local = lg;
+      local[0] = El;
+      push(MakeShard(p + proj + "_" + std::string(q.spec().global_leaf), cat, DType::kF32, lg,
+                     local, local, -1, 0, 0, moe_layers),
+           role, TensorPart::kGlobalScale, 1);
     }
     if (m.quant.weight_shape_meta && q.quantized()) {
       // compressed-tensors' per-expert weight_shape: gate and up for w13, down for w2.

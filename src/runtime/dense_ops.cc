@@ -34,7 +34,8 @@ void DequantizeRow(const DenseWeight& w, int64_t r, float* out) {
     std::copy(p, p + w.cols, out);
     return;
   }
-  reference::DequantizeMatrixRow(w.scheme, w.data, w.scales, w.rows, w.cols, r, out);
+  reference::DequantizeMatrixRow(w.scheme, w.data, w.scales, w.rows, w.cols, r, out, w.zeros,
+                                 w.global);
 }
 
 void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {

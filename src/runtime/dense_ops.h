@@ -30,6 +30,8 @@ struct DenseWeight {
   int64_t cols = 0;
   const void* data = nullptr;    // the weight tensor
   const void* scales = nullptr;  // the scale tensor (quantized formats)
+  const uint8_t* zeros = nullptr;  // int4-zp: zero points [rows, cols / g]
+  float global = 1.0f;             // nvfp4: the tensor's global scale (a multiplier)
 };
 
 // Per-thread fp32 rows for dequantisation: [num_threads, max_cols].

@@ -164,6 +164,11 @@ struct MoeRuntime::Impl {
               const MoeRuntimeOptions& o);
   Status LoadLayer(const WeightViews& w, int64_t layer, Layer* out);
   Result<DenseWeight> Dense(const WeightViews& w, TensorRole role, int64_t layer);
+  // The zero points (int4-zp) and global scales (nvfp4) of a quantized weight whose scales have
+  // `scale_shape`: `globals` takes the tensor's values, `global` its first one.
+  Status BindZerosAndGlobal(const WeightViews& w, TensorRole role, int64_t layer,
+                            const WeightScheme& q, const std::vector<int64_t>& scale_shape,
+                            const uint8_t** zeros, const float** globals, float* global);
   Result<const WeightView*> View(const WeightViews& w, TensorRole role, TensorPart part,
                                  int64_t layer, bool required);
   Status RunLayer(const Layer& ly, int64_t T, TokenRange chunk, const int32_t* given_ids,
@@ -215,7 +220,39 @@ Result<DenseWeight> MoeRuntime::Impl::Dense(const WeightViews& w, TensorRole rol
         fmt::join(d.scheme.ScaleShape(d.rows, d.cols), ", "), DTypeName(v->dtype),
         fmt::join(v->shape, ", "), fmt::join(sv->shape, ", ")));
   }
+  MOESHARD_RETURN_IF_ERROR(BindZerosAndGlobal(w, role, layer, d.scheme, sv->shape, &d.zeros,
+                                              nullptr, &d.global));
   return d;
+}
+
+Status MoeRuntime::Impl::BindZerosAndGlobal(const WeightViews& w, TensorRole role, int64_t layer,
+                                            const WeightScheme& q,
+                                            const std::vector<int64_t>& scale_shape,
+                                            const uint8_t** zeros, const float** globals,
+                                            float* global) {
+  if (q.has_zero_points()) {
+    MOESHARD_ASSIGN_OR_RETURN(const WeightView* z,
+                              View(w, role, TensorPart::kZeroPoint, layer, true));
+    if (z->dtype != DType::kU8 || z->shape != scale_shape) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: {} of layer {}: expected U8 zero points [{}] beside the scales, got {} [{}]",
+          TensorRoleName(role), layer, fmt::join(scale_shape, ", "), DTypeName(z->dtype),
+          fmt::join(z->shape, ", ")));
+    }
+    *zeros = z->as<uint8_t>();
+  }
+  if (q.has_global_scale()) {
+    MOESHARD_ASSIGN_OR_RETURN(const WeightView* gs,
+                              View(w, role, TensorPart::kGlobalScale, layer, true));
+    if (gs->dtype != DType::kF32) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: {} of layer {}: expected an F32 global scale, got {}", TensorRoleName(role),
+          layer, DTypeName(gs->dtype)));
+    }
+    if (globals != nullptr) *globals = gs->as<float>();
+    if (global != nullptr) *global = *gs->as<float>();
+  }
+  return Status::Ok();
 }
 
 Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* ly) {
@@ -321,6 +358,9 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
     if (x.scheme.quantized()) {
       MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, View(w, role, P::kScale, layer, true));
       (is_w13 ? x.w13_scales : x.w2_scales) = sv->data;
+      MOESHARD_RETURN_IF_ERROR(BindZerosAndGlobal(w, role, layer, x.scheme, sv->shape,
+                                                  is_w13 ? &x.w13_zeros : &x.w2_zeros,
+                                                  is_w13 ? &x.w13_global : &x.w2_global, nullptr));
     }
   }
   if (!plan->experts.bias_suffix.empty()) {

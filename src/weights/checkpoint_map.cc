@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "moeshard/base/math.h"
+#include "weights/quant_layouts.h"
 
 namespace moeshard::internal {
 namespace {
@@ -48,7 +49,10 @@ DummyKind KindOf(const std::string& name, TensorPart part, DType dtype) {
       if (dtype == DType::kF8E4M3) return DummyKind::kFp8;
       return dtype == DType::kU8 ? DummyKind::kNibbles : DummyKind::kWeight;
     case TensorPart::kScale:
+      if (dtype == DType::kF8E4M3) return DummyKind::kE4M3Scale;
       return dtype == DType::kU8 || dtype == DType::kF8E8M0 ? DummyKind::kE8M0 : DummyKind::kScale;
+    case TensorPart::kZeroPoint: return DummyKind::kZeroPoint;
+    case TensorPart::kGlobalScale: return DummyKind::kGlobalScale;
     case TensorPart::kShapeMeta: return DummyKind::kWeight;
     case TensorPart::kValue: return DummyKindOf(name, dtype);
   }
@@ -98,8 +102,71 @@ Status MapUnequalSections(const ShardPlan& plan, int64_t rank, int src, MappedTe
 // Non-expert tensors: the checkpoint tensor has the plan's logical (storage) shape; the rank
 // holds [begin, end) of shard_dim in each of its `sections` blocks. View the tensor as
 // [prod(dims before d), bytes from d on] and take the byte columns of each block.
+// A part of a quantized linear (weight, scales, zero points, global scale) that a checkpoint
+// in another layout (AWQ, GPTQ, compressed-tensors, ModelOpt) stores under its own name: read
+// as the rank layout's view (quant_layouts.h), rows of the view split by column parallelism,
+// bytes of a row by row parallelism.
+bool IsQuantizedPart(const ShardPlan& plan, const TensorShard& s) {
+  const WeightScheme& q = plan.model.quant.scheme;
+  if (!q.quantized() || q.layout == QuantLayout::kNative) return false;
+  switch (s.part) {
+    case TensorPart::kWeight: return s.dtype == q.spec().weight_dtype;
+    case TensorPart::kScale:
+    case TensorPart::kZeroPoint:
+    case TensorPart::kGlobalScale: return true;
+    case TensorPart::kShapeMeta:
+    case TensorPart::kValue: return false;
+  }
+  return false;
+}
+
+Status MapEncodedPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
+  const TensorShard& s = *t.shard;
+  const WeightScheme& q = plan.model.quant.scheme;
+  const std::string name = ExpandName(s.name, t.layer);
+  const std::string leaf = "." + RankLeaf(q, s.part);
+  if (name.size() <= leaf.size() || name.compare(name.size() - leaf.size(), leaf.size(), leaf) != 0 ||
+      s.logical_shape.empty() || (s.shard_dim >= 0 && s.sections != 1)) {
+    return MapError(plan, rank, t.name,
+                    fmt::format("a {} part in {} layout without the leaf '{}'",
+                                WeightFormatName(q.format), QuantLayoutName(q.layout), leaf));
+  }
+  const int64_t out = s.logical_shape[0];
+  const int64_t in = s.part == TensorPart::kWeight ? s.logical_shape[1] * 2
+                     : s.logical_shape.size() > 1  ? s.logical_shape[1] * q.group
+                                                   : 1;
+  const int src = AddSource(t, EncodedSpec(q, s.part, name.substr(0, name.size() - leaf.size()),
+                                           out, in, plan.model.dtype,
+                                           KindOf(name, s.part, s.dtype)));
+  const SourceTensorSpec& spec = t.sources[static_cast<size_t>(src)];
+  const int64_t es = ElementBytes(s.dtype);
+  const int64_t rows = spec.view_shape[0];
+  const int64_t row_bytes = spec.view_shape.size() > 1 ? spec.view_shape[1] * es : es;
+  Piece p;
+  p.source_idx = src;
+  p.element_bytes = es;
+  p.window = Slice2D{.base_offset = 0,
+                     .row_bytes = row_bytes,
+                     .row_begin = 0,
+                     .row_end = rows,
+                     .col_begin = 0,
+                     .col_end = row_bytes,
+                     .dst_row_stride = row_bytes};
+  if (s.shard_dim == 0) {
+    p.window.row_begin = s.shard_begin;
+    p.window.row_end = s.shard_end;
+  } else if (s.shard_dim == 1) {
+    p.window.col_begin = s.shard_begin * es;
+    p.window.col_end = s.shard_end * es;
+    p.window.dst_row_stride = s.local_shape[1] * es;
+  }
+  t.pieces.push_back(p);
+  return Status::Ok();
+}
+
 Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const TensorShard& s = *t.shard;
+  if (IsQuantizedPart(plan, s)) return MapEncodedPlain(plan, rank, t);
   const std::string source = ExpandName(s.tied_source.empty() ? s.name : s.tied_source, t.layer);
   const int64_t es = ElementBytes(s.dtype);
   SourceTensorSpec spec{source, s.dtype, s.logical_shape, KindOf(source, s.part, s.dtype), {}};
@@ -163,13 +230,15 @@ Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
 // Storage geometry of one per-expert [out, in] matrix part in the expert scheme.
 struct Geometry {
   const WeightScheme& q;
-  bool scale;  // the scale tensor rather than the weight
+  bool scale;  // the scale or zero-point tensor rather than the weight
   DType model_dtype;
+  bool zeros = false;  // the zero points (one byte per scale)
 
   // Storage rows holding `n` logical rows.
   int64_t Rows(int64_t n) const { return scale ? q.ScaleRows(n) : n; }
   // Bytes of `c` logical columns of one storage row.
   int64_t ColBytes(int64_t c) const {
+    if (zeros) return q.ScaleCols(c) * DTypeBits(q.spec().zero_dtype) / 8;
     return scale ? q.ScaleRowBytes(c) : q.WeightRowBytes(c, model_dtype);
   }
 };
@@ -184,8 +253,13 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const WeightScheme& q = plan.expert_scheme;
   const bool w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
   const bool bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
-  const bool scale = s.part == TensorPart::kScale;
+  const bool zeros = s.part == TensorPart::kZeroPoint;
+  const bool scale = s.part == TensorPart::kScale || zeros;
   const bool meta = s.part == TensorPart::kShapeMeta;
+  const bool global = s.part == TensorPart::kGlobalScale;
+  // Another checkpoint layout than the rank's: each part read through its conversion.
+  const bool encoded = q.layout != QuantLayout::kNative && q.quantized() && !meta && !bias &&
+                       s.part != TensorPart::kValue;
   const int64_t g = m.gated() ? 2 : 1;
   const DimLayout& I = plan.intermediate;
   const DimLayout& H = plan.hidden;
@@ -199,7 +273,10 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
                                 fmt::join(s.padded_shape, ", ")));
   }
   const int64_t slot_bytes = BytesOf(s.dtype, s.padded_shape) / num_slots;
-  const int64_t dst_row = BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()});
+  const int64_t dst_row =
+      s.padded_shape.size() > 2
+          ? BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()})
+          : ElementBytes(s.dtype);  // [El] or [El, parts]: global scales
   const int64_t layer = t.layer;
   const DummyKind kind = bias ? DummyKind::kBias : KindOf(t.name, s.part, s.dtype);
 
@@ -337,13 +414,40 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
 
   // Per-expert tensors [out, in]: gate/up [I, H], down [H, I].
   const std::string* modules[3] = {&x.gate, &x.up, &x.down};
-  const std::string leaf = meta    ? std::string("weight_shape")
-                           : scale ? std::string(q.spec().scale_leaf)
-                                   : std::string(q.spec().weight_leaf);
-  const Geometry geo{q, scale, m.dtype};
+  const std::string leaf = RankLeaf(q, s.part);
+  const Geometry geo{q, scale, m.dtype, zeros};
   auto name_of = [&](int64_t e, int proj) {
     return ExpandName(*modules[proj] + "." + leaf, layer, e);
   };
+  auto encoded_spec = [&](int64_t e, int proj) {
+    const int64_t out = proj == 2 ? H.logical : I.logical;
+    const int64_t in = proj == 2 ? I.logical : H.logical;
+    return EncodedSpec(q, s.part, ExpandName(*modules[proj], layer, e), out, in, m.dtype, kind);
+  };
+  if (global) {
+    // [El, parts] (w13: gate, up) or [El]: one F32 per checkpoint tensor.
+    const int64_t parts = w13 ? g : 1;
+    for (int64_t slot = 0; slot < num_slots; ++slot) {
+      const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
+      for (int64_t h = 0; h < parts; ++h) {
+        const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
+        Piece p;
+        p.source_idx = AddSource(
+            t, encoded ? encoded_spec(e, proj) : SourceTensorSpec{name_of(e, proj), s.dtype, {1}, kind, {}});
+        p.element_bytes = es;
+        p.window = Slice2D{.base_offset = 0,
+                           .row_bytes = es,
+                           .row_begin = 0,
+                           .row_end = 1,
+                           .col_begin = 0,
+                           .col_end = es,
+                           .dst_row_stride = es};
+        p.dst_offset = slot * slot_bytes + h * es;
+        t.pieces.push_back(p);
+      }
+    }
+    return Status::Ok();
+  }
   if (meta) {
     // [El, parts, 2]: each part's logical [out, in], whole.
     const int64_t parts = w13 ? g : 1;
@@ -370,6 +474,7 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
     return Status::Ok();
   }
   auto spec = [&](int64_t e, int proj) {
+    if (encoded) return encoded_spec(e, proj);
     const int64_t out = proj == 2 ? H.logical : I.logical;
     const int64_t in = proj == 2 ? I.logical : H.logical;
     return SourceTensorSpec{
@@ -415,7 +520,9 @@ Status Validate(const ShardPlan& plan, int64_t rank, const MappedTensor& t) {
   int64_t covered = 0;
   for (const Piece& p : t.pieces) {
     const SourceTensorSpec& src = t.sources[static_cast<size_t>(p.source_idx)];
-    const int64_t src_bytes = BytesOf(src.dtype, src.shape);
+    const int64_t src_bytes = src.encoding == SourceEncoding::kDirect
+                                  ? BytesOf(src.dtype, src.shape)
+                                  : BytesOf(src.view_dtype, src.view_shape);
     const Slice2D& w = p.window;
     if (w.row_end * w.row_bytes + w.base_offset > src_bytes || w.col_end > w.row_bytes) {
       return MapError(plan, rank, t.name,

@@ -57,10 +57,13 @@ FloatParams ParamsOf(DummyKind kind) {
     case DummyKind::kWeight: return {0.0f, 0.05f};
     case DummyKind::kNorm: return {1.0f, 0.05f};
     case DummyKind::kBias: return {0.0f, 0.02f};
-    case DummyKind::kScale: return {0.01f, 0.005f};
+    case DummyKind::kScale:
+    case DummyKind::kGlobalScale: return {0.01f, 0.005f};
     case DummyKind::kFp8:
     case DummyKind::kNibbles:
-    case DummyKind::kE8M0: break;
+    case DummyKind::kE8M0:
+    case DummyKind::kZeroPoint:
+    case DummyKind::kE4M3Scale: break;
   }
   return {0.0f, 0.05f};
 }
@@ -102,10 +105,26 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void FillRun(uint64
       }
       return;
     }
+    case DummyKind::kZeroPoint: {
+      auto* out = reinterpret_cast<uint8_t*>(dst);
+      for (int64_t j = 0; j < n; ++j) {
+        const uint32_t h = Hash(lo + static_cast<uint32_t>(j), k0, k1);
+        out[j] = static_cast<uint8_t>(6u + (((h >> 16) * 5u) >> 16));
+      }
+      return;
+    }
+    case DummyKind::kE4M3Scale: {
+      auto* out = reinterpret_cast<uint8_t*>(dst);
+      for (int64_t j = 0; j < n; ++j) {
+        out[j] = static_cast<uint8_t>(0x30u + (Hash(lo + static_cast<uint32_t>(j), k0, k1) >> 28));
+      }
+      return;
+    }
     case DummyKind::kWeight:
     case DummyKind::kNorm:
     case DummyKind::kBias:
-    case DummyKind::kScale: break;
+    case DummyKind::kScale:
+    case DummyKind::kGlobalScale: break;
   }
   const FloatParams p = ParamsOf(kind);
   switch (dtype) {

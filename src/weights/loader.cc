@@ -17,6 +17,7 @@
 #include "moeshard/weights/dummy_weights.h"
 #include "moeshard/weights/presharded.h"
 #include "weights/checkpoint_map.h"
+#include "weights/quant_layouts.h"
 
 namespace moeshard {
 
@@ -48,6 +49,10 @@ int64_t Bytes(DType dtype, const std::vector<int64_t>& shape) {
 // packed 4-bit weights as U8 [.., n] or I32 [.., n / 4] (compressed-tensors pack-quantized).
 bool Compatible(const SourceTensorSpec& want, const TensorInfo& got) {
   if (got.dtype == want.dtype && got.shape == want.shape) return true;
+  if (want.encoding == SourceEncoding::kScalarF32 || want.encoding == SourceEncoding::kReciprocalF32) {
+    // One F32 per tensor, stored as a scalar [] (ModelOpt) or [1] (compressed-tensors).
+    return got.dtype == DType::kF32 && (got.shape.empty() || got.shape == std::vector<int64_t>{1});
+  }
   if (want.dtype == DType::kU8 && got.dtype == DType::kF8E8M0 && got.shape == want.shape) {
     return true;
   }
@@ -482,6 +487,7 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
       int64_t element_bytes = 1;
       DType dtype = DType::kU8;
       const std::vector<int64_t>* values = nullptr;  // known values (weight_shape)
+      const SourceTensorSpec* spec = nullptr;          // set when it is converted
     };
     std::vector<std::vector<Source>> sources(tensors.size());
     std::unordered_set<std::string> distinct;
@@ -489,8 +495,10 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
       for (const SourceTensorSpec& spec : tensors[i].sources) {
         distinct.insert(spec.name);
         Source s;
-        s.dtype = spec.dtype;
-        s.element_bytes = DTypeBits(spec.dtype) / 8;
+        const bool encoded = spec.encoding != SourceEncoding::kDirect;
+        s.dtype = encoded ? spec.view_dtype : spec.dtype;  // what the windows address
+        s.element_bytes = DTypeBits(s.dtype) / 8;
+        if (encoded) s.spec = &spec;
         if (options_.source == LoadOptions::Source::kCheckpoint) {
           s.entry = checkpoint_->Find(spec.name);
           if (s.entry == nullptr) {
@@ -522,6 +530,10 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
     // Produces window rows [a, b) of piece p into `out` (row r at out + (r - a) * stride).
     auto produce = [&](const Source& src, const Piece& p, int64_t a, int64_t b, std::byte* out,
                        int64_t stride) -> Status {
+      if (src.entry != nullptr && src.spec != nullptr) {
+        return internal::ReadEncoded(*src.entry->file, *src.entry->info, *src.spec, a, b,
+                                     p.window.col_begin, p.window.col_end, out, stride);
+      }
       if (src.entry != nullptr) {
         Slice2D w = p.window;
         w.row_begin = a;

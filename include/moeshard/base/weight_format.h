@@ -27,6 +27,11 @@
 // that no scale is shared by two ranks. fp8 blocks are 128 x 128 in DeepSeek-V3, but the size
 // comes from the checkpoint's config (`weight_block_size`) and travels in WeightScheme.
 //
+// Checkpoints store the same formats in other layouts (QuantLayout below): AutoAWQ and AutoGPTQ
+// pack int32 words transposed, compressed-tensors packs asymmetric zero points along the output
+// dimension, ModelOpt names NVFP4's leaves its own way. The rank layout is always the table's;
+// the loader converts (weights/checkpoint_map.h).
+//
 // Thread safety: the table is immutable; everything here is a pure function.
 #pragma once
 
@@ -57,6 +62,33 @@ enum class ScaleLayout {
   kBlock2D,  // one scale per [block_rows, group] block (fp8-block)
 };
 
+// How a checkpoint stores a quantized linear (module M):
+//   kNative             the table's layout and leaves (M.weight + M.weight_scale_inv, M.weight_packed
+//                       + M.weight_scale, ...): DeepSeek fp8, gpt-oss / compressed-tensors mxfp4,
+//                       compressed-tensors symmetric int4
+//   kAwq                AutoAWQ GEMM (int4-zp): M.qweight I32 [in, out/8], eight output columns a
+//                       word in nibble order 0,2,4,6,1,3,5,7; M.qzeros I32 [in/g, out/8] likewise;
+//                       M.scales F16 [in/g, out]
+//   kGptq               AutoGPTQ (int4-zp): M.qweight I32 [in/8, out], eight input rows a word in
+//                       order; M.qzeros I32 [in/g, out/8] storing zero - 1; M.scales F16 [in/g, out]
+//   kGptqV2             GPTQModel `checkpoint_format: gptq_v2`: as kGptq, zero stored as is
+//   kCompressedTensors  compressed-tensors asymmetric int4 (int4-zp): M.weight_packed I32
+//                       [out, in/8], M.weight_scale [out, in/g] in the model dtype,
+//                       M.weight_zero_point I32 [out/8, in/g] packed along the output; NVFP4:
+//                       M.weight_global_scale F32 [1] is a divisor (w = e2m1 * e4m3 / global)
+//   kModelOpt           ModelOpt NVFP4: M.weight U8 [out, in/2], M.weight_scale F8_E4M3
+//                       [out, in/16], M.weight_scale_2 F32 [] a multiplier
+enum class QuantLayout { kNative, kAwq, kGptq, kGptqV2, kCompressedTensors, kModelOpt };
+const char* QuantLayoutName(QuantLayout layout);  // "native", "awq", "gptq", ...
+
+struct WeightScheme;
+// The checkpoint leaves (M.<leaf>) of a quantized linear in its scheme's layout; "" where the
+// format has no such part.
+struct QuantLeaves {
+  std::string_view weight, scale, zero, global;
+};
+QuantLeaves CheckpointLeaves(const WeightScheme& scheme);
+
 // One row of the table.
 struct WeightFormatSpec {
   WeightFormat format;
@@ -85,6 +117,7 @@ struct WeightScheme {
   WeightFormat format = WeightFormat::kBf16;
   int64_t group = 1;       // input-dimension values per scale (fp8: block columns)
   int64_t block_rows = 1;  // output rows per scale (fp8: block rows), else 1
+  QuantLayout layout = QuantLayout::kNative;  // how checkpoints store it (loader only)
 
   // The format's defaults (fp8 128 x 128, mxfp4 32, int4 32, int4-zp 128, nvfp4 16).
   static WeightScheme Default(WeightFormat format);
@@ -116,7 +149,8 @@ struct WeightScheme {
   std::pair<int64_t, int64_t> ScaleSlice(bool rows, int64_t begin, int64_t end) const;
 
   // Smallest slice of the output (rows) and input (cols) dimension a rank may hold so that
-  // every scale stays on one rank; a dimension that is rows of one tensor and columns of
+  // every scale stays on one rank (and, for layouts that pack eight output rows into one int32
+  // word, every word); a dimension that is rows of one tensor and columns of
   // another (the MoE intermediate) needs SplitGranule().
   int64_t RowGranule() const;
   int64_t ColGranule() const;

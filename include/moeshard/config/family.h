@@ -78,6 +78,8 @@ enum class TensorPart {
   kWeight,     // the weight values (quantized storage where the format says so)
   kScale,      // the format's scales
   kShapeMeta,  // compressed-tensors `weight_shape` I64 [2]: the logical [out, in]
+  kZeroPoint,  // the format's zero points (int4-zp: U8 [out, in/g], one per byte)
+  kGlobalScale,  // the format's per-tensor scale (nvfp4: F32, a multiplier)
   kValue,      // a plain tensor (norm, bias, conv, ...)
 };
 

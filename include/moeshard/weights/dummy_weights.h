@@ -16,6 +16,9 @@
 //   kNibbles     a random byte: two E2M1 (MXFP4) or int4 codes, every code valid
 //   kE8M0        2^-7, 2^-6 or 2^-5 (bytes 120..122): MXFP4 values up to 6 * 2^-5 = 0.19
 //   kScale       0.01 * (1 + uniform in [-0.5, 0.5)) (fp8 block scale_inv, int4 group scales)
+//   kZeroPoint   6..10 (int4-zp zero points, one per byte)
+//   kE4M3Scale   a positive e4m3 code 0x30..0x3f, 0.5 .. 1.875 (NVFP4 per-16 scales)
+//   kGlobalScale as kScale (NVFP4's per-tensor scale: weights up to 6 * 1.9 * 0.015 = 0.17)
 // Scales are hashed from their own flat index, i.e. from the logical block or group they cover,
 // so every topology agrees on them too. Because the value depends only on the logical position,
 // a rank generates exactly its slice, and any two layouts reassemble to the same model.
@@ -32,7 +35,18 @@
 
 namespace moeshard {
 
-enum class DummyKind { kWeight, kNorm, kBias, kFp8, kNibbles, kE8M0, kScale };
+enum class DummyKind {
+  kWeight,
+  kNorm,
+  kBias,
+  kFp8,
+  kNibbles,
+  kE8M0,
+  kScale,
+  kZeroPoint,    // int4-zp zero points: 6..10 (codes 0..15 then give weights of either sign)
+  kE4M3Scale,    // NVFP4 per-16 scales: positive e4m3 codes 0x30..0x3f (0.5 .. 1.875)
+  kGlobalScale,  // NVFP4 per-tensor scale (F32): 0.01 * (1 + uniform in [-0.5, 0.5))
+};
 
 // The kind of a checkpoint tensor from its name and dtype (e.g. "...weight_scale_inv" -> kScale,
 // "...input_layernorm.weight" -> kNorm, an F8_E4M3 tensor -> kFp8).

@@ -94,8 +94,30 @@ Result<LoadOptions::Source> ParseLoadFormat(
 // "dummy", "safetensors", "presharded".
 const char* LoadSourceName(LoadOptions::Source source);
 
+// How a checkpoint tensor's bytes become the rank layout's (base/weight_format.h QuantLayout).
+enum class SourceEncoding {
+  kDirect,         // as they are: the loader's windows copy stored bytes
+  kAwqCodes,       // AWQ qweight I32 [in, out/8]          -> U8 [out, in/2]
+  kAwqZeros,       // AWQ qzeros I32 [in/g, out/8]         -> U8 [out, in/g]
+  kGptqCodes,      // GPTQ qweight I32 [in/8, out]         -> U8 [out, in/2]
+  kGptqZeros,      // GPTQ qzeros I32 [in/g, out/8], z - 1 -> U8 [out, in/g]
+  kGptqV2Zeros,    // GPTQ v2 qzeros, z as is             -> U8 [out, in/g]
+  kTransposedF16,  // AWQ / GPTQ scales F16 [in/g, out]    -> F16 [out, in/g]
+  kCtZeros,        // compressed-tensors weight_zero_point I32 [out/8, in/g] -> U8 [out, in/g]
+  kBf16ToF16,      // compressed-tensors int4 scales in bf16 -> F16 (exact for normal fp16)
+  kReciprocalF32,  // compressed-tensors NVFP4 weight_global_scale (a divisor) -> 1 / x
+  kScalarF32,      // ModelOpt weight_scale_2 F32 [] (or [1]) -> F32 [1]
+};
+const char* SourceEncodingName(SourceEncoding encoding);
+
 // A checkpoint tensor the model consists of, as the family stores it.
 struct SourceTensorSpec {
+  SourceTensorSpec() = default;
+  SourceTensorSpec(std::string n, DType d, std::vector<int64_t> s, DummyKind kind,
+                   std::vector<int64_t> known = {})
+      : name(std::move(n)), dtype(d), shape(std::move(s)), dummy_kind(kind),
+        values(std::move(known)) {}
+
   std::string name;  // e.g. "model.layers.3.mlp.experts.17.up_proj.weight"
   DType dtype = DType::kBF16;
   std::vector<int64_t> shape;  // storage shape (packed: bytes along the input dim)
@@ -104,6 +126,11 @@ struct SourceTensorSpec {
   // Non-empty: the tensor's values are known (compressed-tensors weight_shape: the logical
   // [out, in]); the dummy source writes them instead of hashed values.
   std::vector<int64_t> values;
+  // Not kDirect: the stored tensor is converted, and the loader reads it as the rank-layout
+  // view `view_dtype` `view_shape` (the dummy source generates that view directly).
+  SourceEncoding encoding = SourceEncoding::kDirect;
+  DType view_dtype = DType::kBF16;
+  std::vector<int64_t> view_shape;
 };
 
 // Every checkpoint tensor the plan's model reads, over all ranks and layers, sorted by name.

@@ -1,0 +1,260 @@
+// Checkpoint layouts of quantized linears: see quant_layouts.h.
+#include "weights/quant_layouts.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "moeshard/base/check.h"
+#include "moeshard/base/math.h"
+#include "moeshard/base/numeric.h"
+
+namespace moeshard {
+
+const char* SourceEncodingName(SourceEncoding encoding) {
+  switch (encoding) {
+    case SourceEncoding::kDirect: return "direct";
+    case SourceEncoding::kAwqCodes: return "awq-codes";
+    case SourceEncoding::kAwqZeros: return "awq-zeros";
+    case SourceEncoding::kGptqCodes: return "gptq-codes";
+    case SourceEncoding::kGptqZeros: return "gptq-zeros";
+    case SourceEncoding::kGptqV2Zeros: return "gptq-v2-zeros";
+    case SourceEncoding::kTransposedF16: return "transposed-f16";
+    case SourceEncoding::kCtZeros: return "ct-zeros";
+    case SourceEncoding::kBf16ToF16: return "bf16-to-f16";
+    case SourceEncoding::kReciprocalF32: return "reciprocal-f32";
+    case SourceEncoding::kScalarF32: return "scalar-f32";
+  }
+  return "?";
+}
+
+namespace internal {
+namespace {
+
+// AWQ's GEMM packer puts output column order[i] of each group of eight into nibble i, order =
+// 0,2,4,6,1,3,5,7; column j therefore sits in nibble kAwqNibble[j].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+uint32_t Word(const std::vector<std::byte>& buf, int64_t row, int64_t col, int64_t row_words) {
+  uint32_t w;
+  std::memcpy(&w, buf.data() + (row * row_words + col) * 4, 4);
+  return w;
+}
+
+uint8_t Nibble(uint32_t word, int position) { return static_cast<uint8_t>((word >> (4 * position)) & 0xfu); }
+
+// Reads stored rows [r0, r1) x bytes [c0, c1) of `info` into a dense buffer.
+Result<std::vector<std::byte>> ReadRect(const SafetensorsFile& file, const TensorInfo& info,
+                                        int64_t row_bytes, int64_t r0, int64_t r1, int64_t c0,
+                                        int64_t c1) {
+  std::vector<std::byte> buf(static_cast<size_t>((r1 - r0) * (c1 - c0)));
+  if (buf.empty()) return buf;
+  const Slice2D w{.base_offset = 0,
+                  .row_bytes = row_bytes,
+                  .row_begin = r0,
+                  .row_end = r1,
+                  .col_begin = c0,
+                  .col_end = c1,
+                  .dst_row_stride = c1 - c0};
+  MOESHARD_RETURN_IF_ERROR(file.ReadSlice2D(info, w, std::span<std::byte>(buf)));
+  return buf;
+}
+
+}  // namespace
+
+std::string RankLeaf(const WeightScheme& q, TensorPart part) {
+  const WeightFormatSpec& s = q.spec();
+  switch (part) {
+    case TensorPart::kWeight: return std::string(s.weight_leaf);
+    case TensorPart::kScale: return std::string(s.scale_leaf);
+    case TensorPart::kZeroPoint: return std::string(s.zero_leaf);
+    case TensorPart::kGlobalScale: return std::string(s.global_leaf);
+    case TensorPart::kShapeMeta: return "weight_shape";
+    case TensorPart::kValue: break;
+  }
+  return "";
+}
+
+StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int64_t in,
+                        DType model_dtype) {
+  const int64_t groups = CeilDiv(in, q.group);
+  const QuantLeaves leaves = CheckpointLeaves(q);
+  const bool awq = q.layout == QuantLayout::kAwq;
+  const bool gptq = q.layout == QuantLayout::kGptq || q.layout == QuantLayout::kGptqV2;
+  using E = SourceEncoding;
+  switch (part) {
+    case TensorPart::kWeight:
+      if (awq) return {"qweight", DType::kI32, {in, CeilDiv(out, 8)}, E::kAwqCodes};
+      if (gptq) return {"qweight", DType::kI32, {CeilDiv(in, 8), out}, E::kGptqCodes};
+      // compressed-tensors (U8, or the same bytes as I32 [out, in/8]) and ModelOpt (U8).
+      return {std::string(leaves.weight), DType::kU8, {out, CeilDiv(in, 2)}, E::kDirect};
+    case TensorPart::kScale:
+      if (awq || gptq) return {"scales", DType::kF16, {groups, out}, E::kTransposedF16};
+      if (q.format == WeightFormat::kInt4Zp) {  // compressed-tensors: the model dtype
+        return {"weight_scale", model_dtype, {out, groups},
+                model_dtype == DType::kBF16 ? E::kBf16ToF16 : E::kDirect};
+      }
+      return {"weight_scale", q.spec().scale_dtype, {out, groups}, E::kDirect};
+    case TensorPart::kZeroPoint:
+      if (awq) return {"qzeros", DType::kI32, {groups, CeilDiv(out, 8)}, E::kAwqZeros};
+      if (gptq) {
+        return {"qzeros", DType::kI32, {groups, CeilDiv(out, 8)},
+                q.layout == QuantLayout::kGptq ? E::kGptqZeros : E::kGptqV2Zeros};
+      }
+      return {"weight_zero_point", DType::kI32, {CeilDiv(out, 8), groups}, E::kCtZeros};
+    case TensorPart::kGlobalScale:
+      if (q.layout == QuantLayout::kModelOpt) {
+        return {std::string(leaves.global), DType::kF32, {}, E::kScalarF32};
+      }
+      return {std::string(leaves.global), DType::kF32, {1}, E::kReciprocalF32};
+    case TensorPart::kShapeMeta:
+    case TensorPart::kValue: break;
+  }
+  MOESHARD_CHECK(false, "part {} of a quantized linear has no stored tensor", static_cast<int>(part));
+  return {};
+}
+
+SourceTensorSpec EncodedSpec(const WeightScheme& q, TensorPart part, const std::string& module,
+                             int64_t out, int64_t in, DType model_dtype, DummyKind kind) {
+  const StoredPart sp = StoredPartOf(q, part, out, in, model_dtype);
+  SourceTensorSpec spec{module + "." + sp.leaf, sp.dtype, sp.shape, kind, {}};
+  spec.encoding = sp.encoding;
+  switch (part) {
+    case TensorPart::kWeight:
+      spec.view_dtype = DType::kU8;
+      spec.view_shape = q.WeightShape(out, in);
+      break;
+    case TensorPart::kScale:
+      spec.view_dtype = q.spec().scale_dtype;
+      spec.view_shape = q.ScaleShape(out, in);
+      break;
+    case TensorPart::kZeroPoint:
+      spec.view_dtype = q.spec().zero_dtype;
+      spec.view_shape = q.ScaleShape(out, in);
+      break;
+    default:
+      spec.view_dtype = DType::kF32;
+      spec.view_shape = {1};
+      break;
+  }
+  return spec;
+}
+
+Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const SourceTensorSpec& spec,
+                   int64_t a, int64_t b, int64_t cb, int64_t ce, std::byte* out, int64_t stride) {
+  using E = SourceEncoding;
+  if (b <= a || ce <= cb) return Status::Ok();
+  const int64_t out_rows = spec.view_shape.empty() ? 1 : spec.view_shape[0];
+  auto* dst = reinterpret_cast<uint8_t*>(out);
+  switch (spec.encoding) {
+    case E::kAwqCodes:
+    case E::kGptqCodes: {
+      // View bytes [cb, ce) of output rows [a, b): input columns [2 cb, 2 ce).
+      const bool awq = spec.encoding == E::kAwqCodes;
+      const int64_t i0 = 2 * cb, i1 = 2 * ce;
+      if (awq) {  // stored [in, out/8]: input rows, words of eight outputs
+        const int64_t words = CeilDiv(out_rows, 8), w0 = a / 8, w1 = CeilDiv(b, 8);
+        MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                  ReadRect(file, info, words * 4, i0, i1, w0 * 4, w1 * 4));
+        for (int64_t o = a; o < b; ++o) {
+          for (int64_t i = i0; i < i1; i += 2) {
+            const uint8_t lo = Nibble(Word(buf, i - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
+            const uint8_t hi = Nibble(Word(buf, i + 1 - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
+            dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+      } else {  // stored [in/8, out]: words of eight input rows, outputs
+        const int64_t r0 = i0 / 8, r1 = CeilDiv(i1, 8);
+        MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                  ReadRect(file, info, out_rows * 4, r0, r1, a * 4, b * 4));
+        for (int64_t o = a; o < b; ++o) {
+          for (int64_t i = i0; i < i1; i += 2) {
+            const uint8_t lo = Nibble(Word(buf, i / 8 - r0, o - a, b - a), static_cast<int>(i % 8));
+            const uint8_t hi =
+                Nibble(Word(buf, (i + 1) / 8 - r0, o - a, b - a), static_cast<int>((i + 1) % 8));
+            dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+          }
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kAwqZeros:
+    case E::kGptqZeros:
+    case E::kGptqV2Zeros: {
+      // Stored [in/g, out/8]: view bytes [cb, ce) are groups.
+      const int64_t words = CeilDiv(out_rows, 8), w0 = a / 8, w1 = CeilDiv(b, 8);
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                ReadRect(file, info, words * 4, cb, ce, w0 * 4, w1 * 4));
+      const int add = spec.encoding == E::kGptqZeros ? 1 : 0;  // GPTQ v1 stores zero - 1
+      for (int64_t o = a; o < b; ++o) {
+        const int nibble = spec.encoding == E::kAwqZeros ? kAwqNibble[o % 8] : static_cast<int>(o % 8);
+        for (int64_t gi = cb; gi < ce; ++gi) {
+          dst[(o - a) * stride + (gi - cb)] =
+              static_cast<uint8_t>(Nibble(Word(buf, gi - cb, o / 8 - w0, w1 - w0), nibble) + add);
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kCtZeros: {
+      // Stored [out/8, in/g]: words of eight output rows, groups.
+      const int64_t groups = spec.view_shape[1], r0 = a / 8, r1 = CeilDiv(b, 8);
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                ReadRect(file, info, groups * 4, r0, r1, cb * 4, ce * 4));
+      for (int64_t o = a; o < b; ++o) {
+        for (int64_t gi = cb; gi < ce; ++gi) {
+          dst[(o - a) * stride + (gi - cb)] =
+              Nibble(Word(buf, o / 8 - r0, gi - cb, ce - cb), static_cast<int>(o % 8));
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kTransposedF16: {
+      // View F16 [out, in/g], bytes [cb, ce) = groups [cb/2, ce/2); stored F16 [in/g, out].
+      const int64_t g0 = cb / 2, g1 = ce / 2;
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                ReadRect(file, info, out_rows * 2, g0, g1, a * 2, b * 2));
+      for (int64_t o = a; o < b; ++o) {
+        for (int64_t gi = g0; gi < g1; ++gi) {
+          std::memcpy(out + (o - a) * stride + (gi - g0) * 2,
+                      buf.data() + ((gi - g0) * (b - a) + (o - a)) * 2, 2);
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kBf16ToF16: {
+      const int64_t row_bytes = spec.view_shape[1] * 2;
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                ReadRect(file, info, row_bytes, a, b, cb, ce));
+      for (int64_t r = a; r < b; ++r) {
+        for (int64_t c = 0; c < (ce - cb) / 2; ++c) {
+          bf16_t v;
+          std::memcpy(&v.bits, buf.data() + (r - a) * (ce - cb) + c * 2, 2);
+          const fp16_t h = FloatToHalf(Bf16ToFloat(v));
+          std::memcpy(out + (r - a) * stride + c * 2, &h, 2);
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kReciprocalF32:
+    case E::kScalarF32: {
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf, ReadRect(file, info, 4, 0, 1, 0, 4));
+      float v;
+      std::memcpy(&v, buf.data(), 4);
+      if (spec.encoding == E::kReciprocalF32) {
+        if (!(v > 0.0f)) {
+          return InvalidArgumentError(fmt::format(
+              "load: '{}': expected a positive NVFP4 global scale, got {}", spec.name, v));
+        }
+        v = 1.0f / v;
+      }
+      std::memcpy(out, &v, 4);
+      return Status::Ok();
+    }
+    case E::kDirect: break;
+  }
+  return InternalError(fmt::format("load: '{}': encoding {} is not a conversion", spec.name,
+                                   SourceEncodingName(spec.encoding)));
+}
+
+}  // namespace internal
+}  // namespace moeshard
