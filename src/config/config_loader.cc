@@ -202,12 +202,16 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
     return f.Error("format", fmt::format("\"{}\" for {}", expected, what),
                    "\"" + out.format + "\"");
   };
-  if (type == "float" && group_size == 16) {  // NVFP4: E4M3 per 16, a global scale per tensor
+  if (type == "float" && out.format == "nvfp4-pack-quantized") {
+    // NVFP4: E2M1 with an E4M3 scale per 16 values and a global scale per tensor.
+    if (group_size != 16) {
+      return w.Error("group_size", "16 for nvfp4 (one E4M3 scale per 16)",
+                     std::to_string(group_size));
+    }
     if (strategy != "tensor_group") {
       return w.Error("strategy", "\"tensor_group\" for fp4 in groups of 16 (NVFP4)",
                      "\"" + strategy + "\"");
     }
-    MOESHARD_RETURN_IF_ERROR(want_format("nvfp4-pack-quantized", "NVFP4 weights"));
     out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kCompressedTensors};
     return Status::Ok();
   }
@@ -215,7 +219,8 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
   if (type == "float") {
     out.scheme = WeightScheme::Default(WeightFormat::kMxfp4);
     if (group_size != out.scheme.group) {
-      return w.Error("group_size", "32 for mxfp4 (one E8M0 scale per 32) or 16 for nvfp4",
+      return w.Error("group_size",
+                     "32 for mxfp4 (one E8M0 scale per 32; NVFP4 is format nvfp4-pack-quantized)",
                      std::to_string(group_size));
     }
     return want_format("mxfp4-pack-quantized", "4-bit float weights");

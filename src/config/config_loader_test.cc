@@ -258,6 +258,108 @@ TEST(ConfigErrorTest, Quantization) {
   EXPECT_NE(e.find("32"), std::string::npos) << e;
 }
 
+// Every quantization_config spelling of the int4-with-zero-points and NVFP4 releases: the
+// format, group and checkpoint layout each one gives, and the error naming the field for what
+// is not supported.
+TEST(ConfigTest, QuantizationMethods) {
+  struct Case {
+    const char* preset;
+    WeightFormat format;
+    int64_t group;
+    QuantLayout layout;
+  };
+  for (const Case& c : {Case{"tiny-qwen2-moe-awq", WeightFormat::kInt4Zp, 32, QuantLayout::kAwq},
+                        Case{"tiny-qwen2-moe-gptq", WeightFormat::kInt4Zp, 32, QuantLayout::kGptq},
+                        Case{"tiny-qwen2-moe-w4a16-asym", WeightFormat::kInt4Zp, 32,
+                             QuantLayout::kCompressedTensors},
+                        Case{"tiny-qwen2-moe-nvfp4", WeightFormat::kNvfp4, 16,
+                             QuantLayout::kCompressedTensors},
+                        Case{"tiny-qwen2-moe-modelopt-nvfp4", WeightFormat::kNvfp4, 16,
+                             QuantLayout::kModelOpt}}) {
+    SCOPED_TRACE(c.preset);
+    const ModelConfig m = Preset(c.preset);
+    EXPECT_EQ(m.quant.scheme.format, c.format);
+    EXPECT_EQ(m.quant.scheme.group, c.group);
+    EXPECT_EQ(m.quant.scheme.layout, c.layout);
+  }
+  auto edited = [](const char* preset, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = PresetJson(preset);
+    edit(j["quantization_config"]);
+    Result<ModelConfig> r = ParseModelConfig(j.dump(), "edited.json", "edited");
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->quant : QuantizationConfig{};
+  };
+  // quant_config.json spellings of AutoAWQ (w_bit, q_group_size), vLLM awq.py reads both.
+  QuantizationConfig q = edited("tiny-qwen2-moe-awq", [](auto& j) {
+    j.erase("bits");
+    j.erase("group_size");
+    j["w_bit"] = 4;
+    j["q_group_size"] = 64;
+    j["version"] = "GEMM";
+  });
+  EXPECT_EQ(q.scheme, (WeightScheme{WeightFormat::kInt4Zp, 64, 1, QuantLayout::kAwq}));
+  // GPTQModel's v2 format stores zero points as they are.
+  q = edited("tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "gptq_v2"; });
+  EXPECT_EQ(q.scheme.layout, QuantLayout::kGptqV2);
+  // ModelOpt with quant_algo at the top (config.json's quantization_config), modelopt_fp4.
+  q = edited("tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) {
+    j = {{"quant_method", "modelopt_fp4"}, {"quant_algo", "NVFP4"}, {"group_size", 16},
+         {"exclude_modules", {"lm_head", "model.layers.0.mlp.shared_expert"}}};
+  });
+  EXPECT_EQ(q.scheme.format, WeightFormat::kNvfp4);
+  EXPECT_TRUE(q.IsIgnored("model.layers.0.mlp.shared_expert.up_proj"));
+  EXPECT_FALSE(q.IsIgnored("model.layers.1.mlp.shared_expert.up_proj"));
+  // compressed-tensors symmetric int4 stays the symmetric format.
+  q = edited("tiny-qwen2-moe-w4a16-asym", [](auto& j) {
+    j["config_groups"]["group_0"]["weights"]["symmetric"] = true;
+  });
+  EXPECT_EQ(q.scheme, (WeightScheme{WeightFormat::kInt4, 32, 1}));
+}
+
+TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
+  struct Case {
+    const char* preset;
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<const char*> want;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      {"tiny-qwen2-moe-gptq", [](auto& j) { j["desc_act"] = true; },
+       {"'quantization_config.desc_act'", "expected false", "got true", "act-order"}},
+      {"tiny-qwen2-moe-gptq", [](auto& j) { j["bits"] = 8; },
+       {"'quantization_config.bits'", "expected 4", "got 8"}},
+      {"tiny-qwen2-moe-gptq", [](auto& j) { j["group_size"] = -1; },
+       {"'quantization_config.group_size'", "multiple of 32", "got -1", "per-channel"}},
+      {"tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "marlin"; },
+       {"'quantization_config.checkpoint_format'", "gptq_v2", "marlin"}},
+      {"tiny-qwen2-moe-awq", [](auto& j) { j["version"] = "gemv"; },
+       {"'quantization_config.version'", "\"gemm\"", "\"gemv\""}},
+      {"tiny-qwen2-moe-awq", [](auto& j) { j["zero_point"] = false; },
+       {"'quantization_config.zero_point'", "expected true"}},
+      {"tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) { j["quantization"]["quant_algo"] = "FP8"; },
+       {"'quantization_config.quantization.quant_algo'", "\"NVFP4\"", "\"FP8\"", "not supported"}},
+      {"tiny-qwen2-moe-nvfp4",
+       [](auto& j) { j["config_groups"]["group_0"]["weights"]["group_size"] = 32; },
+       {"group_0.weights.group_size'", "16 for nvfp4", "got 32"}},
+      {"tiny-qwen2-moe-nvfp4",
+       [](auto& j) { j["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
+       {"num_bits'", "expected 4", "got 8", "fp8"}},
+      {"tiny-qwen2-moe-awq", [](auto& j) { j["quant_method"] = "bitsandbytes"; },
+       {"'quantization_config.quant_method'", "\"awq\"", "\"gptq\"", "\"modelopt\"",
+        "\"bitsandbytes\""}},
+  };
+  for (const Case& c : cases) {
+    const std::string e = ErrorAfterEdit(c.preset, [&](nlohmann::json& j) { c.edit(j["quantization_config"]); });
+    for (const char* w : c.want) EXPECT_NE(e.find(w), std::string::npos) << w << " in: " << e;
+  }
+  // The architecture is checked before the quantization: an unknown family with an unknown
+  // method names the family first.
+  const std::string e = ErrorAfterEdit("tiny-qwen2-moe-awq", [](auto& j) {
+    j["model_type"] = "dbrx";
+    j["quantization_config"]["quant_method"] = "bitsandbytes";
+  });
+  EXPECT_NE(e.find("model_type"), std::string::npos) << e;
+}
+
 TEST(ConfigErrorTest, MalformedJson) {
   Result<ModelConfig> r = ParseModelConfig("{\"model_type\": \"mixtral\",", "bad.json", "x");
   ASSERT_FALSE(r.ok());

@@ -1,0 +1,232 @@
+// Quantized checkpoints in the layouts releases use (AWQ, GPTQ v1 and v2, compressed-tensors
+// asymmetric int4 and NVFP4, ModelOpt NVFP4), written by hand (tests/weights/
+// quantized_checkpoint.py: stdlib only, each layout's packing from its own reading of the
+// formats), loaded over TP, EP and a hybrid: every quantized linear a rank holds -- attention,
+// shared expert and routed experts -- dequantised from the rank's buffers (the rank layout's
+// codes, scales, zero points and global scales) equals the script's dequantised values of the
+// rank's slice, bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "moeshard/config/config_loader.h"
+#include "moeshard/kernels/reference.h"
+#include "moeshard/weights/checkpoint.h"
+#include "moeshard/weights/loader.h"
+#include "weights/loader_test_util.h"
+#include "weights/test_util.h"
+
+namespace moeshard {
+namespace {
+
+struct Case {
+  std::string preset;
+  std::string layout;  // the script's name of the layout
+  std::string config_edit = "";  // a GPTQ v2 variant: "checkpoint_format" set on the preset
+};
+
+struct Linear {
+  std::string module;
+  int64_t out = 0, in = 0;
+};
+
+// Every quantized linear of the model (at TP1), by checkpoint module name.
+std::vector<Linear> QuantizedLinears(const ShardPlan& p) {
+  std::vector<Linear> out;
+  const WeightScheme& q = p.model.quant.scheme;
+  const std::string leaf = "." + std::string(q.spec().weight_leaf);
+  for (const TensorShard& s : p.ranks[0].tensors) {
+    if (s.category == TensorCategory::kRoutedExperts || s.part != TensorPart::kWeight ||
+        s.dtype != DType::kU8) {
+      continue;
+    }
+    std::vector<int64_t> at = {-1};
+    if (!s.layers.empty()) at = s.layers.vec();
+    for (int64_t l : at) {
+      const std::string name = ExpandName(s.name, l);
+      out.push_back({name.substr(0, name.size() - leaf.size()), s.logical_shape[0],
+                     s.logical_shape[1] * 2});
+    }
+  }
+  const ExpertLayout& x = p.experts;
+  const int64_t I = p.intermediate.logical, H = p.hidden.logical;
+  for (int64_t l = 0; l < p.model.num_layers; ++l) {
+    if (!p.model.layers[static_cast<size_t>(l)].moe) continue;
+    for (int64_t e = 0; e < p.model.num_experts; ++e) {
+      out.push_back({ExpandName(x.gate, l, e), I, H});
+      out.push_back({ExpandName(x.up, l, e), I, H});
+      out.push_back({ExpandName(x.down, l, e), H, I});
+    }
+  }
+  return out;
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.preset << " as " << c.layout; }
+
+class QuantizedCheckpointTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
+  if (std::system("python3 --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const Case& c = GetParam();
+  nlohmann::json cfg;
+  for (const PresetInfo& p : ModelPresets()) {
+    if (p.name == c.preset) cfg = nlohmann::json::parse(p.json);
+  }
+  ASSERT_FALSE(cfg.is_null()) << c.preset;
+  if (!c.config_edit.empty()) cfg["quantization_config"]["checkpoint_format"] = c.config_edit;
+  Result<ModelConfig> model = ParseModelConfig(cfg.dump(), "config.json", c.preset);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  Result<ShardPlan> plan1 = BuildShardPlan(*model, PlanOptions{.topology = {}, .backend = "cpu"});
+  ASSERT_TRUE(plan1.ok()) << plan1.status().message();
+  const WeightScheme& q = model->quant.scheme;
+
+  // The spec: quantized linears by module, everything else by checkpoint tensor.
+  const std::vector<Linear> linears = QuantizedLinears(*plan1);
+  std::set<std::string> modules;
+  nlohmann::json spec = {{"group", q.group}, {"plain", nlohmann::json::array()},
+                         {"linears", nlohmann::json::array()}};
+  for (const Linear& l : linears) {
+    modules.insert(l.module);
+    spec["linears"].push_back({{"module", l.module}, {"out", l.out}, {"in", l.in}});
+  }
+  Result<std::vector<SourceTensorSpec>> specs = ExpectedCheckpointTensors(*plan1);
+  ASSERT_TRUE(specs.ok()) << specs.status().message();
+  int quantized_sources = 0;
+  const QuantLeaves leaves = CheckpointLeaves(q);
+  const std::set<std::string> quantized_leaves = {
+      std::string(leaves.weight), std::string(leaves.scale), std::string(leaves.zero),
+      std::string(leaves.global), "weight_shape"};
+  for (const SourceTensorSpec& s : *specs) {
+    const size_t dot = s.name.rfind('.');
+    if (modules.count(s.name.substr(0, dot)) && quantized_leaves.count(s.name.substr(dot + 1))) {
+      ++quantized_sources;
+      continue;
+    }
+    spec["plain"].push_back(
+        {{"name", s.name}, {"dtype", std::string(DTypeName(s.dtype))}, {"shape", s.shape}});
+  }
+  ASSERT_GT(quantized_sources, 3 * static_cast<int>(linears.size()) - 1);
+
+  testing_util::ScratchDir dir;
+  testing_util::WriteText(dir / "spec.json", spec.dump());
+  const std::string cmd = fmt::format(
+      "python3 {}/tests/weights/quantized_checkpoint.py {} {} {} {}", MOESHARD_SOURCE_DIR,
+      c.layout, dir / "spec.json", dir / "ckpt", dir / "expected.safetensors");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto ckpt = Checkpoint::Open(dir / "ckpt");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
+  auto expected_ckpt = Checkpoint::Open(dir / "expected.safetensors");
+  ASSERT_TRUE(expected_ckpt.ok()) << expected_ckpt.status().message();
+  const testing_util::FullTensors expected = testing_util::FullCheckpointTensors(**expected_ckpt);
+  auto want = [&](const std::string& module, int64_t row, int64_t col) {
+    const testing_util::FullTensor& t = expected.at(module);
+    float v;
+    std::memcpy(&v, t.bytes.data() + (row * t.shape[1] + col) * 4, 4);
+    return v;
+  };
+
+  for (const Topology& topo :
+       {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true},
+        Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}}) {
+    Result<ShardPlan> plan = BuildShardPlan(*model, PlanOptions{.topology = topo, .backend = "cpu"});
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    LoadOptions opts;
+    opts.source = LoadOptions::Source::kCheckpoint;
+    opts.checkpoint = ckpt->get();
+    for (int64_t rank = 0; rank < plan->topology.world; ++rank) {
+      SCOPED_TRACE(fmt::format("{} rank {}", plan->topology.Label(), rank));
+      Result<RankWeights> w = LoadRankWeights(*plan, rank, opts);
+      ASSERT_TRUE(w.ok()) << w.status().message();
+      const RankPlan& rp = plan->ranks[static_cast<size_t>(rank)];
+      int64_t checked = 0;
+      // The sibling tensor of `weight` (name ending in the weight leaf) for another leaf.
+      auto sibling = [&](const std::string& weight, std::string_view leaf) -> const void* {
+        if (leaf.empty()) return nullptr;
+        const std::string base =
+            weight.substr(0, weight.size() - q.spec().weight_leaf.size());
+        const TensorBuffer* b = w->Find(base + std::string(leaf));
+        EXPECT_NE(b, nullptr) << base << leaf;
+        return b == nullptr ? nullptr : b->data.data();
+      };
+      std::vector<float> row;
+      for (const TensorShard& s : rp.tensors) {
+        if (s.part != TensorPart::kWeight || s.dtype != DType::kU8) continue;
+        for (int64_t l : s.layers.empty() ? std::vector<int64_t>{-1} : s.layers.vec()) {
+          const std::string name = ExpandName(s.name, l);
+          const TensorBuffer* b = w->Find(name);
+          ASSERT_NE(b, nullptr) << name;
+          const auto* scales = sibling(name, q.spec().scale_leaf);
+          const auto* zeros = static_cast<const uint8_t*>(sibling(name, q.spec().zero_leaf));
+          const auto* globals = static_cast<const float*>(sibling(name, q.spec().global_leaf));
+          if (s.category != TensorCategory::kRoutedExperts) {
+            const std::string module = name.substr(0, name.size() - q.spec().weight_leaf.size() - 1);
+            const int64_t rows = s.local_shape[0], cols = s.local_shape[1] * 2;
+            const int64_t r0 = s.shard_dim == 0 ? s.shard_begin : 0;
+            const int64_t c0 = s.shard_dim == 1 ? s.shard_begin * 2 : 0;
+            row.resize(static_cast<size_t>(cols));
+            for (int64_t r = 0; r < rows; ++r) {
+              reference::DequantizeMatrixRow(q, b->data.data(), scales, rows, cols, r, row.data(),
+                                             zeros, globals ? *globals : 1.0f);
+              for (int64_t col = 0; col < cols; ++col) {
+                ASSERT_EQ(row[static_cast<size_t>(col)], want(module, r0 + r, c0 + col))
+                    << module << " [" << r0 + r << ", " << c0 + col << "]";
+              }
+            }
+            ++checked;
+            continue;
+          }
+          // Routed experts: w13 [El, 2 I_pad, H_pad] (gate rows, then up at I_pad), w2
+          // [El, H_pad, I_pad]; the rank's slice [ib, ie) of I.
+          const bool w13 = s.role == TensorRole::kExpertsW13;
+          const int64_t rows = s.padded_shape[1], cols = s.padded_shape[2] * 2;
+          const int64_t Il = plan->intermediate.raw_local, Ip = plan->intermediate.padded_local;
+          const int64_t H = plan->hidden.logical;
+          const int64_t ib = rp.coords.moe_tp_rank * Il;
+          row.resize(static_cast<size_t>(cols));
+          for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
+            const int64_t e = rp.expert_slots[slot];
+            const auto* d = b->data.data() + slot * rows * q.WeightRowBytes(cols);
+            const auto* sc = static_cast<const std::byte*>(scales) + slot * q.ScaleBytes(rows, cols);
+            const uint8_t* z = zeros ? zeros + slot * q.ZeroBytes(rows, cols) : nullptr;
+            for (int half = 0; half < (w13 ? 2 : 1); ++half) {
+              const std::string module =
+                  ExpandName(w13 ? (half ? plan->experts.up : plan->experts.gate) : plan->experts.down, l, e);
+              const float gs = globals ? globals[w13 ? 2 * slot + half : slot] : 1.0f;
+              for (int64_t r = 0; r < (w13 ? Il : H); ++r) {
+                reference::DequantizeMatrixRow(q, d, sc, rows, cols, (w13 ? half * Ip : 0) + r,
+                                               row.data(), z, gs);
+                for (int64_t col = 0; col < (w13 ? H : Il); ++col) {
+                  ASSERT_EQ(row[static_cast<size_t>(col)],
+                            w13 ? want(module, ib + r, col) : want(module, r, ib + col))
+                      << module << " row " << r << " col " << col;
+                }
+              }
+            }
+          }
+          ++checked;
+        }
+      }
+      EXPECT_GT(checked, 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, QuantizedCheckpointTest,
+    ::testing::Values(Case{"tiny-qwen2-moe-awq", "awq"}, Case{"tiny-qwen2-moe-gptq", "gptq"},
+                      Case{"tiny-qwen2-moe-gptq", "gptq_v2", "gptq_v2"},
+                      Case{"tiny-qwen2-moe-w4a16-asym", "ct-int4-asym"},
+                      Case{"tiny-qwen2-moe-nvfp4", "ct-nvfp4"},
+                      Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string n = info.param.layout;
+      for (char& ch : n) {
+        if (ch == '-') ch = '_';
+      }
+      return n;
+    });
+
+}  // namespace
+}  // namespace moeshard
