@@ -19,23 +19,39 @@
 namespace moeshard {
 namespace {
 
-// W[r][c] of a dense weight held whole (bf16, fp32, or fp8 with the config's block scales).
+// W[r][c] of a dense weight held whole: bf16, fp32, fp8 with the config's block scales, or
+// 4-bit codes (two a byte, the even column low) as int4 with zero points, (code - zero) *
+// fp16 scale, or NVFP4, e2m1 * e4m3 scale * global scale.
 struct Dense {
   const WeightView* w = nullptr;
   const WeightView* s = nullptr;
+  const WeightView* z = nullptr;  // int4-zp zero points, one byte per scale
+  const WeightView* g = nullptr;  // nvfp4 global scale
   int64_t block_rows = 128, block_cols = 128;  // fp8 `weight_block_size` from the config
   double At(int64_t r, int64_t c) const {
     const int64_t cols = w->shape[1];
     if (w->dtype == DType::kBF16) return Bf16ToFloat(w->as<bf16_t>()[r * cols + c]);
     if (w->dtype == DType::kF32) return w->as<float>()[r * cols + c];
     const int64_t sc = s->shape[1];
+    if (w->dtype == DType::kU8) {
+      const uint8_t byte = w->as<uint8_t>()[r * cols + c / 2];
+      const int code = (c % 2 == 0) ? (byte & 0xf) : (byte >> 4);
+      const int64_t gi = r * sc + c / block_cols;
+      if (z != nullptr) {
+        return (code - static_cast<int>(z->as<uint8_t>()[gi])) *
+               static_cast<double>(HalfToFloat(s->as<fp16_t>()[gi]));
+      }
+      return static_cast<double>(Fp4E2M1ToFloat(static_cast<uint8_t>(code))) *
+             Fp8E4M3ToFloat(s->as<uint8_t>()[gi]) * g->as<float>()[0];
+    }
     return static_cast<double>(Fp8E4M3ToFloat(w->as<uint8_t>()[r * cols + c])) *
            s->as<float>()[(r / block_rows) * sc + c / block_cols];
   }
   std::vector<double> Apply(const std::vector<double>& x) const {
     std::vector<double> y(w->shape[0], 0.0);
+    const int64_t cols = w->dtype == DType::kU8 ? 2 * w->shape[1] : w->shape[1];
     for (int64_t r = 0; r < w->shape[0]; ++r) {
-      for (int64_t c = 0; c < w->shape[1]; ++c) y[r] += At(r, c) * x[c];
+      for (int64_t c = 0; c < cols; ++c) y[r] += At(r, c) * x[c];
     }
     return y;
   }
@@ -58,9 +74,11 @@ Dense DenseOf(const ShardPlan& plan, const WeightViews& v, TensorRole role, int6
   d.w = ViewOf(plan, v, role, TensorPart::kWeight, layer);
   d.s = ViewOf(plan, v, role, TensorPart::kScale, layer);
   if (d.s != nullptr) {
-    // The block size straight from the config's weight_block_size.
+    // The block size straight from the config's weight_block_size (or its group_size).
     d.block_rows = plan.model.quant.scheme.block_rows;
     d.block_cols = plan.model.quant.scheme.group;
+    d.z = ViewOf(plan, v, role, TensorPart::kZeroPoint, layer);
+    d.g = ViewOf(plan, v, role, TensorPart::kGlobalScale, layer);
   }
   EXPECT_NE(d.w, nullptr) << TensorRoleName(role);
   return d;
@@ -188,6 +206,14 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
   if (m.quant.enabled()) {
     ew.w13_scales = P.View(R::kExpertsW13, TensorPart::kScale)->data;
     ew.w2_scales = P.View(R::kExpertsW2, TensorPart::kScale)->data;
+    if (const WeightView* z13 = P.View(R::kExpertsW13, TensorPart::kZeroPoint)) {
+      ew.w13_zeros = z13->as<uint8_t>();
+      ew.w2_zeros = P.View(R::kExpertsW2, TensorPart::kZeroPoint)->as<uint8_t>();
+    }
+    if (const WeightView* g13 = P.View(R::kExpertsW13, TensorPart::kGlobalScale)) {
+      ew.w13_global = g13->as<float>();
+      ew.w2_global = P.View(R::kExpertsW2, TensorPart::kGlobalScale)->as<float>();
+    }
   }
   if (m.expert_bias) {
     for (auto [role, dst] :

@@ -29,6 +29,13 @@ TEST(RuntimeLayerReferenceTest, GptOss) { CheckPreset("tiny-gpt-oss"); }
 TEST(RuntimeLayerReferenceTest, Olmoe) { CheckPreset("tiny-olmoe"); }
 TEST(RuntimeLayerReferenceTest, DeepseekV2) { CheckPreset("tiny-deepseek-v2"); }
 TEST(RuntimeLayerReferenceTest, Qwen2Moe) { CheckPreset("tiny-qwen2-moe"); }
+// Every linear of the block quantized (shared expert and routed experts), per layout; the
+// loader's conversion is checked by tests/weights/quantized_checkpoint_test.cc.
+TEST(RuntimeLayerReferenceTest, Qwen2MoeAwq) { CheckPreset("tiny-qwen2-moe-awq"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeGptq) { CheckPreset("tiny-qwen2-moe-gptq"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeW4a16Asym) { CheckPreset("tiny-qwen2-moe-w4a16-asym"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeNvfp4) { CheckPreset("tiny-qwen2-moe-nvfp4"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptNvfp4) { CheckPreset("tiny-qwen2-moe-modelopt-nvfp4"); }
 TEST(RuntimeLayerReferenceTest, Glm4Moe) { CheckPreset("tiny-glm4-moe"); }
 TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }
 TEST(RuntimeLayerReferenceTest, Llama4) { CheckPreset("tiny-llama4"); }

@@ -319,6 +319,13 @@ std::vector<RuntimeCase> BuildCases() {
       {"tiny-glm4-moe", "glm4", "", 2},          {"tiny-minimax-m2", "minimax", "triton", 2},
       {"tiny-llama4", "llama4", "", 4},          {"tiny-qwen3-next", "qwen3next", "triton", 4},
       {"tiny-qwen3.5-moe", "qwen35", "triton", 4},
+      // Quantized layouts (int4 with zero points, NVFP4): the loader converts each into the
+      // rank layout and the runtime binds zero points and global scales.
+      {"tiny-qwen2-moe-awq", "qwen2awq", "", 2},
+      {"tiny-qwen2-moe-gptq", "qwen2gptq", "", 2},
+      {"tiny-qwen2-moe-w4a16-asym", "qwen2ctasym", "", 2},
+      {"tiny-qwen2-moe-nvfp4", "qwen2nvfp4", "", 2},
+      {"tiny-qwen2-moe-modelopt-nvfp4", "qwen2modelopt", "", 2},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
   for (const Family& f : families) {
@@ -357,6 +364,16 @@ std::vector<RuntimeCase> BuildCases() {
       q.expect = kPadded;
       add(f.tag + "_tp4_moetp2_moeep2_padded", q);
     }
+  }
+  // Padded int4 experts with zero points: Marlin's 128 alignment pads I 64 -> 128 at TP4 (the
+  // padding's codes, scales and zero points stay zero and add nothing).
+  {
+    EquivSpec s;
+    s.model = "tiny-qwen2-moe-awq";
+    s.topology = Topo(4);
+    s.backend = "marlin";
+    s.expect = kPadded;
+    add("qwen2awq_tp4_padded", s);
   }
   // Uneven expert division: 12 experts over 8 EP ranks.
   {
