@@ -59,15 +59,42 @@ std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& pla
     }
     return out;
   }
+  const QuantLeaves leaves = CheckpointLeaves(q);
   for (const std::string* module : {&x.gate, &x.up, &x.down}) {
     if (module->empty()) continue;
-    out[*module + "." + std::string(q.spec().weight_leaf)] = {false, true};
-    if (q.has_scales()) out[*module + "." + std::string(q.spec().scale_leaf)] = {false, true};
+    out[*module + "." + std::string(leaves.weight)] = {false, true};
+    if (q.has_scales()) out[*module + "." + std::string(leaves.scale)] = {false, true};
+    if (q.has_zero_points()) out[*module + "." + std::string(leaves.zero)] = {false, true};
+    if (q.has_global_scale()) out[*module + "." + std::string(leaves.global)] = {false, false};
     if (plan.model.quant.weight_shape_meta && q.quantized()) {
       out[*module + ".weight_shape"] = {false, false};
     }
   }
   return out;
+}
+
+// The checkpoint name a non-routed plan tensor is read from: its own, or for a part of a
+// quantized linear in another layout (AWQ's qweight for the rank's weight_packed, ...) the
+// layout's leaf.
+std::string CheckpointTemplate(const ShardPlan& plan, const TensorShard& s) {
+  if (!s.tied_source.empty()) return s.tied_source;
+  const WeightScheme& q = plan.model.quant.scheme;
+  if (!q.quantized() || q.layout == QuantLayout::kNative) return s.name;
+  const WeightFormatSpec& f = q.spec();
+  const QuantLeaves leaves = CheckpointLeaves(q);
+  std::string_view rank_leaf, leaf;
+  switch (s.part) {
+    case TensorPart::kWeight:
+      if (s.dtype != f.weight_dtype) return s.name;
+      rank_leaf = f.weight_leaf, leaf = leaves.weight;
+      break;
+    case TensorPart::kScale: rank_leaf = f.scale_leaf, leaf = leaves.scale; break;
+    case TensorPart::kZeroPoint: rank_leaf = f.zero_leaf, leaf = leaves.zero; break;
+    case TensorPart::kGlobalScale: rank_leaf = f.global_leaf, leaf = leaves.global; break;
+    case TensorPart::kShapeMeta:
+    case TensorPart::kValue: return s.name;
+  }
+  return s.name.substr(0, s.name.size() - rank_leaf.size()) + std::string(leaf);
 }
 
 }  // namespace
@@ -85,7 +112,7 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
   for (const RankPlan& r : plan.ranks) {
     for (const TensorShard& s : r.tensors) {
       if (s.category == TensorCategory::kRoutedExperts) continue;
-      plain[s.tied_source.empty() ? s.name : s.tied_source].push_back({r.coords.rank, &s});
+      plain[CheckpointTemplate(plan, s)].push_back({r.coords.rank, &s});
     }
   }
   // expert -> (rank, slots) per pipeline stage, and each layer's stage.

@@ -13,6 +13,7 @@
 
 #include "moeshard/config/config_loader.h"
 #include "moeshard/kernels/reference.h"
+#include "moeshard/plan/checkpoint_sizing.h"
 #include "moeshard/weights/checkpoint.h"
 #include "moeshard/weights/loader.h"
 #include "weights/loader_test_util.h"
@@ -126,6 +127,20 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
     std::memcpy(&v, t.bytes.data() + (row * t.shape[1] + col) * 4, 4);
     return v;
   };
+
+  // Sizing from the headers places every tensor but those the CPU runtime does not allocate
+  // (GPTQ's g_idx, ModelOpt's activation input_scale).
+  {
+    std::vector<CheckpointTensorInfo> infos;
+    for (const auto& [name, entry] : (*ckpt)->tensors()) {
+      infos.push_back({name, entry.info->dtype, entry.info->shape, entry.info->num_bytes()});
+    }
+    const CheckpointSizing sizing = SizeFromCheckpoint(*plan1, infos);
+    for (const std::string& name : sizing.unplaced) {
+      EXPECT_TRUE(name.ends_with(".g_idx") || name.ends_with(".input_scale")) << name;
+    }
+    EXPECT_LT(sizing.unplaced.size(), sizing.num_tensors / 3);
+  }
 
   for (const Topology& topo :
        {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true},
