@@ -50,6 +50,8 @@ const char* QuantLayoutName(QuantLayout layout) {
     case QuantLayout::kGptqV2: return "gptq_v2";
     case QuantLayout::kCompressedTensors: return "compressed-tensors";
     case QuantLayout::kModelOpt: return "modelopt";
+    case QuantLayout::kFp8PerChannel: return "fp8-per-channel";
+    case QuantLayout::kFp8PerTensor: return "fp8-per-tensor";
   }
   return "?";
 }
@@ -61,8 +63,12 @@ QuantLeaves CheckpointLeaves(const WeightScheme& q) {
     case QuantLayout::kGptq:
     case QuantLayout::kGptqV2: return {"qweight", "scales", "qzeros", ""};
     case QuantLayout::kModelOpt: return {"weight", s.scale_leaf, s.zero_leaf, "weight_scale_2"};
-    case QuantLayout::kNative:
-    case QuantLayout::kCompressedTensors: break;
+    case QuantLayout::kFp8PerChannel:
+    case QuantLayout::kFp8PerTensor: return {"weight", "weight_scale", "", ""};
+    case QuantLayout::kCompressedTensors:
+      if (q.format == WeightFormat::kFp8Block) return {"weight", "weight_scale", "", ""};
+      break;
+    case QuantLayout::kNative: break;
   }
   return {s.weight_leaf, s.scale_leaf, s.zero_leaf, s.global_leaf};
 }
@@ -128,6 +134,7 @@ std::pair<int64_t, int64_t> WeightScheme::WeightSlice(bool rows, int64_t begin,
 }
 
 std::pair<int64_t, int64_t> WeightScheme::ScaleSlice(bool rows, int64_t begin, int64_t end) const {
+  if (!rows && RowUniform()) return {0, ScaleCols(end - begin)};  // any block holds the row's scale
   const int64_t unit = rows ? (spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1) : group;
   return {begin / unit, CeilDiv(end, unit)};
 }
@@ -142,6 +149,7 @@ int64_t WeightScheme::RowGranule() const {
 
 int64_t WeightScheme::ColGranule() const {
   if (!has_scales()) return packed() ? 2 : 1;
+  if (RowUniform()) return 1;
   return group;
 }
 

@@ -153,17 +153,51 @@ Status ParseModelOpt(const ConfigFields& top, QuantizationConfig& out) {
     MOESHARD_ASSIGN_OR_RETURN(f, top.Object("quantization"));
   }
   MOESHARD_ASSIGN_OR_RETURN(std::string algo, f.String("quant_algo", std::nullopt));
+  if (algo == "FP8") {  // per-tensor fp8 weights (and activations, which the CPU path keeps 16-bit)
+    out.scheme = WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1,
+                              QuantLayout::kFp8PerTensor};
+    MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "exclude_modules", out));
+    return ReadIgnore(top, "ignore", out);
+  }
   if (algo != "NVFP4") {
-    return f.Error("quant_algo", "\"NVFP4\" (moeshard reads ModelOpt NVFP4)", "\"" + algo + "\"",
-                   algo == "FP8" ? "per-tensor fp8 (ModelOpt FP8) is not supported yet; block "
-                                   "fp8 checkpoints (quant_method fp8) are"
-                                 : "");
+    return f.Error("quant_algo", "\"NVFP4\" or \"FP8\"", "\"" + algo + "\"",
+                   "moeshard reads ModelOpt NVFP4 and per-tensor FP8");
   }
   MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.Int("group_size", 16, 1));
   if (group != 16) return f.Error("group_size", "16 (NVFP4: one E4M3 scale per 16)", std::to_string(group));
   out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kModelOpt};
   MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "exclude_modules", out));
   return ReadIgnore(top, "ignore", out);
+}
+
+// compressed-tensors fp8 (`format: float-quantized`, e.g. the FP8-dynamic releases): one scale
+// per output channel, per tensor, or per block (`block_structure`).
+Status ParseCtFp8(const ConfigFields& f, const ConfigFields& w, const std::string& strategy,
+                  QuantizationConfig& out) {
+  if (out.format != "float-quantized" && out.format != "naive-quantized") {
+    return f.Error("format", "\"float-quantized\" for fp8 weights", "\"" + out.format + "\"");
+  }
+  if (strategy == "channel") {
+    out.scheme = WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1,
+                              QuantLayout::kFp8PerChannel};
+    return Status::Ok();
+  }
+  if (strategy == "tensor") {
+    out.scheme = WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1,
+                              QuantLayout::kFp8PerTensor};
+    return Status::Ok();
+  }
+  if (strategy == "block") {
+    MOESHARD_ASSIGN_OR_RETURN(std::vector<int64_t> b, w.IntList("block_structure", 1, 1 << 20));
+    if (b.size() != 2) {
+      return w.Error("block_structure", "two positive integers [rows, cols]",
+                     std::to_string(b.size()) + " values");
+    }
+    out.scheme = WeightScheme{WeightFormat::kFp8Block, b[1], b[0], QuantLayout::kCompressedTensors};
+    return Status::Ok();
+  }
+  return w.Error("strategy", "\"channel\", \"tensor\" or \"block\" for fp8",
+                 "\"" + strategy + "\"");
 }
 
 // compressed-tensors (llm-compressor): one config group; int4 pack-quantized (symmetric, or
@@ -191,11 +225,13 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
   MOESHARD_ASSIGN_OR_RETURN(int64_t bits, w.Int("num_bits"));
   MOESHARD_ASSIGN_OR_RETURN(std::string type, w.String("type", "int"));
   MOESHARD_ASSIGN_OR_RETURN(std::string strategy, w.String("strategy", "group"));
-  MOESHARD_ASSIGN_OR_RETURN(int64_t group_size, w.Int("group_size", std::nullopt, 1));
+  // 0 when absent or null (per-channel, per-tensor and block fp8 have no group).
+  MOESHARD_ASSIGN_OR_RETURN(int64_t group_size, w.Int("group_size", 0, -1));
   MOESHARD_ASSIGN_OR_RETURN(bool symmetric, w.Bool("symmetric", true));
+  if (bits == 8 && type == "float") return ParseCtFp8(f, w, strategy, out);
   if (bits != 4) {
-    return w.Error("num_bits", "4 (int4 or fp4 weights)", std::to_string(bits),
-                   bits == 8 ? "compressed-tensors fp8 / int8 weights are not supported yet" : "");
+    return w.Error("num_bits", "4 (int4 or fp4 weights) or 8 with type float (fp8)",
+                   std::to_string(bits), bits == 8 ? "int8 weights are not supported yet" : "");
   }
   auto want_format = [&](const char* expected, const char* what) -> Status {
     if (out.format == expected) return Status::Ok();

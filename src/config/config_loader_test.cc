@@ -275,7 +275,11 @@ TEST(ConfigTest, QuantizationMethods) {
                         Case{"tiny-qwen2-moe-nvfp4", WeightFormat::kNvfp4, 16,
                              QuantLayout::kCompressedTensors},
                         Case{"tiny-qwen2-moe-modelopt-nvfp4", WeightFormat::kNvfp4, 16,
-                             QuantLayout::kModelOpt}}) {
+                             QuantLayout::kModelOpt},
+                        Case{"tiny-qwen2-moe-fp8-dynamic", WeightFormat::kFp8Block,
+                             kFp8RowUniformGroup, QuantLayout::kFp8PerChannel},
+                        Case{"tiny-qwen2-moe-modelopt-fp8", WeightFormat::kFp8Block,
+                             kFp8RowUniformGroup, QuantLayout::kFp8PerTensor}}) {
     SCOPED_TRACE(c.preset);
     const ModelConfig m = Preset(c.preset);
     EXPECT_EQ(m.quant.scheme.format, c.format);
@@ -314,6 +318,18 @@ TEST(ConfigTest, QuantizationMethods) {
     j["config_groups"]["group_0"]["weights"]["symmetric"] = true;
   });
   EXPECT_EQ(q.scheme, (WeightScheme{WeightFormat::kInt4, 32, 1}));
+  // compressed-tensors fp8 per tensor and per block.
+  q = edited("tiny-qwen2-moe-fp8-dynamic", [](auto& j) {
+    j["config_groups"]["group_0"]["weights"]["strategy"] = "tensor";
+  });
+  EXPECT_EQ(q.scheme.layout, QuantLayout::kFp8PerTensor);
+  q = edited("tiny-qwen2-moe-fp8-dynamic", [](auto& j) {
+    j["config_groups"]["group_0"]["weights"]["strategy"] = "block";
+    j["config_groups"]["group_0"]["weights"]["block_structure"] = {128, 64};
+  });
+  EXPECT_EQ(q.scheme,
+            (WeightScheme{WeightFormat::kFp8Block, 64, 128, QuantLayout::kCompressedTensors}));
+  EXPECT_EQ(CheckpointLeaves(q.scheme).scale, "weight_scale");
 }
 
 TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
@@ -335,14 +351,22 @@ TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
        {"'quantization_config.version'", "\"gemm\"", "\"gemv\""}},
       {"tiny-qwen2-moe-awq", [](auto& j) { j["zero_point"] = false; },
        {"'quantization_config.zero_point'", "expected true"}},
-      {"tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) { j["quantization"]["quant_algo"] = "FP8"; },
-       {"'quantization_config.quantization.quant_algo'", "\"NVFP4\"", "\"FP8\"", "not supported"}},
+      {"tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) { j["quantization"]["quant_algo"] = "W4A8_AWQ"; },
+       {"'quantization_config.quantization.quant_algo'", "\"NVFP4\"", "\"FP8\"", "W4A8_AWQ"}},
+      {"tiny-qwen2-moe-fp8-dynamic",
+       [](auto& j) { j["config_groups"]["group_0"]["weights"]["strategy"] = "token"; },
+       {"group_0.weights.strategy'", "\"channel\"", "\"block\"", "\"token\""}},
+      {"tiny-qwen2-moe-fp8-dynamic", [](auto& j) { j["format"] = "pack-quantized"; },
+       {"'quantization_config.format'", "float-quantized", "pack-quantized"}},
       {"tiny-qwen2-moe-nvfp4",
        [](auto& j) { j["config_groups"]["group_0"]["weights"]["group_size"] = 32; },
        {"group_0.weights.group_size'", "16 for nvfp4", "got 32"}},
       {"tiny-qwen2-moe-nvfp4",
        [](auto& j) { j["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
-       {"num_bits'", "expected 4", "got 8", "fp8"}},
+       {"'quantization_config.format'", "float-quantized", "nvfp4-pack-quantized"}},
+      {"tiny-qwen2-moe-w4a16-asym",
+       [](auto& j) { j["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
+       {"num_bits'", "expected 4", "got 8", "int8"}},
       {"tiny-qwen2-moe-awq", [](auto& j) { j["quant_method"] = "bitsandbytes"; },
        {"'quantization_config.quant_method'", "\"awq\"", "\"gptq\"", "\"modelopt\"",
         "\"bitsandbytes\""}},

@@ -267,6 +267,7 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
     if (dim >= 0) s.section_sizes = t.section_sizes;
     s.split_extent = dim >= 0 ? t.split_extent : 0;
     s.tied_source = t.tied_source;
+    if (t.linear) s.linear_shape = t.shape;
     out.push_back(std::move(s));
   };
   if (!t.linear) {

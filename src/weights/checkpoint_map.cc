@@ -126,15 +126,12 @@ Status MapEncodedPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const std::string name = ExpandName(s.name, t.layer);
   const std::string leaf = "." + RankLeaf(q, s.part);
   if (name.size() <= leaf.size() || name.compare(name.size() - leaf.size(), leaf.size(), leaf) != 0 ||
-      s.logical_shape.empty() || (s.shard_dim >= 0 && s.sections != 1)) {
+      s.linear_shape.size() != 2 || (s.shard_dim >= 0 && s.sections != 1)) {
     return MapError(plan, rank, t.name,
                     fmt::format("a {} part in {} layout without the leaf '{}'",
                                 WeightFormatName(q.format), QuantLayoutName(q.layout), leaf));
   }
-  const int64_t out = s.logical_shape[0];
-  const int64_t in = s.part == TensorPart::kWeight ? s.logical_shape[1] * 2
-                     : s.logical_shape.size() > 1  ? s.logical_shape[1] * q.group
-                                                   : 1;
+  const int64_t out = s.linear_shape[0], in = s.linear_shape[1];
   const int src = AddSource(t, EncodedSpec(q, s.part, name.substr(0, name.size() - leaf.size()),
                                            out, in, plan.model.dtype,
                                            KindOf(name, s.part, s.dtype)));
@@ -507,6 +504,11 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
                          .col_begin = geo.ColBytes(ib),
                          .col_end = geo.ColBytes(ie),
                          .dst_row_stride = geo.ColBytes(I.padded_local)};
+      if (scale && q.RowUniform()) {
+        // Every block of a row holds the row's scale: the rank's blocks are the first ones.
+        p.window.col_begin = 0;
+        p.window.col_end = geo.ColBytes(ie - ib);
+      }
       p.dst_offset = slot * slot_bytes;
       t.pieces.push_back(p);
     }

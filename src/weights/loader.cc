@@ -49,7 +49,8 @@ int64_t Bytes(DType dtype, const std::vector<int64_t>& shape) {
 // packed 4-bit weights as U8 [.., n] or I32 [.., n / 4] (compressed-tensors pack-quantized).
 bool Compatible(const SourceTensorSpec& want, const TensorInfo& got) {
   if (got.dtype == want.dtype && got.shape == want.shape) return true;
-  if (want.encoding == SourceEncoding::kScalarF32 || want.encoding == SourceEncoding::kReciprocalF32) {
+  if (want.encoding == SourceEncoding::kScalarF32 || want.encoding == SourceEncoding::kReciprocalF32 ||
+      want.encoding == SourceEncoding::kTensorScale) {
     // One F32 per tensor, stored as a scalar [] (ModelOpt) or [1] (compressed-tensors).
     return got.dtype == DType::kF32 && (got.shape.empty() || got.shape == std::vector<int64_t>{1});
   }
@@ -557,6 +558,15 @@ Result<RankWeights> WeightLoader::Load(int64_t rank, LoadStats* stats) const {
               const int32_t v32 = static_cast<int32_t>(v);
               std::memcpy(row + c * 4, &v32, 4);
             }
+          }
+          continue;
+        }
+        if (src.spec != nullptr && RowUniformEncoding(src.spec->encoding)) {
+          // One value per view row (per-channel) or per tensor, repeated along the row.
+          const int64_t index = src.spec->encoding == SourceEncoding::kRowScale ? r : 0;
+          for (int64_t c = 0; c < p.cols(); c += src.element_bytes) {
+            FillDummy(src.key, src.dtype, src.kind, index,
+                      std::span<std::byte>(row + c, static_cast<size_t>(src.element_bytes)));
           }
           continue;
         }

@@ -24,8 +24,14 @@ const char* SourceEncodingName(SourceEncoding encoding) {
     case SourceEncoding::kBf16ToF16: return "bf16-to-f16";
     case SourceEncoding::kReciprocalF32: return "reciprocal-f32";
     case SourceEncoding::kScalarF32: return "scalar-f32";
+    case SourceEncoding::kRowScale: return "row-scale";
+    case SourceEncoding::kTensorScale: return "tensor-scale";
   }
   return "?";
+}
+
+bool RowUniformEncoding(SourceEncoding e) {
+  return e == SourceEncoding::kRowScale || e == SourceEncoding::kTensorScale;
 }
 
 namespace internal {
@@ -86,15 +92,22 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
     case TensorPart::kWeight:
       if (awq) return {"qweight", DType::kI32, {in, CeilDiv(out, 8)}, E::kAwqCodes};
       if (gptq) return {"qweight", DType::kI32, {CeilDiv(in, 8), out}, E::kGptqCodes};
-      // compressed-tensors (U8, or the same bytes as I32 [out, in/8]) and ModelOpt (U8).
-      return {std::string(leaves.weight), DType::kU8, {out, CeilDiv(in, 2)}, E::kDirect};
+      // compressed-tensors (4-bit: U8, or the same bytes as I32 [out, in/8]; fp8), ModelOpt.
+      return {std::string(leaves.weight), q.WeightDType(model_dtype), q.WeightShape(out, in),
+              E::kDirect};
     case TensorPart::kScale:
       if (awq || gptq) return {"scales", DType::kF16, {groups, out}, E::kTransposedF16};
       if (q.format == WeightFormat::kInt4Zp) {  // compressed-tensors: the model dtype
         return {"weight_scale", model_dtype, {out, groups},
                 model_dtype == DType::kBF16 ? E::kBf16ToF16 : E::kDirect};
       }
-      return {"weight_scale", q.spec().scale_dtype, {out, groups}, E::kDirect};
+      if (q.layout == QuantLayout::kFp8PerChannel) {
+        return {std::string(leaves.scale), DType::kF32, {out, 1}, E::kRowScale};
+      }
+      if (q.layout == QuantLayout::kFp8PerTensor) {
+        return {std::string(leaves.scale), DType::kF32, {}, E::kTensorScale};
+      }
+      return {std::string(leaves.scale), q.spec().scale_dtype, q.ScaleShape(out, in), E::kDirect};
     case TensorPart::kZeroPoint:
       if (awq) return {"qzeros", DType::kI32, {groups, CeilDiv(out, 8)}, E::kAwqZeros};
       if (gptq) {
@@ -231,6 +244,19 @@ Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const So
           std::memcpy(&v.bits, buf.data() + (r - a) * (ce - cb) + c * 2, 2);
           const fp16_t h = FloatToHalf(Bf16ToFloat(v));
           std::memcpy(out + (r - a) * stride + c * 2, &h, 2);
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kRowScale:
+    case E::kTensorScale: {
+      // Each view row repeats its stored scale (per row, or the tensor's one).
+      const bool per_row = spec.encoding == E::kRowScale;
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                ReadRect(file, info, 4, per_row ? a : 0, per_row ? b : 1, 0, 4));
+      for (int64_t r = a; r < b; ++r) {
+        for (int64_t c = 0; c < (ce - cb) / 4; ++c) {
+          std::memcpy(out + (r - a) * stride + c * 4, buf.data() + (per_row ? (r - a) * 4 : 0), 4);
         }
       }
       return Status::Ok();

@@ -36,6 +36,8 @@ TEST(RuntimeLayerReferenceTest, Qwen2MoeGptq) { CheckPreset("tiny-qwen2-moe-gptq
 TEST(RuntimeLayerReferenceTest, Qwen2MoeW4a16Asym) { CheckPreset("tiny-qwen2-moe-w4a16-asym"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeNvfp4) { CheckPreset("tiny-qwen2-moe-nvfp4"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptNvfp4) { CheckPreset("tiny-qwen2-moe-modelopt-nvfp4"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeFp8PerChannel) { CheckPreset("tiny-qwen2-moe-fp8-dynamic"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptFp8) { CheckPreset("tiny-qwen2-moe-modelopt-fp8"); }
 TEST(RuntimeLayerReferenceTest, Glm4Moe) { CheckPreset("tiny-glm4-moe"); }
 TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }
 TEST(RuntimeLayerReferenceTest, Llama4) { CheckPreset("tiny-llama4"); }

@@ -326,6 +326,8 @@ std::vector<RuntimeCase> BuildCases() {
       {"tiny-qwen2-moe-w4a16-asym", "qwen2ctasym", "", 2},
       {"tiny-qwen2-moe-nvfp4", "qwen2nvfp4", "", 2},
       {"tiny-qwen2-moe-modelopt-nvfp4", "qwen2modelopt", "", 2},
+      {"tiny-qwen2-moe-fp8-dynamic", "qwen2fp8channel", "", 2},
+      {"tiny-qwen2-moe-modelopt-fp8", "qwen2fp8tensor", "", 2},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
   for (const Family& f : families) {

@@ -5,7 +5,8 @@ quantized_checkpoint_test.cc.
 
 usage: quantized_checkpoint.py LAYOUT SPEC_JSON OUT_DIR EXPECTED_FILE
 
-LAYOUT is one of awq, gptq, gptq_v2, ct-int4-asym, ct-nvfp4, modelopt-nvfp4. SPEC_JSON holds
+LAYOUT is one of awq, gptq, gptq_v2, ct-int4-asym, ct-nvfp4, modelopt-nvfp4, ct-fp8-channel,
+modelopt-fp8. SPEC_JSON holds
 {"group": g, "plain": [{"name", "dtype", "shape"}, ...], "linears": [{"module", "out", "in"}]}:
 the unquantized tensors moeshard expects (filled with a byte pattern) and the quantized linears
 [out, in] by module name; OUT_DIR gets model.safetensors. Each linear's stored tensors are written here from this script's own
@@ -25,6 +26,10 @@ its dequantized values, F32 [out, in], under the module name. Layouts (sources):
                  [1] dividing: w = e2m1(q) * e4m3(s) / global
   modelopt-nvfp4 ModelOpt: weight U8 [out, in/2], weight_scale F8_E4M3 [out, in/16],
                  weight_scale_2 F32 [] multiplying, input_scale F32 []
+  ct-fp8-channel compressed-tensors float-quantized, strategy channel: weight F8_E4M3 [out, in],
+                 weight_scale F32 [out, 1]; w = e4m3(q) * s[row]
+  modelopt-fp8   ModelOpt FP8: weight F8_E4M3 [out, in], weight_scale F32 [] (one per tensor),
+                 input_scale F32 []
 Values come from a generator seeded by the module name; every value is exact in F32.
 """
 import json
@@ -89,6 +94,20 @@ def quantized(layout, module, out, inn, g):
             t[module + ".weight_global_scale"] = ("F32", [1], struct.pack("<f", glob))
         else:
             t[module + ".weight_scale_2"] = ("F32", [], struct.pack("<f", mult))
+            t[module + ".input_scale"] = ("F32", [], struct.pack("<f", 1.0))
+        return t, deq
+    if layout in ("ct-fp8-channel", "modelopt-fp8"):
+        # e4m3 codes below the NaN codes, either sign; scales k / 1024.
+        q = [[rng.randrange(0x7F) | (rng.randrange(2) << 7) for _ in range(inn)] for _ in range(out)]
+        per_row = layout == "ct-fp8-channel"
+        one = rng.randrange(1, 64) / 1024.0
+        s = [rng.randrange(1, 64) / 1024.0 if per_row else one for _ in range(out)]
+        deq = [[e4m3(q[o][i]) * s[o] for i in range(inn)] for o in range(out)]
+        t[module + ".weight"] = ("F8_E4M3", [out, inn], bytes(c for r in q for c in r))
+        if per_row:
+            t[module + ".weight_scale"] = ("F32", [out, 1], struct.pack("<%df" % out, *s))
+        else:
+            t[module + ".weight_scale"] = ("F32", [], struct.pack("<f", one))
             t[module + ".input_scale"] = ("F32", [], struct.pack("<f", 1.0))
         return t, deq
     groups = inn // g

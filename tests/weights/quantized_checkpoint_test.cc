@@ -40,7 +40,7 @@ std::vector<Linear> QuantizedLinears(const ShardPlan& p) {
   const std::string leaf = "." + std::string(q.spec().weight_leaf);
   for (const TensorShard& s : p.ranks[0].tensors) {
     if (s.category == TensorCategory::kRoutedExperts || s.part != TensorPart::kWeight ||
-        s.dtype != DType::kU8) {
+        s.dtype != q.spec().weight_dtype) {
       continue;
     }
     std::vector<int64_t> at = {-1};
@@ -48,7 +48,7 @@ std::vector<Linear> QuantizedLinears(const ShardPlan& p) {
     for (int64_t l : at) {
       const std::string name = ExpandName(s.name, l);
       out.push_back({name.substr(0, name.size() - leaf.size()), s.logical_shape[0],
-                     s.logical_shape[1] * 2});
+                     s.logical_shape[1] * (q.packed() ? 2 : 1)});
     }
   }
   const ExpertLayout& x = p.experts;
@@ -108,7 +108,9 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
     spec["plain"].push_back(
         {{"name", s.name}, {"dtype", std::string(DTypeName(s.dtype))}, {"shape", s.shape}});
   }
-  ASSERT_GT(quantized_sources, 3 * static_cast<int>(linears.size()) - 1);
+  // Weight and scales, plus zero points or a global scale where the format has them.
+  const int parts = 2 + (q.has_zero_points() ? 1 : 0) + (q.has_global_scale() ? 1 : 0);
+  ASSERT_GE(quantized_sources, parts * static_cast<int>(linears.size()));
 
   testing_util::ScratchDir dir;
   testing_util::WriteText(dir / "spec.json", spec.dump());
@@ -167,7 +169,7 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
       };
       std::vector<float> row;
       for (const TensorShard& s : rp.tensors) {
-        if (s.part != TensorPart::kWeight || s.dtype != DType::kU8) continue;
+        if (s.part != TensorPart::kWeight || s.dtype != q.spec().weight_dtype) continue;
         for (int64_t l : s.layers.empty() ? std::vector<int64_t>{-1} : s.layers.vec()) {
           const std::string name = ExpandName(s.name, l);
           const TensorBuffer* b = w->Find(name);
@@ -177,9 +179,10 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           const auto* globals = static_cast<const float*>(sibling(name, q.spec().global_leaf));
           if (s.category != TensorCategory::kRoutedExperts) {
             const std::string module = name.substr(0, name.size() - q.spec().weight_leaf.size() - 1);
-            const int64_t rows = s.local_shape[0], cols = s.local_shape[1] * 2;
+            const int64_t per_byte = q.packed() ? 2 : 1;
+            const int64_t rows = s.local_shape[0], cols = s.local_shape[1] * per_byte;
             const int64_t r0 = s.shard_dim == 0 ? s.shard_begin : 0;
-            const int64_t c0 = s.shard_dim == 1 ? s.shard_begin * 2 : 0;
+            const int64_t c0 = s.shard_dim == 1 ? s.shard_begin * per_byte : 0;
             row.resize(static_cast<size_t>(cols));
             for (int64_t r = 0; r < rows; ++r) {
               reference::DequantizeMatrixRow(q, b->data.data(), scales, rows, cols, r, row.data(),
@@ -195,7 +198,7 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           // Routed experts: w13 [El, 2 I_pad, H_pad] (gate rows, then up at I_pad), w2
           // [El, H_pad, I_pad]; the rank's slice [ib, ie) of I.
           const bool w13 = s.role == TensorRole::kExpertsW13;
-          const int64_t rows = s.padded_shape[1], cols = s.padded_shape[2] * 2;
+          const int64_t rows = s.padded_shape[1], cols = s.padded_shape[2] * (q.packed() ? 2 : 1);
           const int64_t Il = plan->intermediate.raw_local, Ip = plan->intermediate.padded_local;
           const int64_t H = plan->hidden.logical;
           const int64_t ib = rp.coords.moe_tp_rank * Il;
@@ -234,7 +237,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-qwen2-moe-gptq", "gptq_v2", "gptq_v2"},
                       Case{"tiny-qwen2-moe-w4a16-asym", "ct-int4-asym"},
                       Case{"tiny-qwen2-moe-nvfp4", "ct-nvfp4"},
-                      Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"}),
+                      Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"},
+                      Case{"tiny-qwen2-moe-fp8-dynamic", "ct-fp8-channel"},
+                      Case{"tiny-qwen2-moe-modelopt-fp8", "modelopt-fp8"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = info.param.layout;
       for (char& ch : n) {

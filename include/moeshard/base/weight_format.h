@@ -76,9 +76,28 @@ enum class ScaleLayout {
 //                       [out, in/8], M.weight_scale [out, in/g] in the model dtype,
 //                       M.weight_zero_point I32 [out/8, in/g] packed along the output; NVFP4:
 //                       M.weight_global_scale F32 [1] is a divisor (w = e2m1 * e4m3 / global)
+//                       fp8 with block_structure: M.weight_scale F32 [out/br, in/g] (the
+//                       fp8-block table's weight_scale_inv under another name)
 //   kModelOpt           ModelOpt NVFP4: M.weight U8 [out, in/2], M.weight_scale F8_E4M3
 //                       [out, in/16], M.weight_scale_2 F32 [] a multiplier
-enum class QuantLayout { kNative, kAwq, kGptq, kGptqV2, kCompressedTensors, kModelOpt };
+//   kFp8PerChannel      fp8 with one scale per output row (compressed-tensors `strategy:
+//                       channel`): M.weight F8_E4M3 [out, in], M.weight_scale F32 [out, 1]
+//   kFp8PerTensor       fp8 with one scale per tensor (compressed-tensors `strategy: tensor`,
+//                       ModelOpt FP8): M.weight F8_E4M3 [out, in], M.weight_scale F32 [] or [1]
+// The two fp8 layouts are held as fp8-block with 1-row blocks as wide as the kernels' K block
+// (kFp8RowUniformGroup): the rank's scale tensor repeats each row's scale across its blocks,
+// so any split of either dimension keeps every scale whole (RowUniform()).
+enum class QuantLayout {
+  kNative,
+  kAwq,
+  kGptq,
+  kGptqV2,
+  kCompressedTensors,
+  kModelOpt,
+  kFp8PerChannel,
+  kFp8PerTensor,
+};
+inline constexpr int64_t kFp8RowUniformGroup = 2048;
 const char* QuantLayoutName(QuantLayout layout);  // "native", "awq", "gptq", ...
 
 struct WeightScheme;
@@ -123,6 +142,10 @@ struct WeightScheme {
   static WeightScheme Default(WeightFormat format);
   const WeightFormatSpec& spec() const { return FormatSpec(format); }
   bool quantized() const { return format != WeightFormat::kBf16; }
+  // Every scale of a row holds the same value (per-channel and per-tensor fp8).
+  bool RowUniform() const {
+    return layout == QuantLayout::kFp8PerChannel || layout == QuantLayout::kFp8PerTensor;
+  }
   bool packed() const { return spec().element_bits == 4; }
 
   // Storage of one [rows, cols] matrix. `dense_dtype` is the unquantized storage dtype (the

@@ -120,6 +120,9 @@ struct TensorShard {
   std::string tied_source;
   // kShapeMeta: the values it holds (the module's logical [out, in]).
   std::vector<int64_t> meta_values;
+  // A part of a non-routed linear (weight, scales, zero points, ...): the module's logical
+  // [out, in] in elements; empty otherwise.
+  std::vector<int64_t> linear_shape;
   LayerSet layers;  // layer indices on this rank; empty for non-layer tensors
   int64_t bytes = 0;            // padded bytes, all layers together
   int64_t padding_bytes = 0;    // bytes spent on padding, all layers together

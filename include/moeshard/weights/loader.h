@@ -107,7 +107,11 @@ enum class SourceEncoding {
   kBf16ToF16,      // compressed-tensors int4 scales in bf16 -> F16 (exact for normal fp16)
   kReciprocalF32,  // compressed-tensors NVFP4 weight_global_scale (a divisor) -> 1 / x
   kScalarF32,      // ModelOpt weight_scale_2 F32 [] (or [1]) -> F32 [1]
+  kRowScale,       // per-channel fp8 weight_scale F32 [out, 1] -> F32 [out, blocks], repeated
+  kTensorScale,    // per-tensor fp8 weight_scale F32 [] (or [1]) -> F32 [out, blocks], repeated
 };
+// Whether every element of a view row of `encoding` is the same value (kRowScale, kTensorScale).
+bool RowUniformEncoding(SourceEncoding encoding);
 const char* SourceEncodingName(SourceEncoding encoding);
 
 // A checkpoint tensor the model consists of, as the family stores it.
