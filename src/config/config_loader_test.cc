@@ -67,6 +67,22 @@ TEST(ConfigTest, Transformers5SpellingsReadTheSame) {
   }
 }
 
+// A config without norm_topk_prob takes its family's transformers default: false for
+// Qwen2MoeConfig and Qwen3MoeConfig, true for Qwen3NextConfig (tests/runtime/hf_reference_test.py
+// found Qwen3-Next read as false).
+TEST(ConfigTest, NormTopkProbDefaultsPerFamily) {
+  for (const auto& [preset, expected] : {std::pair{"qwen1.5-moe-a2.7b", false},
+                                         std::pair{"qwen3-30b-a3b", false},
+                                         std::pair{"qwen3-next-80b-a3b", true}}) {
+    SCOPED_TRACE(preset);
+    nlohmann::json j = PresetJson(preset);
+    j.erase("norm_topk_prob");
+    Result<ModelConfig> r = ParseModelConfig(j.dump(), "edited.json", "edited");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->norm_topk_prob, expected);
+  }
+}
+
 TEST(ConfigTest, KimiK3) {
   ModelConfig c = Preset("kimi-k3");
   EXPECT_EQ(c.family_name(), "kimi_k3");

@@ -310,7 +310,7 @@ Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required,
   return Status::Ok();
 }
 
-Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c) {
+Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c, bool norm_topk_prob_default) {
   MOESHARD_RETURN_IF_ERROR(ParseGqa(f, c));
   MOESHARD_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.moe_intermediate_size,
@@ -319,7 +319,7 @@ Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c) {
                             f.IntAlias({"num_experts", "num_local_experts"}, std::nullopt, 1));
   MOESHARD_ASSIGN_OR_RETURN(c.num_experts_per_tok,
                             f.IntAlias({"num_experts_per_tok"}, std::nullopt, 1));
-  MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob", false));
+  MOESHARD_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob", norm_topk_prob_default));
   MOESHARD_ASSIGN_OR_RETURN(int64_t step, f.Int("decoder_sparse_step", 1, 1));
   std::set<int64_t> mlp_only;
   if (f.Has("mlp_only_layers")) {

@@ -134,7 +134,9 @@ Status ParseGqa(const ConfigFields& f, ModelConfig& c, bool head_dim_required = 
 // The Qwen MoE text model (Qwen3-MoE, and Qwen2-MoE before its shared expert): GQA, softmax
 // top-k renormalised when norm_topk_prob, MoE every `decoder_sparse_step` layers except
 // `mlp_only_layers`, the expert count as `num_experts` or `num_local_experts` (transformers 5).
-Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c);
+// `norm_topk_prob_default` is the family's config default when the key is absent: false for
+// Qwen2MoeConfig and Qwen3MoeConfig, true for Qwen3NextConfig.
+Status ParseQwenMoe(const ConfigFields& f, ModelConfig& c, bool norm_topk_prob_default = false);
 // The Qwen hybrid-attention keys after the MoE ones (Qwen3-Next, Qwen3.5-MoE): the gated shared
 // expert, the gated full attention, (1 + w) norms, the Gated DeltaNet `linear_*` sizes and the
 // layer kinds (`layer_types`, or every `full_attention_interval`-th layer full).

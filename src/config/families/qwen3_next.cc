@@ -17,7 +17,8 @@ namespace moeshard {
 namespace {
 
 Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c) {
-  MOESHARD_RETURN_IF_ERROR(family::ParseQwenMoe(f, c));
+  // Qwen3NextConfig defaults norm_topk_prob to true (Qwen2-MoE's and Qwen3-MoE's to false).
+  MOESHARD_RETURN_IF_ERROR(family::ParseQwenMoe(f, c, /*norm_topk_prob_default=*/true));
   return family::ParseQwenHybrid(f, c);
 }
 
