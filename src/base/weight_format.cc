@@ -58,19 +58,26 @@ const char* QuantLayoutName(QuantLayout layout) {
 
 QuantLeaves CheckpointLeaves(const WeightScheme& q) {
   const WeightFormatSpec& s = q.spec();
+  QuantLeaves l{s.weight_leaf, s.scale_leaf, s.zero_leaf, s.global_leaf, "", ""};
   switch (q.layout) {
-    case QuantLayout::kAwq:
+    case QuantLayout::kAwq: l = {"qweight", "scales", "qzeros", "", "", ""}; break;
     case QuantLayout::kGptq:
-    case QuantLayout::kGptqV2: return {"qweight", "scales", "qzeros", ""};
-    case QuantLayout::kModelOpt: return {"weight", s.scale_leaf, s.zero_leaf, "weight_scale_2"};
+    case QuantLayout::kGptqV2: l = {"qweight", "scales", "qzeros", "", "", "g_idx"}; break;
+    case QuantLayout::kModelOpt: l.weight = "weight", l.global = "weight_scale_2"; break;
     case QuantLayout::kFp8PerChannel:
-    case QuantLayout::kFp8PerTensor: return {"weight", "weight_scale", "", ""};
+    case QuantLayout::kFp8PerTensor: l = {"weight", "weight_scale", "", "", "", ""}; break;
     case QuantLayout::kCompressedTensors:
-      if (q.format == WeightFormat::kFp8Block) return {"weight", "weight_scale", "", ""};
+      if (q.format == WeightFormat::kFp8Block) l = {"weight", "weight_scale", "", "", "", ""};
       break;
     case QuantLayout::kNative: break;
   }
-  return {s.weight_leaf, s.scale_leaf, s.zero_leaf, s.global_leaf};
+  if (q.input_scale) {
+    // compressed-tensors names NVFP4's activation scale input_global_scale, the rest input_scale.
+    l.input = q.layout == QuantLayout::kCompressedTensors && q.format == WeightFormat::kNvfp4
+                  ? "input_global_scale"
+                  : "input_scale";
+  }
+  return l;
 }
 
 WeightScheme WeightScheme::Default(WeightFormat format) {

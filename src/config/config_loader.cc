@@ -155,7 +155,7 @@ Status ParseModelOpt(const ConfigFields& top, QuantizationConfig& out) {
   MOESHARD_ASSIGN_OR_RETURN(std::string algo, f.String("quant_algo", std::nullopt));
   if (algo == "FP8") {  // per-tensor fp8 weights (and activations, which the CPU path keeps 16-bit)
     out.scheme = WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1,
-                              QuantLayout::kFp8PerTensor};
+                              QuantLayout::kFp8PerTensor, true};
     MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "exclude_modules", out));
     return ReadIgnore(top, "ignore", out);
   }
@@ -165,7 +165,7 @@ Status ParseModelOpt(const ConfigFields& top, QuantizationConfig& out) {
   }
   MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.Int("group_size", 16, 1));
   if (group != 16) return f.Error("group_size", "16 (NVFP4: one E4M3 scale per 16)", std::to_string(group));
-  out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kModelOpt};
+  out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kModelOpt, true};
   MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "exclude_modules", out));
   return ReadIgnore(top, "ignore", out);
 }
@@ -222,13 +222,21 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
         fmt::format("config: '{}' in {}: required object is missing", gname, f.source()));
   }
   ConfigFields w(group["weights"], f.source(), gname);
+  // Static activation scales are stored per linear (NVFP4's global one always, with
+  // activations quantized at all).
+  const bool acts = group.contains("input_activations") && group["input_activations"].is_object();
+  const bool static_acts = acts && group["input_activations"].value("dynamic", nlohmann::json(true)) == false;
   MOESHARD_ASSIGN_OR_RETURN(int64_t bits, w.Int("num_bits"));
   MOESHARD_ASSIGN_OR_RETURN(std::string type, w.String("type", "int"));
   MOESHARD_ASSIGN_OR_RETURN(std::string strategy, w.String("strategy", "group"));
   // 0 when absent or null (per-channel, per-tensor and block fp8 have no group).
   MOESHARD_ASSIGN_OR_RETURN(int64_t group_size, w.Int("group_size", 0, -1));
   MOESHARD_ASSIGN_OR_RETURN(bool symmetric, w.Bool("symmetric", true));
-  if (bits == 8 && type == "float") return ParseCtFp8(f, w, strategy, out);
+  if (bits == 8 && type == "float") {
+    MOESHARD_RETURN_IF_ERROR(ParseCtFp8(f, w, strategy, out));
+    out.scheme.input_scale = static_acts;
+    return Status::Ok();
+  }
   if (bits != 4) {
     return w.Error("num_bits", "4 (int4 or fp4 weights) or 8 with type float (fp8)",
                    std::to_string(bits), bits == 8 ? "int8 weights are not supported yet" : "");
@@ -248,7 +256,7 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
       return w.Error("strategy", "\"tensor_group\" for fp4 in groups of 16 (NVFP4)",
                      "\"" + strategy + "\"");
     }
-    out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kCompressedTensors};
+    out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kCompressedTensors, acts};
     return Status::Ok();
   }
   if (strategy != "group") return w.Error("strategy", "\"group\"", "\"" + strategy + "\"");

@@ -66,6 +66,10 @@ std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& pla
     if (q.has_scales()) out[*module + "." + std::string(leaves.scale)] = {false, true};
     if (q.has_zero_points()) out[*module + "." + std::string(leaves.zero)] = {false, true};
     if (q.has_global_scale()) out[*module + "." + std::string(leaves.global)] = {false, false};
+    if (!leaves.input.empty()) out[*module + "." + std::string(leaves.input)] = {false, false};
+    if (!leaves.group_index.empty()) {
+      out[*module + "." + std::string(leaves.group_index)] = {false, module == &x.down};
+    }
     if (plan.model.quant.weight_shape_meta && q.quantized()) {
       out[*module + ".weight_shape"] = {false, false};
     }
@@ -92,6 +96,8 @@ std::string CheckpointTemplate(const ShardPlan& plan, const TensorShard& s) {
     case TensorPart::kZeroPoint: rank_leaf = f.zero_leaf, leaf = leaves.zero; break;
     case TensorPart::kGlobalScale: rank_leaf = f.global_leaf, leaf = leaves.global; break;
     case TensorPart::kShapeMeta:
+    case TensorPart::kInputScale:
+    case TensorPart::kGroupIndex:
     case TensorPart::kValue: return s.name;
   }
   return s.name.substr(0, s.name.size() - rank_leaf.size()) + std::string(leaf);

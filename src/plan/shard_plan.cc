@@ -315,13 +315,24 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
            q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kZeroPoint);
     }
   }
+  const QuantLeaves leaves = CheckpointLeaves(q);
+  const int saved = dim;
+  if (!leaves.group_index.empty()) {
+    // g_idx [in]: split where the input is (row parallelism), whole elsewhere.
+    dim = saved == 1 ? 0 : -1;
+    push(t.name + "." + std::string(leaves.group_index), DType::kI32, {cols}, {lcols},
+         dim >= 0 ? begin : 0, dim >= 0 ? end : 0, TensorPart::kGroupIndex);
+  }
+  dim = -1;  // one value for the whole tensor: every holder keeps it
   if (q.has_global_scale()) {
-    const int saved = dim;
-    dim = -1;  // one value for the whole tensor: every holder keeps it
     push(t.name + "." + std::string(q.spec().global_leaf), DType::kF32, {1}, {1}, 0, 0,
          TensorPart::kGlobalScale);
-    dim = saved;
   }
+  if (!leaves.input.empty()) {
+    push(t.name + "." + std::string(leaves.input), DType::kF32, {1}, {1}, 0, 0,
+         TensorPart::kInputScale);
+  }
+  dim = saved;
   if (t.shape_meta) {
     const int saved = dim;
     dim = -1;  // metadata: every holder keeps the whole [out, in]
@@ -385,15 +396,31 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
              role, TensorPart::kZeroPoint, sections);
       }
     }
-    if (q.has_global_scale()) {
-      // One F32 per checkpoint tensor: w13 [E, g] (gate, up), w2 [E], whole on every holder.
+    // One F32 per checkpoint tensor: w13 [E, g] (gate, up), w2 [E], whole on every holder.
+    const QuantLeaves leaves = CheckpointLeaves(q);
+    auto per_tensor = [&](std::string_view leaf, TensorPart part) {
       const std::vector<int64_t> lg = proj == "w13" ? std::vector<int64_t>{E, g}
                                                     : std::vector<int64_t>{E};
       std::vector<int64_t> local = lg;
       local[0] = El;
-      push(MakeShard(p + proj + "_" + std::string(q.spec().global_leaf), cat, DType::kF32, lg,
-                     local, local, -1, 0, 0, moe_layers),
-           role, TensorPart::kGlobalScale, 1);
+      push(MakeShard(p + proj + "_" + std::string(leaf), cat, DType::kF32, lg, local, local, -1,
+                     0, 0, moe_layers),
+           role, part, 1);
+    };
+    if (q.has_global_scale()) per_tensor(q.spec().global_leaf, TensorPart::kGlobalScale);
+    if (!leaves.input.empty()) per_tensor(leaves.input, TensorPart::kInputScale);
+    if (!leaves.group_index.empty()) {
+      // g_idx per checkpoint tensor: w13 [E, g, H] (gate, up), w2 [E, I] split like w2's input.
+      if (proj == "w13") {
+        push(MakeShard(p + "w13_" + std::string(leaves.group_index), cat, DType::kI32,
+                       {E, g, in_logical}, {El, g, in_raw}, {El, g, in_pad}, -1, 0, 0, moe_layers),
+             role, TensorPart::kGroupIndex, 1);
+      } else {
+        push(MakeShard(p + "w2_" + std::string(leaves.group_index), cat, DType::kI32,
+                       {E, in_logical}, {El, in_raw}, {El, in_pad}, shard_dim == 2 ? 1 : -1,
+                       begin, end, moe_layers),
+             role, TensorPart::kGroupIndex, 1);
+      }
     }
     if (m.quant.weight_shape_meta && q.quantized()) {
       // compressed-tensors' per-expert weight_shape: gate and up for w13, down for w2.

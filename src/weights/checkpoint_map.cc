@@ -53,6 +53,8 @@ DummyKind KindOf(const std::string& name, TensorPart part, DType dtype) {
       return dtype == DType::kU8 || dtype == DType::kF8E8M0 ? DummyKind::kE8M0 : DummyKind::kScale;
     case TensorPart::kZeroPoint: return DummyKind::kZeroPoint;
     case TensorPart::kGlobalScale: return DummyKind::kGlobalScale;
+    case TensorPart::kInputScale: return DummyKind::kNorm;  // about 1
+    case TensorPart::kGroupIndex: return DummyKind::kWeight;  // hashed integers
     case TensorPart::kShapeMeta: return DummyKind::kWeight;
     case TensorPart::kValue: return DummyKindOf(name, dtype);
   }
@@ -115,6 +117,8 @@ bool IsQuantizedPart(const ShardPlan& plan, const TensorShard& s) {
     case TensorPart::kZeroPoint:
     case TensorPart::kGlobalScale: return true;
     case TensorPart::kShapeMeta:
+    case TensorPart::kInputScale:
+    case TensorPart::kGroupIndex:
     case TensorPart::kValue: return false;
   }
   return false;
@@ -255,8 +259,10 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const bool meta = s.part == TensorPart::kShapeMeta;
   const bool global = s.part == TensorPart::kGlobalScale;
   // Another checkpoint layout than the rank's: each part read through its conversion.
+  const bool group_index = s.part == TensorPart::kGroupIndex;
+  const bool as_stored = s.part == TensorPart::kInputScale || group_index;  // read as they are
   const bool encoded = q.layout != QuantLayout::kNative && q.quantized() && !meta && !bias &&
-                       s.part != TensorPart::kValue;
+                       !as_stored && s.part != TensorPart::kValue;
   const int64_t g = m.gated() ? 2 : 1;
   const DimLayout& I = plan.intermediate;
   const DimLayout& H = plan.hidden;
@@ -421,7 +427,31 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
     const int64_t in = proj == 2 ? I.logical : H.logical;
     return EncodedSpec(q, s.part, ExpandName(*modules[proj], layer, e), out, in, m.dtype, kind);
   };
-  if (global) {
+  if (group_index) {
+    // w13 [El, parts, H_pad] (gate, up), w2 [El, I_pad] with the rank's [ib, ie) of I.
+    const int64_t parts = w13 ? g : 1;
+    for (int64_t slot = 0; slot < num_slots; ++slot) {
+      const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
+      for (int64_t h = 0; h < parts; ++h) {
+        const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
+        const int64_t n = w13 ? H.logical : I.logical;
+        Piece p;
+        p.source_idx = AddSource(t, SourceTensorSpec{name_of(e, proj), s.dtype, {n}, kind, {}});
+        p.element_bytes = es;
+        p.window = Slice2D{.base_offset = 0,
+                           .row_bytes = n * es,
+                           .row_begin = 0,
+                           .row_end = 1,
+                           .col_begin = w13 ? 0 : ib * es,
+                           .col_end = w13 ? n * es : ie * es,
+                           .dst_row_stride = n * es};
+        p.dst_offset = slot * slot_bytes + h * s.padded_shape.back() * es;
+        t.pieces.push_back(p);
+      }
+    }
+    return Status::Ok();
+  }
+  if (global || s.part == TensorPart::kInputScale) {
     // [El, parts] (w13: gate, up) or [El]: one F32 per checkpoint tensor.
     const int64_t parts = w13 ? g : 1;
     for (int64_t slot = 0; slot < num_slots; ++slot) {

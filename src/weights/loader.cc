@@ -49,6 +49,10 @@ int64_t Bytes(DType dtype, const std::vector<int64_t>& shape) {
 // packed 4-bit weights as U8 [.., n] or I32 [.., n / 4] (compressed-tensors pack-quantized).
 bool Compatible(const SourceTensorSpec& want, const TensorInfo& got) {
   if (got.dtype == want.dtype && got.shape == want.shape) return true;
+  // One value stored as a scalar [] where [1] is expected (ModelOpt's per-tensor scales).
+  if (got.dtype == want.dtype && got.shape.empty() && want.shape == std::vector<int64_t>{1}) {
+    return true;
+  }
   if (want.encoding == SourceEncoding::kScalarF32 || want.encoding == SourceEncoding::kReciprocalF32 ||
       want.encoding == SourceEncoding::kTensorScale) {
     // One F32 per tensor, stored as a scalar [] (ModelOpt) or [1] (compressed-tensors).

@@ -76,6 +76,8 @@ std::string RankLeaf(const WeightScheme& q, TensorPart part) {
     case TensorPart::kZeroPoint: return std::string(s.zero_leaf);
     case TensorPart::kGlobalScale: return std::string(s.global_leaf);
     case TensorPart::kShapeMeta: return "weight_shape";
+    case TensorPart::kInputScale: return std::string(CheckpointLeaves(q).input);
+    case TensorPart::kGroupIndex: return std::string(CheckpointLeaves(q).group_index);
     case TensorPart::kValue: break;
   }
   return "";
@@ -121,6 +123,8 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
       }
       return {std::string(leaves.global), DType::kF32, {1}, E::kReciprocalF32};
     case TensorPart::kShapeMeta:
+    case TensorPart::kInputScale:
+    case TensorPart::kGroupIndex:
     case TensorPart::kValue: break;
   }
   MOESHARD_CHECK(false, "part {} of a quantized linear has no stored tensor", static_cast<int>(part));

@@ -105,6 +105,8 @@ struct WeightScheme;
 // format has no such part.
 struct QuantLeaves {
   std::string_view weight, scale, zero, global;
+  std::string_view input;        // an activation scale stored per linear ("" when none)
+  std::string_view group_index;  // GPTQ's g_idx ("" when none)
 };
 QuantLeaves CheckpointLeaves(const WeightScheme& scheme);
 
@@ -137,6 +139,9 @@ struct WeightScheme {
   int64_t group = 1;       // input-dimension values per scale (fp8: block columns)
   int64_t block_rows = 1;  // output rows per scale (fp8: block rows), else 1
   QuantLayout layout = QuantLayout::kNative;  // how checkpoints store it (loader only)
+  // The checkpoint stores an activation scale per linear (ModelOpt; compressed-tensors with
+  // static input activations), which the plan holds as the checkpoint does.
+  bool input_scale = false;
 
   // The format's defaults (fp8 128 x 128, mxfp4 32, int4 32, int4-zp 128, nvfp4 16).
   static WeightScheme Default(WeightFormat format);
