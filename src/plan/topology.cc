@@ -65,6 +65,10 @@ const std::vector<TpRule>& TpRules() {
       {"linear_num_key_heads", [](const ModelConfig& m, int64_t tp) {
          return m.num_layers_of(AttentionKind::kGatedDeltaNet) == 0 || m.gdn.num_k_heads % tp == 0;
        }},
+      // DeepSeek-V4's wo_a is split by output group (vLLM n_local_groups = o_groups / tp).
+      {"o_groups", [](const ModelConfig& m, int64_t tp) {
+         return m.num_layers_of(AttentionKind::kCompressedMqa) == 0 || m.cmqa.o_groups % tp == 0;
+       }},
   };
   return rules;
 }

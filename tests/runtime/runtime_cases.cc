@@ -87,7 +87,8 @@ Status CheckExpectations(const EquivSpec& c, const ShardPlan& plan) {
 
 // Runs `plan`'s layers on `comm` for one unit's tokens; out: [T, H].
 Status RunOn(const ShardPlan& plan, Communicator& comm, int64_t layers, int64_t max_tokens,
-             const std::vector<float>& x, int64_t T, std::vector<float>* out) {
+             const std::vector<float>& x, const std::vector<int32_t>& tokens, int64_t T,
+             std::vector<float>* out) {
   LoadOptions lo;
   lo.source = LoadOptions::Source::kDummy;
   lo.seed = kSeed;
@@ -106,6 +107,7 @@ Status RunOn(const ShardPlan& plan, Communicator& comm, int64_t layers, int64_t 
   a.x = x.data();
   a.x_dtype = DType::kF32;
   a.num_tokens = T;
+  a.token_ids = tokens.data();
   a.out = out->data();
   return rt->Forward(a);
 }
@@ -120,13 +122,16 @@ Status EquivalenceBody(const EquivSpec& c, Communicator& world) {
   const int64_t max_tokens = *std::max_element(c.tokens.begin(), c.tokens.end());
   std::vector<float> x(T * H);
   DummyHiddenStates(kSeed, unit, T, H, x.data());
+  // Token ids: the input of hash-routed layers (DeepSeek-V4), ignored by the others.
+  std::vector<int32_t> tokens(T);
+  DummyTokenIds(kSeed, unit, T, plan.model.vocab_size, tokens.data());
   std::vector<float> out, ref;
-  MOESHARD_RETURN_IF_ERROR(RunOn(plan, world, c.layers, max_tokens, x, T, &out));
+  MOESHARD_RETURN_IF_ERROR(RunOn(plan, world, c.layers, max_tokens, x, tokens, T, &out));
 
   // The single-rank reference of the same tokens, on a communicator of this rank alone.
   MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(world.rank(), 0));
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1, PlanOf(c, Topology{}));
-  MOESHARD_RETURN_IF_ERROR(RunOn(plan1, *solo, c.layers, max_tokens, x, T, &ref));
+  MOESHARD_RETURN_IF_ERROR(RunOn(plan1, *solo, c.layers, max_tokens, x, tokens, T, &ref));
 
   const ErrorStats stats = CompareOutputs(out, ref);
   // Tighter than the CLI's bf16 default (verify.h): both sides round the same values to bf16
@@ -319,6 +324,9 @@ std::vector<RuntimeCase> BuildCases() {
       {"tiny-glm4-moe", "glm4", "", 2},          {"tiny-minimax-m2", "minimax", "triton", 2},
       {"tiny-llama4", "llama4", "", 4},          {"tiny-qwen3-next", "qwen3next", "triton", 4},
       {"tiny-qwen3.5-moe", "qwen35", "triton", 4},
+      // Layers 0-1 hash-routed by token id, 2 by sqrt(softplus) + bias; MXFP4 experts beside
+      // fp8 shared experts. No backend pads its sizes (H 256, I 1024 are aligned for all).
+      {"tiny-deepseek-v4", "deepseekv4", "", 3},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
   for (const Family& f : families) {
