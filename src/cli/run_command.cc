@@ -123,9 +123,9 @@ Result<Inputs> ReadInputs(const std::string& path, const ModelConfig& m) {
         v = v32;
       }
       if (v < 0 || v >= m.vocab_size) {
-        return InvalidArgumentError(fmt::format(
-            "{}: 'token_ids[{}]': expected a token id in [0, {}) (vocab_size), got {}", where, t,
-            m.vocab_size, v));
+        return InvalidArgumentError(
+            fmt::format("{}: 'token_ids[{}]': expected a token id in [0, {}) (vocab_size), got {}",
+                        where, t, m.vocab_size, v));
       }
       in.tokens[static_cast<size_t>(t)] = static_cast<int32_t>(v);
     }

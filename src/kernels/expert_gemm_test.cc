@@ -271,8 +271,8 @@ void CheckCase(const GemmCase& c, int64_t tokens, int64_t k, uint64_t seed, cons
                fmt::format("T{} k{}", tokens, k));
 }
 
-constexpr Activation kAllActivations[] = {Activation::kSwiGlu,       Activation::kSwiGluOai,
-                                          Activation::kSiTu,         Activation::kReluSquared,
+constexpr Activation kAllActivations[] = {Activation::kSwiGlu,        Activation::kSwiGluOai,
+                                          Activation::kSiTu,          Activation::kReluSquared,
                                           Activation::kGeluTanhGated, Activation::kSwiGluClamp};
 
 TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {

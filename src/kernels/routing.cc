@@ -33,8 +33,8 @@ float SqrtSoftplus(float x) { return std::sqrt(x > 20.0f ? x : std::log1p(std::e
 
 // ids[i] = cand[i], weights the score of each, divided by max(sum, 1e-20) when renormalising
 // (vLLM's clamp), times the scaling factor.
-void TakeClamped(const int32_t* cand, const float* score, int64_t k, bool renormalize,
-                 float scale, int32_t* ids, float* weights) {
+void TakeClamped(const int32_t* cand, const float* score, int64_t k, bool renormalize, float scale,
+                 int32_t* ids, float* weights) {
   float wsum = 0.0f;
   for (int64_t i = 0; i < k; ++i) {
     ids[i] = cand[i];
@@ -250,16 +250,15 @@ Status ValidateRouting(const RoutingParams& p, const RoutingArgs& a) {
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       const int32_t id = a.token_ids[t];
       if (id < 0 || id >= p.hash_vocab) {
-        return InvalidArgumentError(
-            fmt::format("route: 'token_ids[{}]': expected a token id in [0, {}), got {}", t,
-                        p.hash_vocab, id));
+        return InvalidArgumentError(fmt::format(
+            "route: 'token_ids[{}]': expected a token id in [0, {}), got {}", t, p.hash_vocab, id));
       }
       for (int64_t j = 0; j < p.top_k; ++j) {
         const int32_t e = p.hash_table[static_cast<int64_t>(id) * p.top_k + j];
         if (e < 0 || e >= p.num_experts) {
-          return InvalidArgumentError(fmt::format(
-              "route: 'hash_table[{}, {}]': expected an expert in [0, {}), got {}", id, j,
-              p.num_experts, e));
+          return InvalidArgumentError(
+              fmt::format("route: 'hash_table[{}, {}]': expected an expert in [0, {}), got {}", id,
+                          j, p.num_experts, e));
         }
       }
     }

@@ -200,10 +200,10 @@ TEST(Routing, HashTableNamesTheExpertsOfEachToken) {
   KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
   const std::vector<int32_t> table = {3, 0, /*token 1*/ 1, 2, /*token 2*/ 2, 3};
   const std::vector<int32_t> tokens = {2, 0, 1};
-  const std::vector<float> logits = {0.0f, 2.0f, -1.0f, 1.0f,  // token id 2 -> experts 2, 3
-                                     0.0f, 2.0f, -1.0f, 1.0f,  // token id 0 -> experts 3, 0
-                                     5.0f, -3.0f, 0.5f, 9.0f};  // token id 1 -> experts 1, 2
-  const std::vector<float> bias = {100.0f, 0.0f, 0.0f, 0.0f};  // must not matter
+  const std::vector<float> logits = {0.0f, 2.0f,  -1.0f, 1.0f,   // token id 2 -> experts 2, 3
+                                     0.0f, 2.0f,  -1.0f, 1.0f,   // token id 0 -> experts 3, 0
+                                     5.0f, -3.0f, 0.5f,  9.0f};  // token id 1 -> experts 1, 2
+  const std::vector<float> bias = {100.0f, 0.0f, 0.0f, 0.0f};    // must not matter
   RoutingParams p{.kind = RoutingKind::kSqrtSoftplusHash,
                   .num_experts = 4,
                   .top_k = 2,
@@ -232,7 +232,8 @@ TEST(Routing, HashTableNamesTheExpertsOfEachToken) {
   std::vector<int32_t> big_table(V * k), big_tokens(T), ids2(T * k), ref_ids(T * k);
   std::mt19937 rng(5);
   for (int64_t v = 0; v < V; ++v) {
-    for (int64_t j = 0; j < k; ++j) big_table[v * k + j] = static_cast<int32_t>((v * 7 + j * 8) % E);
+    for (int64_t j = 0; j < k; ++j)
+      big_table[v * k + j] = static_cast<int32_t>((v * 7 + j * 8) % E);
   }
   for (int32_t& t : big_tokens) t = static_cast<int32_t>(rng() % V);
   const std::vector<float> big_logits = Randn(T * E, 9);
@@ -246,9 +247,9 @@ TEST(Routing, HashTableNamesTheExpertsOfEachToken) {
        .hash_vocab = V};
   ASSERT_TRUE(
       Route(ctx, p, {big_logits.data(), T, ids2.data(), w2.data(), big_tokens.data()}).ok());
-  ASSERT_TRUE(reference::Route(p, {big_logits.data(), T, ref_ids.data(), ref_w.data(),
-                                   big_tokens.data()})
-                  .ok());
+  ASSERT_TRUE(
+      reference::Route(p, {big_logits.data(), T, ref_ids.data(), ref_w.data(), big_tokens.data()})
+          .ok());
   EXPECT_EQ(ids2, ref_ids);
   for (int64_t i = 0; i < T * k; ++i) ASSERT_NEAR(w2[i], ref_w[i], 1e-5) << i;
 }

@@ -116,8 +116,7 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
         "quantization group ({}), got {} (a scale group would be split between ranks; valid MoE "
         "TP sizes: {}; or use -ep)",
         d.raw_local, d.logical, d.divisor, WeightFormatName(m.expert_scheme().format), group,
-        d.raw_local,
-        fmt::join(ok, ", ")));
+        d.raw_local, fmt::join(ok, ", ")));
   }
   d.align = Lcm(backend.IntermediateAlignFor(d.raw_local), group);
   switch (policy) {

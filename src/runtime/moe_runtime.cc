@@ -862,8 +862,7 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
   }
   for (size_t li = 0; li < s.layers.size(); ++li) {
     const auto start = std::chrono::steady_clock::now();
-    const Status st =
-        s.RunLayer(s.layers[li], T, chunk, a.topk_ids, a.topk_weights, a.token_ids);
+    const Status st = s.RunLayer(s.layers[li], T, chunk, a.topk_ids, a.topk_weights, a.token_ids);
     if (!st.ok()) return st.WithContext(fmt::format("layer {}", s.layers[li].layer));
     if (a.layer_outputs != nullptr) {
       std::memcpy(a.layer_outputs + li * T * H, s.stream.data(), T * H * sizeof(float));

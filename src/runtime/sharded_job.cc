@@ -98,9 +98,9 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   std::vector<int32_t> tokens;
   if (spec.token_ids != nullptr) {
     if (static_cast<int64_t>(spec.token_ids->size()) != unit_offset[units]) {
-      return InvalidArgumentError(fmt::format(
-          "run: 'token_ids': expected one per input row ({}), got {}", unit_offset[units],
-          spec.token_ids->size()));
+      return InvalidArgumentError(
+          fmt::format("run: 'token_ids': expected one per input row ({}), got {}",
+                      unit_offset[units], spec.token_ids->size()));
     }
     tokens.assign(spec.token_ids->begin() + unit_offset[unit],
                   spec.token_ids->begin() + unit_offset[unit + 1]);

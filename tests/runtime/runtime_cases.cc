@@ -317,12 +317,18 @@ std::vector<RuntimeCase> BuildCases() {
     cases.push_back({name, world, [spec](Communicator& w) { return EquivalenceBody(spec, w); }});
   };
   const std::vector<Family> families = {
-      {"tiny-kimi-k3", "kimi", "marlin", 2},   {"tiny-deepseek-v3", "deepseek", "", 2},
-      {"tiny-qwen3-moe", "qwen", "triton", 2}, {"tiny-mixtral", "mixtral", "aiter-ck", 2},
-      {"tiny-gpt-oss", "gptoss", "marlin", 2}, {"tiny-olmoe", "olmoe", "triton", 2},
-      {"tiny-deepseek-v2", "deepseekv2", "", 2}, {"tiny-qwen2-moe", "qwen2", "triton", 2},
-      {"tiny-glm4-moe", "glm4", "", 2},          {"tiny-minimax-m2", "minimax", "triton", 2},
-      {"tiny-llama4", "llama4", "", 4},          {"tiny-qwen3-next", "qwen3next", "triton", 4},
+      {"tiny-kimi-k3", "kimi", "marlin", 2},
+      {"tiny-deepseek-v3", "deepseek", "", 2},
+      {"tiny-qwen3-moe", "qwen", "triton", 2},
+      {"tiny-mixtral", "mixtral", "aiter-ck", 2},
+      {"tiny-gpt-oss", "gptoss", "marlin", 2},
+      {"tiny-olmoe", "olmoe", "triton", 2},
+      {"tiny-deepseek-v2", "deepseekv2", "", 2},
+      {"tiny-qwen2-moe", "qwen2", "triton", 2},
+      {"tiny-glm4-moe", "glm4", "", 2},
+      {"tiny-minimax-m2", "minimax", "triton", 2},
+      {"tiny-llama4", "llama4", "", 4},
+      {"tiny-qwen3-next", "qwen3next", "triton", 4},
       {"tiny-qwen3.5-moe", "qwen35", "triton", 4},
       // Layers 0-1 hash-routed by token id, 2 by sqrt(softplus) + bias; MXFP4 experts beside
       // fp8 shared experts. No backend pads its sizes (H 256, I 1024 are aligned for all).

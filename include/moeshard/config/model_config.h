@@ -52,11 +52,11 @@ enum class RoutingMethod {
 };
 
 enum class ExpertActivation {
-  kSwiGlu,     // silu(gate) * up
-  kSwiGluOai,  // gpt-oss: clamp 7, alpha 1.702, (up + 1), interleaved gate/up
-  kSitu,       // Kimi-K3: beta*tanh(gate/beta)*sigmoid(gate) * beta_lin*tanh(up/beta_lin)
-  kRelu2,      // relu(x)^2, not gated
-  kGeluTanh,   // gelu_tanh(gate) * up
+  kSwiGlu,       // silu(gate) * up
+  kSwiGluOai,    // gpt-oss: clamp 7, alpha 1.702, (up + 1), interleaved gate/up
+  kSitu,         // Kimi-K3: beta*tanh(gate/beta)*sigmoid(gate) * beta_lin*tanh(up/beta_lin)
+  kRelu2,        // relu(x)^2, not gated
+  kGeluTanh,     // gelu_tanh(gate) * up
   kSwiGluClamp,  // DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit)
 };
 
@@ -121,11 +121,11 @@ struct CompressedMqaConfig {
   int64_t rope_head_dim = 0;  // qk_rope_head_dim: the rotary part of head_dim
   int64_t q_lora_rank = 0;
   int64_t o_lora_rank = 0;
-  int64_t o_groups = 0;        // output projection groups (heads per group = heads / o_groups)
-  int64_t window = 0;          // sliding_window: tokens every layer keeps uncompressed
-  int64_t index_n_heads = 0;   // lightning indexer (compress ratio 4)
+  int64_t o_groups = 0;       // output projection groups (heads per group = heads / o_groups)
+  int64_t window = 0;         // sliding_window: tokens every layer keeps uncompressed
+  int64_t index_n_heads = 0;  // lightning indexer (compress ratio 4)
   int64_t index_head_dim = 0;
-  int64_t index_topk = 0;      // compressed entries the indexer selects per query
+  int64_t index_topk = 0;  // compressed entries the indexer selects per query
 };
 
 // Manifold-constrained hyper-connections (DeepSeek-V4 mHC): hc_mult residual streams mixed

@@ -64,17 +64,16 @@ namespace moeshard {
 
 class KernelContext;
 
-
 enum class Activation {
-  kSwiGlu,        // silu(gate) * up
-  kSwiGluOai,     // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit);
-                  //          (u + 1) * g * sigmoid(alpha * g)
-  kSiTu,          // Kimi-K3: g' = beta * tanh(gate / beta) * sigmoid(gate);
-                  //          u' = linear_beta * tanh(up / linear_beta); g' * u'
-  kReluSquared,   // non-gated: relu(up)^2
-  kGeluTanhGated, // gelu_tanh(gate) * up
-  kSwiGluClamp,   // DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit) (vLLM
-                  //   SiluAndMulWithClamp; no alpha, no +1)
+  kSwiGlu,         // silu(gate) * up
+  kSwiGluOai,      // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit);
+                   //          (u + 1) * g * sigmoid(alpha * g)
+  kSiTu,           // Kimi-K3: g' = beta * tanh(gate / beta) * sigmoid(gate);
+                   //          u' = linear_beta * tanh(up / linear_beta); g' * u'
+  kReluSquared,    // non-gated: relu(up)^2
+  kGeluTanhGated,  // gelu_tanh(gate) * up
+  kSwiGluClamp,    // DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit) (vLLM
+                   //   SiluAndMulWithClamp; no alpha, no +1)
 };
 const char* ActivationName(Activation act);
 bool IsGated(Activation act);

@@ -151,8 +151,7 @@ Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c)
   MOESHARD_ASSIGN_OR_RETURN(c.num_shared_experts, f.Int("n_shared_experts", 0));
   c.shared_expert_intermediate_size = c.num_shared_experts * c.moe_intermediate_size;
   MOESHARD_ASSIGN_OR_RETURN(c.num_mtp_layers, f.Int("num_nextn_predict_layers", 0));
-  MOESHARD_RETURN_IF_ERROR(
-      f.Choice("scoring_func", "sqrtsoftplus", {"sqrtsoftplus"}).status());
+  MOESHARD_RETURN_IF_ERROR(f.Choice("scoring_func", "sqrtsoftplus", {"sqrtsoftplus"}).status());
   c.routing = RoutingMethod::kSqrtSoftplusTopK;
   c.scoring = ScoringFunc::kSigmoid;  // unused by this routing (kept for reports)
   // vLLM builds the correction bias only for topk_method "noaux_tc".
@@ -255,7 +254,9 @@ std::vector<TensorDef> Tensors(const ModelConfig& c) {
   // The MoE block: router on every layer, the correction bias on score-routed layers, the
   // token table on hash layers.
   std::vector<int64_t> hashed, scored;
-  for (int64_t i : all) (c.layers[static_cast<size_t>(i)].hash_routing ? hashed : scored).push_back(i);
+  for (int64_t i : all) {
+    (c.layers[static_cast<size_t>(i)].hash_routing ? hashed : scored).push_back(i);
+  }
   t.Linear(l + "ffn.gate", C::kRouter, c.num_experts, H, rep, all, Q::kNo, TensorRole::kRouter);
   if (c.has_correction_bias) {
     t.Vector(l + "ffn.gate.bias", C::kRouter, {c.num_experts}, rep, scored, DType::kF32,
@@ -263,8 +264,8 @@ std::vector<TensorDef> Tensors(const ModelConfig& c) {
   }
   // I64 in the release: its shards' sizes leave no room for anything else (see the header);
   // the engines hold it as int32 (vLLM, DeepSeek's reference), the runtime converts.
-  t.Vector(l + "ffn.gate.tid2eid", C::kRouter, {V, c.num_experts_per_tok}, rep, hashed,
-           DType::kI64, TensorRole::kHashTable);
+  t.Vector(l + "ffn.gate.tid2eid", C::kRouter, {V, c.num_experts_per_tok}, rep, hashed, DType::kI64,
+           TensorRole::kHashTable);
   if (c.num_shared_experts > 0) {
     const std::string s = l + "ffn.shared_experts.";
     const int64_t S = c.shared_expert_intermediate_size;
@@ -288,8 +289,9 @@ const FamilyDescriptor& MoeshardFamily_deepseek_v4() {
   static const FamilyDescriptor d{
       .name = "deepseek_v4",
       .model_types = {"deepseek_v4"},
-      .summary = "DeepSeek-V4-Flash/Pro: compressed sparse MQA, mHC, sqrtsoftplus and hash "
-                 "routing, clamped SwiGLU",
+      .summary =
+          "DeepSeek-V4-Flash/Pro: compressed sparse MQA, mHC, sqrtsoftplus and hash "
+          "routing, clamped SwiGLU",
       .text_prefix = "",
       .checkpoint_unsupported =
           "DeepSeek-V4 checkpoints name every scale `<module>.scale` and store the fp8 linears' "

@@ -165,8 +165,8 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
           std::vector<double> biased(score);
           if (p.e_score_correction_bias != nullptr) {
             for (int64_t e = 0; e < num_experts; ++e) {
-              biased[e] = static_cast<double>(static_cast<float>(score[e]) +
-                                              p.e_score_correction_bias[e]);
+              biased[e] =
+                  static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
             }
           }
           const std::vector<int32_t> order = SortedDescending(biased);
