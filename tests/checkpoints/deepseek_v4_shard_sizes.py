@@ -12,11 +12,16 @@ extra scale or a misspelled name changes the size).
 
 With MOESHARD and WORKDIR it also writes a copy cut to 4 layers and checks that moeshard
 refuses it with the reason (its `.scale` leaves and E8M0 fp8 scales are a format moeshard lacks)
-rather than misreading it: `plan --model DIR` and `build --checkpoint DIR` name it.
+rather than misreading it: `plan --model DIR` and `build --checkpoint DIR` name it; and that
+`inspect DIR` places every other tensor of the decoder layers and the model level by the
+deepseek_v4 descriptor's names: the only unplaced ones are the `.scale` leaves, the routed
+experts' packed `.weight`s (moeshard's mxfp4 leaf is `weight_packed`) and the MTP block.
 
 usage: deepseek_v4_shard_sizes.py [MOESHARD WORKDIR]   (exit 0 and "...: ok" when all holds)
 """
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,7 +87,21 @@ def check_refused(moeshard: str, out: Path) -> int:
             print(f"{' '.join(cmd)}: exit {p.returncode}, expected a refusal naming the reason\n"
                   f"{text[-2000:]}")
             return 1
-    print("refused with the reason: ok")
+    p = subprocess.run([moeshard, "inspect", str(out), "--format", "json"], capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        print(f"inspect: exit {p.returncode}\n{p.stderr[-2000:]}")
+        return 1
+    unplaced = json.loads(p.stdout)["family"]["unplaced"]
+    allowed = re.compile(r"^(mtp\.\d+\..*|layers\.\d+\..*\.scale|"
+                         r"layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight)$")
+    wrong = [n for n in unplaced if not allowed.match(n)]
+    scales = sum(1 for n in unplaced if n.endswith(".scale") and not n.startswith("mtp."))
+    if wrong or scales == 0:
+        print(f"inspect: {len(wrong)} tensors unplaced other than scales, packed experts and MTP "
+              f"(first: {wrong[:5]}), {scales} scales")
+        return 1
+    print("refused with the reason: ok (inspect places every other tensor)")
     return 0
 
 
