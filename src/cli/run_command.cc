@@ -52,6 +52,7 @@ struct Inputs {
   std::vector<float> hidden;  // [T, H]
   std::vector<int32_t> ids;   // [T, k] or empty
   std::vector<float> weights;
+  std::vector<int32_t> tokens;  // [T] token ids or empty
 };
 
 Result<Inputs> ReadInputs(const std::string& path, const ModelConfig& m) {
@@ -99,6 +100,35 @@ Result<Inputs> ReadInputs(const std::string& path, const ModelConfig& m) {
         file->ReadTensor(*ids, {reinterpret_cast<std::byte*>(in.ids.data()), in.ids.size() * 4}));
     MOESHARD_RETURN_IF_ERROR(file->ReadTensor(
         *w, {reinterpret_cast<std::byte*>(in.weights.data()), in.weights.size() * 4}));
+  }
+  // Token ids: the input of hash-routed layers (DeepSeek-V4's first num_hash_layers).
+  if (const TensorInfo* tok = file->Find("token_ids")) {
+    if ((tok->dtype != DType::kI32 && tok->dtype != DType::kI64) ||
+        tok->shape != std::vector<int64_t>{T}) {
+      return InvalidArgumentError(
+          fmt::format("{}: 'token_ids': expected I32 or I64 [{}] (one per hidden_states row), "
+                      "got {} [{}]",
+                      where, T, DTypeName(tok->dtype), fmt::join(tok->shape, ", ")));
+    }
+    std::vector<std::byte> raw_ids(tok->num_bytes());
+    MOESHARD_RETURN_IF_ERROR(file->ReadTensor(*tok, raw_ids));
+    in.tokens.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t v = 0;
+      if (tok->dtype == DType::kI64) {
+        std::memcpy(&v, raw_ids.data() + 8 * t, 8);
+      } else {
+        int32_t v32 = 0;
+        std::memcpy(&v32, raw_ids.data() + 4 * t, 4);
+        v = v32;
+      }
+      if (v < 0 || v >= m.vocab_size) {
+        return InvalidArgumentError(
+            fmt::format("{}: 'token_ids[{}]': expected a token id in [0, {}) (vocab_size), got {}",
+                        where, t, m.vocab_size, v));
+      }
+      in.tokens[static_cast<size_t>(t)] = static_cast<int32_t>(v);
+    }
   }
   return in;
 }
@@ -288,6 +318,7 @@ int RunRun(const RunFlags& f) {
     if (!in.ok()) return fail(in.status());
     inputs = std::move(*in);
     spec.inputs = &inputs.hidden;
+    if (!inputs.tokens.empty()) spec.token_ids = &inputs.tokens;
     if (!inputs.ids.empty()) {
       spec.topk_ids = &inputs.ids;
       spec.topk_weights = &inputs.weights;
@@ -599,7 +630,8 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--seed", f->seed, "dummy weights and inputs seed (default 0)");
                sub->add_option("--input", f->input,
                                "safetensors with hidden_states [T, H] (bf16/f32) and optionally "
-                               "topk_ids [T, k] i32 + topk_weights [T, k] f32");
+                               "topk_ids [T, k] i32 + topk_weights [T, k] f32, and token_ids [T] "
+                               "i32/i64 (hash-routed layers; generated from --seed when absent)");
                sub->add_option("--output", f->output,
                                "write every layer's output as safetensors (F32 [T, H])");
                sub->add_option("--dtype", f->dtype, "hidden-state dtype: bf16 (default) or f32");

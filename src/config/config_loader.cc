@@ -353,17 +353,17 @@ Status Validate(const ModelConfig& c, const ConfigFields& f) {
         "config: '{}': expected at least one MoE layer, got none (moeshard plans MoE models)",
         f.source()));
   }
-  const int64_t granule = c.quant.scheme.SplitGranule();
+  const int64_t granule = c.expert_scheme().SplitGranule();
   if (c.moe_intermediate_size % granule != 0) {
     return f.Error("moe_intermediate_size",
                    fmt::format("a multiple of the {} granule ({})",
-                               WeightFormatName(c.quant.scheme.format), granule),
+                               WeightFormatName(c.expert_scheme().format), granule),
                    std::to_string(c.moe_intermediate_size));
   }
   if (c.routed_expert_hidden_size % granule != 0) {
     return f.Error(c.latent_moe ? "routed_expert_hidden_size" : "hidden_size",
                    fmt::format("a multiple of the {} granule ({})",
-                               WeightFormatName(c.quant.scheme.format), granule),
+                               WeightFormatName(c.expert_scheme().format), granule),
                    std::to_string(c.routed_expert_hidden_size));
   }
   if (c.kda.num_heads == 0 && c.num_layers_of(AttentionKind::kKda) > 0) {

@@ -34,6 +34,7 @@ const char* TensorRoleName(TensorRole r) {
     case TensorRole::kRouter: return "router";
     case TensorRole::kRouterBias: return "router_bias";
     case TensorRole::kCorrectionBias: return "correction_bias";
+    case TensorRole::kHashTable: return "hash_table";
     case TensorRole::kSharedGate: return "shared_gate";
     case TensorRole::kSharedUp: return "shared_up";
     case TensorRole::kSharedDown: return "shared_down";

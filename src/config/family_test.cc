@@ -293,5 +293,173 @@ TEST(FamilyTest, Llama4) {
   EXPECT_EQ(x.fused_gate_up, "language_model.model.layers.{layer}.feed_forward.experts.gate_up_proj");
 }
 
+// DeepSeek-V4-Flash as its config.json and vLLM's / DeepSeek's model code give it (descriptor
+// src/config/families/deepseek_v4.cc).
+TEST(FamilyTest, DeepseekV4Flash) {
+  const ModelConfig c = Preset("deepseek-v4-flash");
+  EXPECT_EQ(c.family_name(), "deepseek_v4");
+  EXPECT_EQ(c.num_layers, 43);
+  EXPECT_EQ(c.num_moe_layers(), 43);  // every layer MoE, no dense prefix
+  EXPECT_EQ(c.num_layers_of(AttentionKind::kCompressedMqa), 43);
+  EXPECT_EQ(c.num_hash_layers(), 3);
+  EXPECT_TRUE(c.layers[2].hash_routing);
+  EXPECT_FALSE(c.layers[3].hash_routing);
+  // compress_ratios [0, 0, 4, 128, ..., 4, 0]: the 44th entry is the MTP block's.
+  EXPECT_EQ(c.layers[0].compress_ratio, 0);
+  EXPECT_EQ(c.layers[1].compress_ratio, 0);
+  EXPECT_EQ(c.layers[2].compress_ratio, 4);
+  EXPECT_EQ(c.layers[3].compress_ratio, 128);
+  EXPECT_EQ(c.layers[42].compress_ratio, 4);
+  EXPECT_EQ(c.num_mtp_layers, 1);
+  EXPECT_EQ(c.routing, RoutingMethod::kSqrtSoftplusTopK);
+  EXPECT_TRUE(c.has_correction_bias);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 1.5);
+  EXPECT_EQ(c.activation, ExpertActivation::kSwiGluClamp);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, 10.0);
+  EXPECT_EQ(c.hc.hc_mult, 4);
+  EXPECT_EQ(c.cmqa.index_topk, 512);
+  // fp8 128 x 128 linears, MXFP4 experts (expert_dtype "fp4").
+  EXPECT_EQ(c.quant.scheme.format, WeightFormat::kFp8Block);
+  EXPECT_EQ(c.expert_scheme().format, WeightFormat::kMxfp4);
+  EXPECT_EQ(c.expert_scheme().group, 32);
+
+  const auto t = ByName(c);
+  const int64_t H = 4096;
+  EXPECT_EQ(t.at("layers.{layer}.attn.wq_a").shape, (std::vector<int64_t>{1024, H}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.wq_b").shape, (std::vector<int64_t>{64 * 512, 1024}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.wq_b").split, TpSplit::kColumn);
+  EXPECT_EQ(t.at("layers.{layer}.attn.wkv").shape, (std::vector<int64_t>{512, H}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.wkv").split, TpSplit::kReplicated);
+  EXPECT_EQ(t.at("layers.{layer}.attn.wo_a").shape, (std::vector<int64_t>{8 * 1024, 64 * 512 / 8}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.wo_b").shape, (std::vector<int64_t>{H, 8 * 1024}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.wo_b").split, TpSplit::kRow);
+  EXPECT_EQ(t.at("layers.{layer}.attn.attn_sink").dtype, DType::kF32);
+  EXPECT_EQ(t.at("layers.{layer}.attn.wq_a").format.format, WeightFormat::kFp8Block);
+  // Compressors: ratio 4 overlaps two windows (2 x 512 wide), ratio 128 one; both unquantized.
+  const TensorDef& c4 = t.at("layers.{layer}.attn.compressor.wkv");
+  const TensorDef& c128 = t.at("layers.{layer}.attn.compressor.wkv@3");
+  EXPECT_EQ(c4.shape, (std::vector<int64_t>{1024, H}));
+  EXPECT_EQ(c4.layers.size(), 21u);
+  EXPECT_EQ(c4.format.format, WeightFormat::kBf16);
+  EXPECT_EQ(c128.shape, (std::vector<int64_t>{512, H}));
+  EXPECT_EQ(c128.layers.size(), 20u);
+  EXPECT_EQ(t.at("layers.{layer}.attn.compressor.ape").shape, (std::vector<int64_t>{4, 1024}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.compressor.ape@3").shape, (std::vector<int64_t>{128, 512}));
+  // The lightning indexer on the ratio-4 layers only.
+  const TensorDef& iq = t.at("layers.{layer}.attn.indexer.wq_b");
+  EXPECT_EQ(iq.shape, (std::vector<int64_t>{64 * 128, 1024}));
+  EXPECT_EQ(iq.layers, c4.layers);
+  EXPECT_EQ(t.at("layers.{layer}.attn.indexer.weights_proj").shape, (std::vector<int64_t>{64, H}));
+  EXPECT_EQ(t.at("layers.{layer}.attn.indexer.compressor.wkv").shape,
+            (std::vector<int64_t>{256, H}));
+  EXPECT_EQ(t.count("layers.{layer}.attn.indexer.wq_b@3"), 0u);
+  // mHC: (2 + 4) * 4 = 24 mixes over 4 streams of H, fp32.
+  EXPECT_EQ(t.at("layers.{layer}.hc_ffn_fn").shape, (std::vector<int64_t>{24, 4 * H}));
+  EXPECT_EQ(t.at("layers.{layer}.hc_ffn_fn").dtype, DType::kF32);
+  EXPECT_EQ(t.at("hc_head_fn").shape, (std::vector<int64_t>{4, 4 * H}));
+  // The MoE block: router everywhere, bias on score layers, tid2eid on the 3 hash layers.
+  EXPECT_EQ(t.at("layers.{layer}.ffn_norm.weight").role, TensorRole::kPreMoeNorm);
+  EXPECT_EQ(t.at("layers.{layer}.ffn.gate").shape, (std::vector<int64_t>{256, H}));
+  EXPECT_EQ(t.at("layers.{layer}.ffn.gate").layers.size(), 43u);
+  const TensorDef& bias = t.at("layers.{layer}.ffn.gate.bias");
+  EXPECT_EQ(bias.role, TensorRole::kCorrectionBias);
+  EXPECT_EQ(bias.layers.front(), 3);
+  EXPECT_EQ(bias.layers.size(), 40u);
+  const TensorDef& table = t.at("layers.{layer}.ffn.gate.tid2eid");
+  EXPECT_EQ(table.role, TensorRole::kHashTable);
+  EXPECT_EQ(table.dtype, DType::kI64);  // as the release stores it
+  EXPECT_EQ(table.shape, (std::vector<int64_t>{129280, 6}));
+  EXPECT_EQ(table.layers, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(t.at("layers.{layer}.ffn.shared_experts.w1").shape, (std::vector<int64_t>{2048, H}));
+  EXPECT_EQ(t.at("layers.{layer}.ffn.shared_experts.w2").role, TensorRole::kSharedDown);
+  EXPECT_EQ(t.at("embed.weight").shape, (std::vector<int64_t>{129280, H}));
+  EXPECT_EQ(t.at("head.weight").category, TensorCategory::kLmHead);
+  const ExpertLayout x = c.family->experts(c);
+  EXPECT_EQ(x.gate, "layers.{layer}.ffn.experts.{expert}.w1");
+  EXPECT_EQ(x.up, "layers.{layer}.ffn.experts.{expert}.w3");
+  EXPECT_EQ(x.down, "layers.{layer}.ffn.experts.{expert}.w2");
+}
+
+// expert_dtype "fp8" (DeepSeek-V4-Flash-Base) keeps the experts in the fp8 scheme; no
+// quantization_config means bf16 throughout; no swiglu_limit means a plain SwiGLU.
+TEST(FamilyTest, DeepseekV4ExpertDtypeAndDefaults) {
+  auto parse = [](const std::string& edit_from, const std::string& edit_to) {
+    std::string json;
+    for (const PresetInfo& p : ModelPresets()) {
+      if (p.name == "tiny-deepseek-v4") json = p.json;
+    }
+    const size_t at = json.find(edit_from);
+    EXPECT_NE(at, std::string::npos) << edit_from;
+    if (at != std::string::npos) json.replace(at, edit_from.size(), edit_to);
+    return ParseModelConfig(json, "edited tiny-deepseek-v4", "t");
+  };
+  auto fp8 = parse(R"("expert_dtype": "fp4")", R"("expert_dtype": "fp8")");
+  ASSERT_TRUE(fp8.ok()) << fp8.status().ToString();
+  EXPECT_EQ(fp8->expert_scheme().format, WeightFormat::kFp8Block);
+  auto nolimit = parse(R"("swiglu_limit": 10.0,)", "");
+  ASSERT_TRUE(nolimit.ok()) << nolimit.status().ToString();
+  EXPECT_EQ(nolimit->activation, ExpertActivation::kSwiGlu);
+  auto notopk = parse(R"("topk_method": "noaux_tc",)", "");
+  ASSERT_TRUE(notopk.ok()) << notopk.status().ToString();
+  EXPECT_FALSE(notopk->has_correction_bias);  // vLLM builds it only for noaux_tc
+  auto bf16 = parse(R"("quant_method": "fp8",)", R"("quant_method": "none",)");
+  EXPECT_FALSE(bf16.ok());  // an unknown quant_method is still an error
+  auto tiny = parse(R"("expert_dtype": "fp4")", R"("expert_dtype": "fp4")");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  EXPECT_EQ(tiny->expert_scheme().format, WeightFormat::kMxfp4);
+}
+
+// What DeepSeek-V4 configs moeshard cannot take: each error names the field, the value and what
+// is supported.
+TEST(FamilyTest, DeepseekV4UnsupportedValuesNameTheFieldTheValueAndTheChoices) {
+  std::string tiny;
+  for (const PresetInfo& p : ModelPresets()) {
+    if (p.name == "tiny-deepseek-v4") tiny = p.json;
+  }
+  ASSERT_FALSE(tiny.empty());
+  struct Bad {
+    std::string from, to;
+    std::vector<std::string> want;  // substrings of the message
+  };
+  const std::vector<Bad> cases = {
+      {R"("scoring_func": "sqrtsoftplus")",
+       R"("scoring_func": "sigmoid")",
+       {"scoring_func", "sigmoid", "sqrtsoftplus"}},
+      {R"("compress_ratios": [0, 4, 128, 4, 0])",
+       R"("compress_ratios": [0, 4, 8, 4, 0])",
+       {"compress_ratios", "8 for layer 2", "128"}},
+      {R"("compress_ratios": [0, 4, 128, 4, 0])",
+       R"("compress_ratios": [0, 4, 128])",
+       {"compress_ratios", "3 entries", "4 at least"}},
+      {R"("num_key_value_heads": 1)",
+       R"("num_key_value_heads": 2)",
+       {"num_key_value_heads", "2", "one shared KV head"}},
+      {R"("expert_dtype": "fp4")",
+       R"("expert_dtype": "int4")",
+       {"expert_dtype", "int4", "fp4", "fp8"}},
+      {R"("topk_method": "noaux_tc")",
+       R"("topk_method": "greedy")",
+       {"topk_method", "greedy", "noaux_tc"}},
+      {R"("num_hash_layers": 2)",
+       R"("num_hash_layers": 9)",
+       {"num_hash_layers", "9", "<= num_hidden_layers (4)"}},
+      {R"("o_groups": 8)", R"("o_groups": 3)", {"o_groups", "3", "divisor"}},
+      {R"("hidden_act": "silu")", R"("hidden_act": "gelu")", {"hidden_act", "gelu", "silu"}},
+  };
+  for (const Bad& b : cases) {
+    std::string json = tiny;
+    const size_t at = json.find(b.from);
+    ASSERT_NE(at, std::string::npos) << b.from;
+    json.replace(at, b.from.size(), b.to);
+    const Result<ModelConfig> r = ParseModelConfig(json, "edited", "t");
+    ASSERT_FALSE(r.ok()) << b.to;
+    for (const std::string& w : b.want) {
+      EXPECT_NE(r.status().ToString().find(w), std::string::npos)
+          << b.to << ": '" << w << "' not in " << r.status().ToString();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moeshard

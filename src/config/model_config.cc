@@ -52,6 +52,12 @@ int64_t ModelConfig::num_moe_layers() const {
   return n;
 }
 
+int64_t ModelConfig::num_hash_layers() const {
+  int64_t n = 0;
+  for (const LayerSpec& l : layers) n += l.hash_routing ? 1 : 0;
+  return n;
+}
+
 int64_t ModelConfig::num_layers_of(AttentionKind kind) const {
   int64_t n = 0;
   for (const LayerSpec& l : layers) n += l.attention == kind ? 1 : 0;
@@ -68,6 +74,7 @@ const char* AttentionKindName(AttentionKind kind) {
     case AttentionKind::kGqa: return "gqa";
     case AttentionKind::kKda: return "kda";
     case AttentionKind::kGatedDeltaNet: return "gated_deltanet";
+    case AttentionKind::kCompressedMqa: return "compressed_mqa";
   }
   return "?";
 }
@@ -79,6 +86,7 @@ const char* ExpertActivationName(ExpertActivation act) {
     case ExpertActivation::kSitu: return "situ";
     case ExpertActivation::kRelu2: return "relu2";
     case ExpertActivation::kGeluTanh: return "gelu-tanh";
+    case ExpertActivation::kSwiGluClamp: return "swiglu-clamp";
   }
   return "?";
 }
@@ -90,6 +98,7 @@ const char* RoutingMethodName(RoutingMethod method) {
     case RoutingMethod::kTopKThenSoftmax: return "topk-softmax";
     case RoutingMethod::kSoftmaxGroupedTopK: return "softmax-grouped-topk";
     case RoutingMethod::kTopKThenSigmoid: return "topk-sigmoid";
+    case RoutingMethod::kSqrtSoftplusTopK: return "sqrtsoftplus-topk";
   }
   return "?";
 }

@@ -25,6 +25,7 @@ const char* ActivationName(Activation act) {
     case Activation::kSiTu: return "situ";
     case Activation::kReluSquared: return "relu2";
     case Activation::kGeluTanhGated: return "gelu_tanh";
+    case Activation::kSwiGluClamp: return "swiglu_clamp";
   }
   return "?";
 }
@@ -34,7 +35,8 @@ bool IsGated(Activation act) {
     case Activation::kSwiGlu:
     case Activation::kSwiGluOai:
     case Activation::kSiTu:
-    case Activation::kGeluTanhGated: return true;
+    case Activation::kGeluTanhGated:
+    case Activation::kSwiGluClamp: return true;
     case Activation::kReluSquared: return false;
   }
   return true;
@@ -62,6 +64,11 @@ float ApplyActivation(const ActivationParams& a, float gate, float up) {
       constexpr float kSqrt2OverPi = 0.7978845608028654f;
       const float inner = kSqrt2OverPi * (gate + 0.044715f * gate * gate * gate);
       return 0.5f * gate * (1.0f + std::tanh(inner)) * up;
+    }
+    case Activation::kSwiGluClamp: {
+      const float g = std::min(gate, a.swiglu_limit);
+      const float u = std::clamp(up, -a.swiglu_limit, a.swiglu_limit);
+      return g * sigmoid(g) * u;
     }
   }
   return 0.0f;

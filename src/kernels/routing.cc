@@ -28,6 +28,23 @@ void SelectTopK(const float* score, std::vector<int32_t>& candidates, int64_t k)
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// sqrt(softplus(x)), softplus linear above 20 as torch.nn.functional.softplus.
+float SqrtSoftplus(float x) { return std::sqrt(x > 20.0f ? x : std::log1p(std::exp(x))); }
+
+// ids[i] = cand[i], weights the score of each, divided by max(sum, 1e-20) when renormalising
+// (vLLM's clamp), times the scaling factor.
+void TakeClamped(const int32_t* cand, const float* score, int64_t k, bool renormalize, float scale,
+                 int32_t* ids, float* weights) {
+  float wsum = 0.0f;
+  for (int64_t i = 0; i < k; ++i) {
+    ids[i] = cand[i];
+    weights[i] = score[cand[i]];
+    wsum += weights[i];
+  }
+  const float norm = renormalize ? scale / std::max(wsum, 1e-20f) : scale;
+  for (int64_t i = 0; i < k; ++i) weights[i] *= norm;
+}
+
 // s[e] = softmax(logits)[e] over the experts.
 void Softmax(const float* logits, int64_t n, float* s) {
   const float max_logit = *std::max_element(logits, logits + n);
@@ -75,8 +92,8 @@ void KeptGroupMembers(const float* group_score, int64_t num_groups, int64_t topk
   }
 }
 
-void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float* weights,
-                std::vector<float>& score, std::vector<int32_t>& cand,
+void RouteToken(const RoutingParams& p, const float* logits, int32_t token_id, int32_t* ids,
+                float* weights, std::vector<float>& score, std::vector<int32_t>& cand,
                 std::vector<int32_t>& groups) {
   const int64_t num_experts = p.num_experts;
   const int64_t k = p.top_k;
@@ -147,6 +164,23 @@ void RouteToken(const RoutingParams& p, const float* logits, int32_t* ids, float
       TakeTopK(cand, s, k, p.renormalize, 1e-20f, p.routed_scaling_factor, ids, weights);
       return;
     }
+    case RoutingKind::kSqrtSoftplusTopK: {
+      for (int64_t e = 0; e < num_experts; ++e) {
+        s[e] = SqrtSoftplus(logits[e]);
+        biased[e] = p.e_score_correction_bias ? s[e] + p.e_score_correction_bias[e] : s[e];
+      }
+      cand.resize(static_cast<size_t>(num_experts));
+      std::iota(cand.begin(), cand.end(), 0);
+      SelectTopK(biased, cand, k);
+      TakeClamped(cand.data(), s, k, p.renormalize, p.routed_scaling_factor, ids, weights);
+      return;
+    }
+    case RoutingKind::kSqrtSoftplusHash: {
+      for (int64_t e = 0; e < num_experts; ++e) s[e] = SqrtSoftplus(logits[e]);
+      TakeClamped(p.hash_table + static_cast<int64_t>(token_id) * k, s, k, p.renormalize,
+                  p.routed_scaling_factor, ids, weights);
+      return;
+    }
     case RoutingKind::kTopKThenSoftmax: {
       cand.resize(static_cast<size_t>(num_experts));
       std::iota(cand.begin(), cand.end(), 0);
@@ -173,6 +207,8 @@ const char* RoutingKindName(RoutingKind kind) {
     case RoutingKind::kTopKThenSoftmax: return "topk_softmax";
     case RoutingKind::kSoftmaxGroupedTopK: return "softmax_grouped_topk";
     case RoutingKind::kTopKThenSigmoid: return "topk_sigmoid";
+    case RoutingKind::kSqrtSoftplusTopK: return "sqrtsoftplus_topk";
+    case RoutingKind::kSqrtSoftplusHash: return "sqrtsoftplus_hash";
   }
   return "?";
 }
@@ -198,6 +234,34 @@ Status ValidateRouting(const RoutingParams& p, const RoutingArgs& a) {
     return InvalidArgumentError(
         "route: 'e_score_correction_bias': expected [num_experts] fp32 for noaux_tc routing, "
         "got null");
+  }
+  if (p.kind == RoutingKind::kSqrtSoftplusHash) {
+    if (p.hash_table == nullptr || p.hash_vocab < 1) {
+      return InvalidArgumentError(fmt::format(
+          "route: 'hash_table': expected [vocab, top_k] int32 for hash routing, got {} with "
+          "vocab {}",
+          p.hash_table == nullptr ? "null" : "a table", p.hash_vocab));
+    }
+    if (a.num_tokens > 0 && a.token_ids == nullptr) {
+      return InvalidArgumentError(
+          "route: 'token_ids': expected [num_tokens] int32 token ids for hash routing (the "
+          "layer routes by token id), got null");
+    }
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const int32_t id = a.token_ids[t];
+      if (id < 0 || id >= p.hash_vocab) {
+        return InvalidArgumentError(fmt::format(
+            "route: 'token_ids[{}]': expected a token id in [0, {}), got {}", t, p.hash_vocab, id));
+      }
+      for (int64_t j = 0; j < p.top_k; ++j) {
+        const int32_t e = p.hash_table[static_cast<int64_t>(id) * p.top_k + j];
+        if (e < 0 || e >= p.num_experts) {
+          return InvalidArgumentError(
+              fmt::format("route: 'hash_table[{}, {}]': expected an expert in [0, {}), got {}", id,
+                          j, p.num_experts, e));
+        }
+      }
+    }
   }
   if (p.kind == RoutingKind::kSigmoidGroupedTopK || p.kind == RoutingKind::kSoftmaxGroupedTopK) {
     if (p.num_groups < 1 || p.num_experts % p.num_groups != 0) {
@@ -225,7 +289,8 @@ Status Route(KernelContext& ctx, const RoutingParams& p, const RoutingArgs& a) {
   ctx.pool().ParallelFor(a.num_tokens, 0, [&](int64_t begin, int64_t end, int tid) {
     auto& pt = scratch.per_thread[static_cast<size_t>(tid)];
     for (int64_t t = begin; t < end; ++t) {
-      RouteToken(p, a.router_logits + t * p.num_experts, a.topk_ids + t * p.top_k,
+      RouteToken(p, a.router_logits + t * p.num_experts,
+                 a.token_ids != nullptr ? a.token_ids[t] : 0, a.topk_ids + t * p.top_k,
                  a.topk_weights + t * p.top_k, pt.work, pt.rows, pt.aux);
     }
   });

@@ -39,6 +39,10 @@ const RoutingCase kCases[] = {
     {"softmax_grouped_all_kept", RoutingKind::kSoftmaxGroupedTopK, 16, 4, 4, 4, false, 1.0f},
     {"llama4", RoutingKind::kTopKThenSigmoid, 16, 1, 1, 1, false, 1.0f},
     {"topk_sigmoid_k4", RoutingKind::kTopKThenSigmoid, 128, 4, 1, 1, false, 1.0f},
+    // DeepSeek-V4-Flash (256 experts, top 6, scale 1.5) and -Pro (384, top 6, 2.5).
+    {"deepseek_v4_flash", RoutingKind::kSqrtSoftplusTopK, 256, 6, 1, 1, true, 1.5f},
+    {"deepseek_v4_pro", RoutingKind::kSqrtSoftplusTopK, 384, 6, 1, 1, true, 2.5f},
+    {"sqrtsoftplus_k_eq_e", RoutingKind::kSqrtSoftplusTopK, 8, 8, 1, 1, false, 1.0f},
 };
 
 void CheckAgainstReference(const RoutingCase& c, int64_t num_tokens, bool ties, uint64_t seed) {
@@ -151,6 +155,126 @@ TEST(Routing, TopKThenSigmoidWeighsByTheChosenLogits) {
   ASSERT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).ok());
   EXPECT_EQ(ids[0], 1);
   EXPECT_NEAR(w[0], 1.0 / (1.0 + std::exp(-2.0)), 1e-6);
+}
+
+double SqrtSoftplus(double x) { return std::sqrt(x > 20.0 ? x : std::log1p(std::exp(x))); }
+
+// DeepSeek-V4: experts chosen by sqrt(softplus(logit)) + bias, weighted by the unbiased score,
+// renormalised and scaled (vLLM _topk_softplus_sqrt_torch), hand-checked.
+TEST(Routing, SqrtSoftplusSelectsBiasedAndWeighsUnbiased) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  const std::vector<float> logits = {0.0f, 2.0f, -1.0f, 1.0f};
+  // The bias lifts expert 2 (s = 0.5597) above experts 1 (1.4584) and 3 (1.1460).
+  const std::vector<float> bias = {0.0f, 0.0f, 1.0f, 0.0f};
+  RoutingParams p{.kind = RoutingKind::kSqrtSoftplusTopK,
+                  .num_experts = 4,
+                  .top_k = 2,
+                  .renormalize = true,
+                  .e_score_correction_bias = bias.data(),
+                  .routed_scaling_factor = 1.5f};
+  std::vector<int32_t> ids(2);
+  std::vector<float> w(2);
+  for (int backend = 0; backend < 2; ++backend) {
+    const RoutingArgs a{logits.data(), 1, ids.data(), w.data()};
+    ASSERT_TRUE((backend == 0 ? Route(ctx, p, a) : reference::Route(p, a)).ok());
+    EXPECT_EQ(ids, (std::vector<int32_t>{2, 1})) << backend;
+    const double s2 = SqrtSoftplus(-1.0), s1 = SqrtSoftplus(2.0);
+    EXPECT_NEAR(s2, 0.5596982, 1e-6);  // sqrt(ln(1 + e^-1))
+    EXPECT_NEAR(w[0], 1.5 * s2 / (s1 + s2), 1e-6) << backend;
+    EXPECT_NEAR(w[1], 1.5 * s1 / (s1 + s2), 1e-6) << backend;
+  }
+  // No bias (it is optional), no renormalisation: the plain top-2 of s with weights s * 1.5;
+  // softplus is the identity above 20, as torch's.
+  const std::vector<float> big = {30.0f, 2.0f, -1.0f, 1.0f};
+  p.e_score_correction_bias = nullptr;
+  p.renormalize = false;
+  ASSERT_TRUE(Route(ctx, p, {big.data(), 1, ids.data(), w.data()}).ok());
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(w[0], 1.5 * std::sqrt(30.0), 1e-5);
+  EXPECT_NEAR(w[1], 1.5 * SqrtSoftplus(2.0), 1e-6);
+}
+
+// DeepSeek-V4's hash layers: the table names each token's experts (in its order, the bias
+// ignored), the weights are their renormalised sqrt(softplus) scores.
+TEST(Routing, HashTableNamesTheExpertsOfEachToken) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+  const std::vector<int32_t> table = {3, 0, /*token 1*/ 1, 2, /*token 2*/ 2, 3};
+  const std::vector<int32_t> tokens = {2, 0, 1};
+  const std::vector<float> logits = {0.0f, 2.0f,  -1.0f, 1.0f,   // token id 2 -> experts 2, 3
+                                     0.0f, 2.0f,  -1.0f, 1.0f,   // token id 0 -> experts 3, 0
+                                     5.0f, -3.0f, 0.5f,  9.0f};  // token id 1 -> experts 1, 2
+  const std::vector<float> bias = {100.0f, 0.0f, 0.0f, 0.0f};    // must not matter
+  RoutingParams p{.kind = RoutingKind::kSqrtSoftplusHash,
+                  .num_experts = 4,
+                  .top_k = 2,
+                  .renormalize = true,
+                  .e_score_correction_bias = bias.data(),
+                  .routed_scaling_factor = 2.0f,
+                  .hash_table = table.data(),
+                  .hash_vocab = 3};
+  std::vector<int32_t> ids(6);
+  std::vector<float> w(6);
+  for (int backend = 0; backend < 2; ++backend) {
+    const RoutingArgs a{logits.data(), 3, ids.data(), w.data(), tokens.data()};
+    ASSERT_TRUE((backend == 0 ? Route(ctx, p, a) : reference::Route(p, a)).ok());
+    EXPECT_EQ(ids, (std::vector<int32_t>{2, 3, 3, 0, 1, 2})) << backend;
+    const double a2 = SqrtSoftplus(-1.0), a3 = SqrtSoftplus(1.0), a0 = SqrtSoftplus(0.0);
+    EXPECT_NEAR(w[0], 2.0 * a2 / (a2 + a3), 1e-6);
+    EXPECT_NEAR(w[1], 2.0 * a3 / (a2 + a3), 1e-6);
+    EXPECT_NEAR(w[2], 2.0 * a3 / (a3 + a0), 1e-6);
+    EXPECT_NEAR(w[3], 2.0 * a0 / (a3 + a0), 1e-6);
+    const double b1 = SqrtSoftplus(-3.0), b2 = SqrtSoftplus(0.5);
+    EXPECT_NEAR(w[4], 2.0 * b1 / (b1 + b2), 1e-6);
+    EXPECT_NEAR(w[5], 2.0 * b2 / (b1 + b2), 1e-6);
+  }
+  // Random logits and tokens: the optimised router equals the reference.
+  const int64_t T = 65, E = 32, k = 4, V = 50;
+  std::vector<int32_t> big_table(V * k), big_tokens(T), ids2(T * k), ref_ids(T * k);
+  std::mt19937 rng(5);
+  for (int64_t v = 0; v < V; ++v) {
+    for (int64_t j = 0; j < k; ++j)
+      big_table[v * k + j] = static_cast<int32_t>((v * 7 + j * 8) % E);
+  }
+  for (int32_t& t : big_tokens) t = static_cast<int32_t>(rng() % V);
+  const std::vector<float> big_logits = Randn(T * E, 9);
+  std::vector<float> w2(T * k), ref_w(T * k);
+  p = {.kind = RoutingKind::kSqrtSoftplusHash,
+       .num_experts = E,
+       .top_k = k,
+       .renormalize = true,
+       .routed_scaling_factor = 1.5f,
+       .hash_table = big_table.data(),
+       .hash_vocab = V};
+  ASSERT_TRUE(
+      Route(ctx, p, {big_logits.data(), T, ids2.data(), w2.data(), big_tokens.data()}).ok());
+  ASSERT_TRUE(
+      reference::Route(p, {big_logits.data(), T, ref_ids.data(), ref_w.data(), big_tokens.data()})
+          .ok());
+  EXPECT_EQ(ids2, ref_ids);
+  for (int64_t i = 0; i < T * k; ++i) ASSERT_NEAR(w2[i], ref_w[i], 1e-5) << i;
+}
+
+TEST(Routing, HashRoutingRejectsMissingOrOutOfRangeIds) {
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 1);
+  std::vector<float> logits(8);
+  std::vector<int32_t> ids(2), table = {0, 1, 2, 8};  // token 1's second expert is out of range
+  std::vector<float> w(2);
+  RoutingParams p{.kind = RoutingKind::kSqrtSoftplusHash, .num_experts = 8, .top_k = 2};
+  std::vector<int32_t> tok = {0};
+  EXPECT_EQ(Route(ctx, p, {logits.data(), 1, ids.data(), w.data(), tok.data()}).code(),
+            StatusCode::kInvalidArgument);  // no table
+  p.hash_table = table.data();
+  p.hash_vocab = 2;
+  EXPECT_EQ(Route(ctx, p, {logits.data(), 1, ids.data(), w.data()}).code(),
+            StatusCode::kInvalidArgument);  // no token ids
+  EXPECT_TRUE(Route(ctx, p, {logits.data(), 1, ids.data(), w.data(), tok.data()}).ok());
+  tok = {2};  // beyond the vocabulary
+  const Status beyond = Route(ctx, p, {logits.data(), 1, ids.data(), w.data(), tok.data()});
+  EXPECT_EQ(beyond.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(beyond.ToString().find("token_ids[0]"), std::string::npos) << beyond.ToString();
+  tok = {1};
+  const Status bad = Route(ctx, p, {logits.data(), 1, ids.data(), w.data(), tok.data()});
+  EXPECT_NE(bad.ToString().find("hash_table[1, 1]"), std::string::npos) << bad.ToString();
 }
 
 TEST(Routing, RejectsInvalidParams) {

@@ -116,7 +116,7 @@ Result<const BackendSpec*> FindBackend(const std::string& name) {
 
 const BackendSpec& DefaultBackend(const ModelConfig& model) {
   std::string name = "triton";
-  switch (model.quant.scheme.format) {
+  switch (model.expert_scheme().format) {
     case WeightFormat::kBf16: name = "triton"; break;
     case WeightFormat::kFp8Block: name = "block-fp8"; break;
     case WeightFormat::kMxfp4: name = "marlin"; break;

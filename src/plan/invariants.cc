@@ -117,7 +117,7 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
   if (I.padded_local % ia != 0) {
     add("backend", fmt::format("{} needs I_local % {} == 0, got {}", b.name, ia, I.padded_local));
   }
-  const int64_t qg = plan.model.quant.scheme.SplitGranule();
+  const int64_t qg = plan.expert_scheme.SplitGranule();
   if (I.raw_local % qg != 0 || I.padded_local % qg != 0) {
     add("backend", fmt::format("quantization group {} does not divide I_local {} / {}", qg,
                                I.raw_local, I.padded_local));

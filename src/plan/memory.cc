@@ -132,6 +132,29 @@ KvCost KvCostOf(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t ma
         c.per_seq += (2 * g.key_dim() + g.value_dim()) / tp * (g.conv_kernel - 1) * el;
         break;
       }
+      case AttentionKind::kCompressedMqa: {
+        // DeepSeek-V4 (vLLM deepseek_v4_attention.py, deepseek_compressor.py): one latent KV
+        // head of head_dim, the same on every TP rank. Every layer keeps the last `window`
+        // tokens uncompressed (per sequence); a ratio-r layer adds one compressed entry per r
+        // tokens, and ratio 4 the indexer's index_head_dim-wide key per 4 tokens; the
+        // compressors' running state (kv and score, [c * r, c * width] fp32 each, c = 2 for
+        // the overlapping ratio 4) is per sequence. vLLM packs entries as fp8 with scales
+        // (584 bytes for head_dim 512, 132 for the indexer's 128); this model uses the KV
+        // dtype's bytes per element.
+        const CompressedMqaConfig& a = m.cmqa;
+        const int64_t r = spec.compress_ratio;
+        c.per_seq += std::min(a.window, max_model_len) * a.head_dim * kvb;
+        if (r > 0) {
+          const int64_t cf = r == 4 ? 2 : 1;
+          c.per_token += CeilDiv(a.head_dim * kvb, r);
+          c.per_seq += 2 * (cf * r) * (cf * a.head_dim) * 4;
+          if (r == 4) {
+            c.per_token += CeilDiv(a.index_head_dim * kvb, r);
+            c.per_seq += 2 * (cf * r) * (cf * a.index_head_dim) * 4;
+          }
+        }
+        break;
+      }
     }
   }
   return c;
@@ -165,6 +188,10 @@ int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const Memor
   }
   if (m.num_layers_of(AttentionKind::kGatedDeltaNet) > 0) {
     attn_width = std::max(attn_width, 2 * (m.gdn.key_dim() + m.gdn.value_dim()) / t.tp);
+  }
+  if (m.num_layers_of(AttentionKind::kCompressedMqa) > 0) {
+    // q over the local heads (wq_b's output), the widest per-token projection.
+    attn_width = std::max(attn_width, m.num_attention_heads * m.cmqa.head_dim / t.tp);
   }
   const int64_t dense_width = m.num_dense_layers() > 0 ? 2 * m.intermediate_size / t.tp : 0;
   int64_t bytes = 3 * T * H * 2 + T * std::max(attn_width, dense_width) * 2;

@@ -141,6 +141,28 @@ TEST(MemoryTest, ParamCounts) {
   ParamCounts d = CountParams(PlanOrDie(PresetOrDie("deepseek-v3"), Opts(8)));
   EXPECT_NEAR(d.total / 1e9, 671, 8);
   EXPECT_NEAR(d.active / 1e9, 37, 1.5);
+  // DeepSeek-V4-Flash: 284B total (without the MTP block), 13B active (DeepSeek's model card).
+  ParamCounts f = CountParams(PlanOrDie(PresetOrDie("deepseek-v4-flash"), Opts(8, 1, true)));
+  EXPECT_NEAR(f.total / 1e9, 284, 1.5);
+  EXPECT_NEAR(f.active / 1e9, 13, 1.0);  // 13.8B: the embedding and head counted whole
+}
+
+// DeepSeek-V4-Flash (bf16 KV): one 512-wide KV head per layer, the same on every TP rank.
+//   per token: 21 ratio-4 layers cache a 512-wide entry and the indexer's 128-wide key per 4
+//              tokens: 21 * (512 * 2 / 4 + 128 * 2 / 4); 20 ratio-128 layers 512 * 2 / 128.
+//   per sequence: 43 windows of 128 tokens x 512 x 2 bytes; the compressors' fp32 kv and score
+//              states: ratio 4 [2*4, 2*512] (+ the indexer's [2*4, 2*128]), ratio 128 [128, 512].
+TEST(MemoryTest, DeepseekV4CompressedKvByHand) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("deepseek-v4-flash"), Opts(8, 1, true));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.max_model_len = 65536;
+  mo.kv_cache_dtype = KvCacheDtype::kBf16;
+  const MemoryPlan m = PlanMemory(p, mo);
+  EXPECT_EQ(m.ranks[0].kv_bytes_per_token, 21 * (256 + 64) + 20 * 8);
+  EXPECT_EQ(m.ranks[0].state_bytes_per_seq,
+            43LL * 128 * 512 * 2 + 21LL * 2 * (8 * 1024 + 8 * 256) * 4 + 20LL * 2 * 128 * 512 * 4);
+  EXPECT_EQ(m.ranks[5].kv_bytes_per_token, m.ranks[0].kv_bytes_per_token);
 }
 
 }  // namespace

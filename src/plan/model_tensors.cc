@@ -37,6 +37,7 @@ std::vector<TensorDef> PlanTensors(const ModelConfig& m, const PlanOptions& opti
       case TensorRole::kRouter:
       case TensorRole::kRouterBias:
       case TensorRole::kCorrectionBias:
+      case TensorRole::kHashTable:
       case TensorRole::kSharedGateProj:
       case TensorRole::kLatentNorm:
       case TensorRole::kExpertsW13:

@@ -101,5 +101,19 @@ TEST(PresetNumbersTest, Qwen3NextConvSplitPerBlock) {
   ADD_FAILURE() << "no conv1d shard on rank 2";
 }
 
+TEST(PresetNumbersTest, DeepseekV4FlashMxfp4ExpertsFp8SharedTp8Ep) {
+  // 256 experts / EP 8 = 32 per rank on each of 43 layers, MXFP4: half a byte per value plus one
+  // E8M0 byte per 32 values (cpu backend: no padding).
+  //   gate_up [4096, 4096] = 4096 * 2048 + 4096 * 128;  down [4096, 2048] = 4096 * 1024 + 4096 * 64
+  const int64_t per_expert = 4096LL * 2048 + 4096 * 128 + 4096LL * 1024 + 4096 * 64;
+  EXPECT_EQ(per_expert, 13'369'344);
+  EXPECT_EQ(Routed("deepseek-v4-flash", Opts(8, 1, true, "cpu")), 32LL * 43 * per_expert);
+  // The shared expert stays fp8 (F32 block scales), split over TP 8: gate/up [256, 4096] and
+  // down [4096, 256] per rank, each with [2, 32] / [32, 2] scales.
+  const ShardPlan p = PlanOrDie(PresetOrDie("deepseek-v4-flash"), Opts(8, 1, true, "cpu"));
+  EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kSharedExperts),
+            43LL * (3 * 256 * 4096 + 3 * 2 * 32 * 4));
+}
+
 }  // namespace
 }  // namespace moeshard

@@ -105,7 +105,7 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
         d.logical, d.divisor, d.logical % d.divisor));
   }
   d.raw_local = d.logical / d.divisor;
-  const int64_t group = m.quant.scheme.SplitGranule();
+  const int64_t group = m.expert_scheme().SplitGranule();
   if (d.raw_local % group != 0) {
     std::vector<int64_t> ok;
     for (int64_t x : Divisors(d.logical)) {
@@ -115,8 +115,8 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
         "plan: per-rank moe intermediate {} (= {} / MoE TP {}): expected a multiple of the {} "
         "quantization group ({}), got {} (a scale group would be split between ranks; valid MoE "
         "TP sizes: {}; or use -ep)",
-        d.raw_local, d.logical, d.divisor, WeightFormatName(m.quant.scheme.format), group, d.raw_local,
-        fmt::join(ok, ", ")));
+        d.raw_local, d.logical, d.divisor, WeightFormatName(m.expert_scheme().format), group,
+        d.raw_local, fmt::join(ok, ", ")));
   }
   d.align = Lcm(backend.IntermediateAlignFor(d.raw_local), group);
   switch (policy) {

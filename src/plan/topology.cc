@@ -48,22 +48,30 @@ bool KvOk(const ModelConfig& m, int64_t tp) {
 
 const std::vector<TpRule>& TpRules() {
   static const std::vector<TpRule> rules = {
-      {"num_attention_heads", [](const ModelConfig& m, int64_t tp) {
-         return m.num_attention_heads % tp == 0;
-       }},
+      {"num_attention_heads",
+       [](const ModelConfig& m, int64_t tp) { return m.num_attention_heads % tp == 0; }},
       {"num_key_value_heads", KvOk},
       {"vocab_size", [](const ModelConfig& m, int64_t tp) { return m.vocab_size % tp == 0; }},
-      {"intermediate_size (dense MLP)", [](const ModelConfig& m, int64_t tp) {
+      {"intermediate_size (dense MLP)",
+       [](const ModelConfig& m, int64_t tp) {
          return m.num_dense_layers() == 0 || m.intermediate_size % tp == 0;
        }},
-      {"KDA heads", [](const ModelConfig& m, int64_t tp) {
+      {"KDA heads",
+       [](const ModelConfig& m, int64_t tp) {
          return m.num_layers_of(AttentionKind::kKda) == 0 || m.kda.num_heads % tp == 0;
        }},
-      {"KDA low-rank projection rows", [](const ModelConfig& m, int64_t tp) {
+      {"KDA low-rank projection rows",
+       [](const ModelConfig& m, int64_t tp) {
          return m.num_layers_of(AttentionKind::kKda) == 0 || m.kda.low_rank_dim % tp == 0;
        }},
-      {"linear_num_key_heads", [](const ModelConfig& m, int64_t tp) {
+      {"linear_num_key_heads",
+       [](const ModelConfig& m, int64_t tp) {
          return m.num_layers_of(AttentionKind::kGatedDeltaNet) == 0 || m.gdn.num_k_heads % tp == 0;
+       }},
+      // DeepSeek-V4's wo_a is split by output group (vLLM n_local_groups = o_groups / tp).
+      {"o_groups",
+       [](const ModelConfig& m, int64_t tp) {
+         return m.num_layers_of(AttentionKind::kCompressedMqa) == 0 || m.cmqa.o_groups % tp == 0;
        }},
   };
   return rules;

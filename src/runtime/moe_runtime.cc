@@ -30,6 +30,7 @@ Activation KernelActivation(ExpertActivation activation) {
     case ExpertActivation::kSitu: return Activation::kSiTu;
     case ExpertActivation::kRelu2: return Activation::kReluSquared;
     case ExpertActivation::kGeluTanh: return Activation::kGeluTanhGated;
+    case ExpertActivation::kSwiGluClamp: return Activation::kSwiGluClamp;
   }
   return Activation::kSwiGlu;
 }
@@ -52,6 +53,7 @@ RoutingParams KernelRoutingParams(const ModelConfig& m) {
     case RoutingMethod::kTopKThenSoftmax: r.kind = RoutingKind::kTopKThenSoftmax; break;
     case RoutingMethod::kSoftmaxGroupedTopK: r.kind = RoutingKind::kSoftmaxGroupedTopK; break;
     case RoutingMethod::kTopKThenSigmoid: r.kind = RoutingKind::kTopKThenSigmoid; break;
+    case RoutingMethod::kSqrtSoftplusTopK: r.kind = RoutingKind::kSqrtSoftplusTopK; break;
   }
   r.num_experts = m.num_experts;
   r.top_k = m.num_experts_per_tok;
@@ -59,6 +61,16 @@ RoutingParams KernelRoutingParams(const ModelConfig& m) {
   r.num_groups = std::max<int64_t>(1, m.n_group);
   r.topk_group = std::max<int64_t>(1, m.topk_group);
   r.routed_scaling_factor = static_cast<float>(m.routed_scaling_factor);
+  return r;
+}
+
+RoutingParams KernelRoutingParams(const ModelConfig& m, int64_t layer) {
+  RoutingParams r = KernelRoutingParams(m);
+  if (layer >= 0 && layer < static_cast<int64_t>(m.layers.size()) &&
+      m.layers[static_cast<size_t>(layer)].hash_routing) {
+    r.kind = RoutingKind::kSqrtSoftplusHash;
+    r.hash_vocab = m.vocab_size;
+  }
   return r;
 }
 
@@ -113,6 +125,8 @@ struct MoeRuntime::Impl {
     DenseWeight router;                      // [E, H]
     std::vector<float> router_bias;          // [E] or empty
     const float* correction_bias = nullptr;  // [E] or null
+    RoutingParams routing;                   // this layer's (hash layers: by token id)
+    std::vector<int32_t> hash_table;         // [vocab, k] (hash layers; empty otherwise)
     DenseWeight latent_down, latent_up;      // [L, H], [H, L]
     const bf16_t* latent_norm = nullptr;     // [L] or null
     bool has_shared = false;
@@ -172,7 +186,7 @@ struct MoeRuntime::Impl {
   Result<const WeightView*> View(const WeightViews& w, TensorRole role, TensorPart part,
                                  int64_t layer, bool required);
   Status RunLayer(const Layer& ly, int64_t T, TokenRange chunk, const int32_t* given_ids,
-                  const float* given_w);
+                  const float* given_w, const int32_t* token_ids);
   // chunk_y += shared_chunk, each token's row scaled by its shared-expert gate when gated.
   void AddSharedOutput(const Layer& ly, const float* xc, int64_t C);
   int64_t WorkspaceBytes() const;
@@ -278,10 +292,35 @@ Status MoeRuntime::Impl::LoadLayer(const WeightViews& w, int64_t layer, Layer* l
   }
   MOESHARD_ASSIGN_OR_RETURN(const WeightView* rb, View(w, R::kRouterBias, P::kValue, layer, false));
   if (rb != nullptr) ly->router_bias = ToFloat(*rb);
-  MOESHARD_ASSIGN_OR_RETURN(
-      const WeightView* cb,
-      View(w, R::kCorrectionBias, P::kValue, layer,
-           routing.kind == RoutingKind::kSigmoidGroupedTopK && m.has_correction_bias));
+  ly->routing = KernelRoutingParams(m, layer);
+  const bool hashed = ly->routing.kind == RoutingKind::kSqrtSoftplusHash;
+  if (hashed) {
+    MOESHARD_ASSIGN_OR_RETURN(const WeightView* ht, View(w, R::kHashTable, P::kValue, layer, true));
+    if ((ht->dtype != DType::kI32 && ht->dtype != DType::kI64) ||
+        ht->shape != std::vector<int64_t>{m.vocab_size, k}) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: hash table of layer {}: expected I64 or I32 [{}, {}] (vocab, top-k), got {} "
+          "[{}]",
+          layer, m.vocab_size, k, DTypeName(ht->dtype), fmt::join(ht->shape, ", ")));
+    }
+    // The router reads int32 expert ids; every entry is checked once, here.
+    ly->hash_table.resize(static_cast<size_t>(m.vocab_size * k));
+    for (int64_t i = 0; i < m.vocab_size * k; ++i) {
+      const int64_t e = ht->dtype == DType::kI64 ? ht->as<int64_t>()[i] : ht->as<int32_t>()[i];
+      if (e < 0 || e >= E) {
+        return InvalidArgumentError(fmt::format(
+            "runtime: hash table of layer {}: entry [{}, {}] is {}, expected an expert in [0, {})",
+            layer, i / k, i % k, e, E));
+      }
+      ly->hash_table[static_cast<size_t>(i)] = static_cast<int32_t>(e);
+    }
+    ly->routing.hash_table = ly->hash_table.data();
+  }
+  const bool needs_bias = m.has_correction_bias && !hashed &&
+                          (routing.kind == RoutingKind::kSigmoidGroupedTopK ||
+                           routing.kind == RoutingKind::kSqrtSoftplusTopK);
+  MOESHARD_ASSIGN_OR_RETURN(const WeightView* cb,
+                            View(w, R::kCorrectionBias, P::kValue, layer, needs_bias));
   if (cb != nullptr) {
     if (cb->dtype != DType::kF32 || cb->shape != std::vector<int64_t>{E}) {
       return InvalidArgumentError(
@@ -537,7 +576,9 @@ int64_t MoeRuntime::Impl::WorkspaceBytes() const {
               Bytes(chunk_y) + Bytes(gate_buf) + Bytes(up_buf) + Bytes(shared_partial) +
               Bytes(shared_chunk) + Bytes(shared_gate_logit) + Bytes(global_to_local) +
               Bytes(scratch.rows);
-  for (const Layer& l : layers) b += Bytes(l.router_bias) + Bytes(l.w13_bias) + Bytes(l.w2_bias);
+  for (const Layer& l : layers) {
+    b += Bytes(l.router_bias) + Bytes(l.w13_bias) + Bytes(l.w2_bias) + Bytes(l.hash_table);
+  }
   if (dispatcher) b += dispatcher->WorkspaceBytes();
   return b;
 }
@@ -562,7 +603,8 @@ void MoeRuntime::Impl::AddSharedOutput(const Layer& ly, const float* xc, int64_t
 }
 
 Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
-                                  const int32_t* given_ids, const float* given_w) {
+                                  const int32_t* given_ids, const float* given_w,
+                                  const int32_t* token_ids) {
   KernelContext& kc = *ctx;
   const int64_t C = chunk.size();
   const float eps = static_cast<float>(plan->model.rms_norm_eps);
@@ -586,13 +628,15 @@ Status MoeRuntime::Impl::RunLayer(const Layer& ly, int64_t T, TokenRange chunk,
                              .y = logits.data(),
                              .y_stride = E,
                              .bias = ly.router_bias.empty() ? nullptr : ly.router_bias.data()});
-    RoutingParams rp = routing;
+    RoutingParams rp = ly.routing;
     rp.e_score_correction_bias = ly.correction_bias;
-    MOESHARD_RETURN_IF_ERROR(Route(kc, rp,
-                                   RoutingArgs{.router_logits = logits.data(),
-                                               .num_tokens = C,
-                                               .topk_ids = chunk_ids.data(),
-                                               .topk_weights = chunk_w.data()}));
+    MOESHARD_RETURN_IF_ERROR(
+        Route(kc, rp,
+              RoutingArgs{.router_logits = logits.data(),
+                          .num_tokens = C,
+                          .topk_ids = chunk_ids.data(),
+                          .topk_weights = chunk_w.data(),
+                          .token_ids = token_ids != nullptr ? token_ids + chunk.begin : nullptr}));
   }
 
   // 3. The experts' input rows: bf16 [C, Lp], zero beyond the logical width.
@@ -809,6 +853,26 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
       }
     }
   }
+  if (a.topk_ids == nullptr && T > 0) {
+    for (const Impl::Layer& ly : s.layers) {
+      if (ly.hash_table.empty()) continue;
+      if (a.token_ids == nullptr) {
+        return InvalidArgumentError(fmt::format(
+            "forward: 'token_ids': expected [num_tokens] int32 token ids, got none (layer {} "
+            "routes by token id; pass them, e.g. `run --input` with a token_ids tensor)",
+            ly.layer));
+      }
+      const int64_t vocab = s.plan->model.vocab_size;
+      for (int64_t i = 0; i < T; ++i) {
+        if (a.token_ids[i] < 0 || a.token_ids[i] >= vocab) {
+          return InvalidArgumentError(
+              fmt::format("forward: 'token_ids[{}]': expected a token id in [0, {}), got {}", i,
+                          vocab, a.token_ids[i]));
+        }
+      }
+      break;
+    }
+  }
   // Every rank's T: the chunk sizes of every collective below follow from it.
   int64_t my_t = T;
   MOESHARD_RETURN_IF_ERROR(s.world->AllGather(&my_t, s.all_tokens.data(), sizeof(int64_t)));
@@ -838,7 +902,7 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
   }
   for (size_t li = 0; li < s.layers.size(); ++li) {
     const auto start = std::chrono::steady_clock::now();
-    const Status st = s.RunLayer(s.layers[li], T, chunk, a.topk_ids, a.topk_weights);
+    const Status st = s.RunLayer(s.layers[li], T, chunk, a.topk_ids, a.topk_weights, a.token_ids);
     if (!st.ok()) return st.WithContext(fmt::format("layer {}", s.layers[li].layer));
     if (a.layer_outputs != nullptr) {
       std::memcpy(a.layer_outputs + li * T * H, s.stream.data(), T * H * sizeof(float));

@@ -94,6 +94,20 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   } else {
     DummyHiddenStates(spec.input_seed, unit, T, H, x32.data());
   }
+  // Token ids, for layers that route by them.
+  std::vector<int32_t> tokens;
+  if (spec.token_ids != nullptr) {
+    if (static_cast<int64_t>(spec.token_ids->size()) != unit_offset[units]) {
+      return InvalidArgumentError(
+          fmt::format("run: 'token_ids': expected one per input row ({}), got {}",
+                      unit_offset[units], spec.token_ids->size()));
+    }
+    tokens.assign(spec.token_ids->begin() + unit_offset[unit],
+                  spec.token_ids->begin() + unit_offset[unit + 1]);
+  } else if (plan.model.num_hash_layers() > 0) {
+    tokens.resize(static_cast<size_t>(T));
+    DummyTokenIds(spec.input_seed, unit, T, plan.model.vocab_size, tokens.data());
+  }
   const int32_t* ids = nullptr;
   const float* wts = nullptr;
   if (spec.topk_ids != nullptr && spec.topk_weights != nullptr) {
@@ -137,6 +151,7 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   args.num_tokens = T;
   args.topk_ids = ids;
   args.topk_weights = wts;
+  args.token_ids = tokens.empty() ? nullptr : tokens.data();
   args.out = out_bytes.data();
   args.layer_outputs = layer_out.data();
   args.layer_seconds = seconds.data();

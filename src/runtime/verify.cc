@@ -69,6 +69,15 @@ void DummyHiddenStates(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t 
   }
 }
 
+void DummyTokenIds(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t vocab, int32_t* out) {
+  const uint64_t key =
+      SplitMix64(seed ^ SplitMix64(0x746f6b656e73ull + static_cast<uint64_t>(unit)));
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    out[t] = static_cast<int32_t>(SplitMix64(key + static_cast<uint64_t>(t)) %
+                                  static_cast<uint64_t>(vocab));
+  }
+}
+
 PlanOptions SingleRankPlanOptions(const PlanOptions& options) {
   PlanOptions o = options;
   o.topology = Topology{};

@@ -172,6 +172,10 @@ Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const int64_t es = ElementBytes(s.dtype);
   SourceTensorSpec spec{source, s.dtype, s.logical_shape, KindOf(source, s.part, s.dtype), {}};
   if (s.part == TensorPart::kShapeMeta) spec.values = s.meta_values;
+  // Token -> expert tables hold expert ids, which hashed bits are not.
+  if (s.role == TensorRole::kHashTable) {
+    spec.values = DummyExpertTable(plan.model.num_experts, plan.model.num_experts_per_tok);
+  }
   const int src = AddSource(t, std::move(spec));
   const int64_t total = BytesOf(s.dtype, s.logical_shape);
   if (s.shard_dim < 0) {

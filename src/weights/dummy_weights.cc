@@ -187,6 +187,16 @@ DummyKind DummyKindOf(std::string_view name, DType dtype) {
   return DummyKind::kWeight;
 }
 
+std::vector<int64_t> DummyExpertTable(int64_t num_experts, int64_t top_k) {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(kDummyExpertTableRows * top_k));
+  const int64_t stride = num_experts / top_k;
+  for (int64_t r = 0; r < kDummyExpertTableRows; ++r) {
+    for (int64_t j = 0; j < top_k; ++j) out.push_back((7 * r + j * stride) % num_experts);
+  }
+  return out;
+}
+
 uint64_t DummyTensorKey(uint64_t seed, std::string_view name) {
   return SplitMix64(seed ^ SplitMix64(Fnv1a64(name)));
 }

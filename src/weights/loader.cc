@@ -286,6 +286,10 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
   switch (options.source) {
     case LoadOptions::Source::kDummy: break;
     case LoadOptions::Source::kCheckpoint: {
+      if (!plan.model.family->checkpoint_unsupported.empty()) {
+        return UnimplementedError(fmt::format("load: '{}': {}", plan.model.name,
+                                              plan.model.family->checkpoint_unsupported));
+      }
       if (options.checkpoint != nullptr) {
         loader->checkpoint_ = options.checkpoint;
       } else {

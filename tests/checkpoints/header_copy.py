@@ -46,19 +46,23 @@ HERE = Path(__file__).resolve().parent
 CONFIG_DIR = HERE / "configs"
 
 # Bytes per element of each safetensors dtype used here.
-DTYPE_SIZE = {"BF16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "F8_E4M3": 1}
+DTYPE_SIZE = {"BF16": 2, "F32": 4, "I64": 8, "I32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1,
+              "F8_E8M0": 1}
 
 # Position of each dtype in the safetensors library's Dtype enum (BOOL, U8, I8, F8_E5M2,
 # F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64).  The library writes a file's
 # tensors sorted by dtype (descending in that order) and then by name, and its header lists
 # them in that order; the copy lays out each shard the same way.  Only the order of the
 # data region depends on this: names, dtypes and shapes do not.
-_ST_DTYPE_ORDER = {"U8": 1, "F8_E4M3": 4, "BF16": 8, "I32": 9, "F32": 11, "I64": 13}
+_ST_DTYPE_ORDER = {"U8": 1, "I8": 2, "F8_E4M3": 4, "F8_E8M0": 4.5, "BF16": 8, "I32": 9,
+                   "F32": 11, "I64": 13}
 
 # A tensor: (name, dtype, shape, tag).  tag says what the tensor belongs to:
 #   ("layer", L)  decoder layer L (0-based)
 #   ("mtp", L)    multi-token-prediction layer stored as layer index L (DeepSeek-V3: 61)
 #   ("model",)    text model-level tensor (embeddings, final norm, head)
+#   ("mtp_block",) a multi-token-prediction block under its own name (DeepSeek-V4: mtp.0.*),
+#                 kept as it is when the model is cut
 #   ("proj",)     multimodal projector
 #   ("vision",)   vision tower
 Tensor = tuple[str, str, tuple[int, ...], tuple]
@@ -746,6 +750,128 @@ def shard_balanced(tensors: list[Tensor], n_shards: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------
+# DeepSeek-V4-Flash (deepseek-ai/DeepSeek-V4-Flash)
+#
+# DeepSeek's own names (no "model." prefix), as vLLM's _make_deepseek_v4_weights_mapper maps
+# them and DeepSeek's reference inference/model.py declares them (Block, Attention, Compressor,
+# Indexer, Gate, Expert, MoE, ParallelHead, MTPBlock).  Every quantized linear is
+# `<module>.weight` plus `<module>.scale`: fp8 e4m3 with F8_E8M0 128 x 128 block scales, the
+# routed experts packed FP4 (I8 [out, in/2], "packed I8 storage with ue8m0 scales", ROCm/ATOM
+# issue 642) with F8_E8M0 scales per 32.  Checked against the released index as a third-party
+# crate freezes it for the -0731 revision (same backbone): 6 model-level tensors, 1,565 /
+# 1,576 / 1,569 tensors in a ratio-0 / ratio-4 / ratio-128 layer, and one layer per shard,
+# whose sizes fix tid2eid as I64 (layer 0: 3,566,321,192 bytes = 3,566,148,952 of data + header).
+# The 46 shard names (model-000NN-of-00046: embeddings, 43 layers, head, MTP) follow a user
+# report of `model-00042-of-00046.safetensors`; the MTP block's tensors follow MTPBlock and are
+# not verified.
+# ---------------------------------------------------------------------------------------
+
+def _dsv4_block(p: str, li: int, cfg: dict, ratio: int, hashed: bool) -> list[tuple]:
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    nh, hd = cfg["num_attention_heads"], cfg["head_dim"]
+    ql, ol, og = cfg["q_lora_rank"], cfg["o_lora_rank"], cfg["o_groups"]
+    E, I, k = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"]
+    hc = cfg["hc_mult"]
+    mix = (2 + hc) * hc
+
+    def fp8(name, rows, cols):
+        return [(name + ".weight", "F8_E4M3", (rows, cols)),
+                (name + ".scale", "F8_E8M0", (cdiv(rows, 128), cdiv(cols, 128)))]
+
+    def fp4(name, rows, cols):
+        return [(name + ".weight", "I8", (rows, cols // 2)),
+                (name + ".scale", "F8_E8M0", (rows, cols // 32))]
+
+    def compressor(c, r, width):
+        w = (2 if r == 4 else 1) * width
+        return [(c + "ape", "F32", (r, w)), (c + "wkv.weight", "BF16", (w, H)),
+                (c + "wgate.weight", "BF16", (w, H)), (c + "norm.weight", "BF16", (width,))]
+
+    t = [(p + "attn_norm.weight", "BF16", (H,)), (p + "ffn_norm.weight", "BF16", (H,))]
+    for sub in ("attn", "ffn"):
+        t += [(p + f"hc_{sub}_fn", "F32", (mix, hc * H)), (p + f"hc_{sub}_base", "F32", (mix,)),
+              (p + f"hc_{sub}_scale", "F32", (3,))]
+    a = p + "attn."
+    t += fp8(a + "wq_a", ql, H) + [(a + "q_norm.weight", "BF16", (ql,))]
+    t += fp8(a + "wq_b", nh * hd, ql) + fp8(a + "wkv", hd, H)
+    t += [(a + "kv_norm.weight", "BF16", (hd,))]
+    t += fp8(a + "wo_a", og * ol, nh * hd // og) + fp8(a + "wo_b", H, og * ol)
+    t += [(a + "attn_sink", "F32", (nh,))]
+    if ratio:
+        t += compressor(a + "compressor.", ratio, hd)
+    if ratio == 4:
+        ih, ihd = cfg["index_n_heads"], cfg["index_head_dim"]
+        t += fp8(a + "indexer.wq_b", ih * ihd, ql)
+        t += [(a + "indexer.weights_proj.weight", "BF16", (ih, H))]
+        t += compressor(a + "indexer.compressor.", ratio, ihd)
+    f = p + "ffn."
+    t += [(f + "gate.weight", "BF16", (E, H))]
+    t += [(f + "gate.tid2eid", "I64", (V, k))] if hashed else [(f + "gate.bias", "F32", (E,))]
+    S = cfg["n_shared_experts"] * I
+    t += fp8(f + "shared_experts.w1", S, H) + fp8(f + "shared_experts.w2", H, S)
+    t += fp8(f + "shared_experts.w3", S, H)
+    for e in range(E):
+        x = f"{f}experts.{e}."
+        t += fp4(x + "w1", I, H) + fp4(x + "w2", H, I) + fp4(x + "w3", I, H)
+    return t
+
+
+def build_deepseek_v4(cfg: dict) -> list[Tensor]:
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    hc = cfg["hc_mult"]
+    ratios = cfg["compress_ratios"]
+    n_hash = cfg["num_hash_layers"]
+    out: list[Tensor] = [("embed.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        out += [(n, d, s, ("layer", li)) for n, d, s in
+                _dsv4_block(f"layers.{li}.", li, cfg, ratios[li], li < n_hash)]
+    out += [("head.weight", "BF16", (V, H), ("model",)), ("norm.weight", "BF16", (H,), ("model",)),
+            ("hc_head_fn", "F32", (hc, hc * H), ("model",)),
+            ("hc_head_base", "F32", (hc,), ("model",)), ("hc_head_scale", "F32", (1,), ("model",))]
+    for m in range(cfg.get("num_nextn_predict_layers", 0)):
+        # MTPBlock(layer_id = L + m): a full block (its ratio the list's entry past the layers,
+        # score-routed) plus e_proj / h_proj (fp8), enorm / hnorm / norm and its own hc head;
+        # it shares the model's embedding and head.
+        p = f"mtp.{m}."
+        t = _dsv4_block(p, L + m, cfg, ratios[L + m], False)
+        for proj in ("e_proj", "h_proj"):
+            t += [(p + proj + ".weight", "F8_E4M3", (H, H)),
+                  (p + proj + ".scale", "F8_E8M0", (cdiv(H, 128), cdiv(H, 128)))]
+        t += [(p + n + ".weight", "BF16", (H,)) for n in ("enorm", "hnorm", "norm")]
+        t += [(p + "hc_head_fn", "F32", (hc, hc * H)), (p + "hc_head_base", "F32", (hc,)),
+              (p + "hc_head_scale", "F32", (1,))]
+        out += [(n, d, s, ("mtp_block",)) for n, d, s in t]
+    return out
+
+
+def shard_deepseek_v4(tensors: list[Tensor], n_shards: int) -> list[int]:
+    """Embeddings in the first shard, then one decoder layer per shard, the head with the final
+    norm and hc head, and the MTP block last (-0731's index: 1 tensor in shard 1, a layer's
+    1,565-1,576 in each of the next 43, 5 in the 45th)."""
+    n_layers = 1 + max(t[3][1] for t in tensors if t[3][0] == "layer")
+    out = []
+    for t in tensors:
+        kind = t[3][0]
+        if kind == "layer":
+            out.append(1 + t[3][1])
+        elif kind == "mtp_block":
+            out.append(n_layers + 2)
+        else:
+            out.append(0 if t[0] == "embed.weight" else n_layers + 1)
+    if max(out) >= n_shards:
+        raise ValueError("more groups than shards")
+    return out
+
+
+def cut_deepseek_v4(cfg: dict, n: int) -> None:
+    L = cfg["num_hidden_layers"]
+    cfg["num_hidden_layers"] = n
+    # One ratio per layer, then the MTP block's.
+    cfg["compress_ratios"] = cfg["compress_ratios"][:n] + cfg["compress_ratios"][L:]
+    cfg["num_hash_layers"] = min(cfg["num_hash_layers"], n)
+
+
+# ---------------------------------------------------------------------------------------
 # Releases
 # ---------------------------------------------------------------------------------------
 
@@ -759,6 +885,9 @@ class Release:
     assign: Callable[[list[Tensor], int], list[int]]
     cut: Callable[[dict, int], None]
     published: str                                # published totals, for --list / README
+    # The shards' headers carry `__metadata__` {"format": "pt"} (torch's save_file); DeepSeek-V4's
+    # do not (its shard sizes are matched exactly only without it).
+    st_metadata: bool = True
 
 
 def _names_1based(width: int, total_width: int):
@@ -805,6 +934,11 @@ RELEASES: dict[str, Release] = {r.key: r for r in [
     Release("glm-4.5-air", "zai-org/GLM-4.5-Air", 47, _names_1based(5, 5),
             build_glm4_moe, shard_balanced, cut_deepseek_v3,
             "shard count assumed; MTP layer as vLLM glm4_moe_mtp.py reads it"),
+    Release("deepseek-v4-flash", "deepseek-ai/DeepSeek-V4-Flash", 46, _names_1based(5, 5),
+            build_deepseek_v4, shard_deepseek_v4, cut_deepseek_v4,
+            "46 shards; -0731 (same backbone): 1,565 / 1,576 / 1,569 tensors per ratio-0 / 4 / "
+            "128 layer, 6 model-level, its 45 backbone shards' sizes",
+            st_metadata=False),
     Release("minimax-m2", "MiniMaxAI/MiniMax-M2", 130, _names_1based(5, 5),
             build_minimax_m2, shard_balanced, cut_plain,
             "shard count assumed; MTP modules not written"),
@@ -817,6 +951,7 @@ class Plan:
     tensors: list[Tensor]          # after the cut, names final
     shard_of: list[int]            # 0-based shard index per tensor
     shard_names: list[str]         # all of the release's shard names
+    st_metadata: bool = True       # Release.st_metadata
 
 
 def make_plan(rel: Release, layers: int | None) -> Plan:
@@ -828,7 +963,7 @@ def make_plan(rel: Release, layers: int | None) -> Plan:
         raise AssertionError(f"{rel.key}: {rel.n_shards - len(used)} shards got no tensors")
     names = [rel.name_fmt(i, rel.n_shards) for i in range(rel.n_shards)]
     if layers is None:
-        return Plan(cfg, full, shard_of, names)
+        return Plan(cfg, full, shard_of, names, rel.st_metadata)
 
     text = cfg.get("text_config", cfg)
     n_full = text["num_hidden_layers"]
@@ -840,6 +975,8 @@ def make_plan(rel: Release, layers: int | None) -> Plan:
         if kind == "layer":
             if t[3][1] >= layers:
                 continue
+        elif kind == "mtp_block":
+            pass
         elif kind == "mtp":
             # The MTP layer is stored after the last decoder layer: model.layers.N.* once
             # the model is cut to N layers.
@@ -850,7 +987,7 @@ def make_plan(rel: Release, layers: int | None) -> Plan:
         kept.append(t)
         kept_shard.append(s)
     rel.cut(cfg, layers)
-    return Plan(cfg, kept, kept_shard, names)
+    return Plan(cfg, kept, kept_shard, names, rel.st_metadata)
 
 
 def summarize(plan: Plan) -> tuple[int, int, int]:
@@ -858,10 +995,10 @@ def summarize(plan: Plan) -> tuple[int, int, int]:
     return len(plan.tensors), total, len(set(plan.shard_of))
 
 
-def _shard_header(entries: list[Tensor]) -> tuple[bytes, int]:
+def _shard_header(entries: list[Tensor], metadata: bool = True) -> tuple[bytes, int]:
     """safetensors header bytes (length prefix included) and data-region size."""
     entries = sorted(entries, key=lambda t: (-_ST_DTYPE_ORDER[t[1]], t[0]))
-    header: dict = {"__metadata__": {"format": "pt"}}
+    header: dict = {"__metadata__": {"format": "pt"}} if metadata else {}
     off = 0
     for name, dtype, shape, _ in entries:
         n = nbytes(dtype, shape)
@@ -902,7 +1039,7 @@ def _write_into(plan: Plan, tmp: Path) -> None:
     total = 0
     for s in sorted(by_shard):
         fname = plan.shard_names[s]
-        head, data = _shard_header(by_shard[s])
+        head, data = _shard_header(by_shard[s], plan.st_metadata)
         with open(tmp / fname, "wb") as f:
             f.write(head)
             f.truncate(len(head) + data)   # data region: a sparse hole

@@ -114,14 +114,14 @@ std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, doub
 // `row_groups`: bf16 experts rewritten into the CPU row-group layout after loading.
 }  // namespace
 
-void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
+void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t moe_layer_index) {
   PlanOptions o;
   o.backend = "moeshard-cpu";
   auto plan = BuildShardPlan(m, o);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   LoadOptions lo;
   lo.seed = 99;
-  lo.max_moe_layers = 1;
+  lo.max_moe_layers = moe_layer_index + 1;
   auto weights = LoadRankWeights(*plan, 0, lo);
   ASSERT_TRUE(weights.ok()) << weights.status().ToString();
   if (row_groups) {
@@ -132,16 +132,22 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
     ASSERT_EQ(*n, 1) << "the loaded MoE layer's experts should be rewritten";
   }
   const WeightViews v = ViewRankWeights(*weights);
-  const int64_t layer = MoeLayersOf(m, plan->ranks[0].layers).front();
+  const std::vector<int64_t> moe_layers = MoeLayersOf(m, plan->ranks[0].layers);
+  ASSERT_LT(moe_layer_index, static_cast<int64_t>(moe_layers.size()));
+  const int64_t layer = moe_layers[static_cast<size_t>(moe_layer_index)];
   const int64_t T = 5, H = m.hidden_size, E = m.num_experts, k = m.num_experts_per_tok;
   std::vector<float> x(T * H), out(T * H);
   DummyHiddenStates(3, 0, T, H, x.data());
+  // Token ids for layers that route by them (hash routing).
+  std::vector<int32_t> tokens(T);
+  DummyTokenIds(3, 0, T, m.vocab_size, tokens.data());
 
   const Status s = RunLocalRanks(1, {}, [&](Communicator& w) -> Status {
     MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create({.num_threads = 1}));
     MOESHARD_ASSIGN_OR_RETURN(
         auto rt, MoeRuntime::Create(*plan, v, w, ctx, {.max_tokens = T, .layers = {layer}}));
-    return rt->Forward({.x = x.data(), .num_tokens = T, .out = out.data()});
+    return rt->Forward(
+        {.x = x.data(), .num_tokens = T, .token_ids = tokens.data(), .out = out.data()});
   });
   ASSERT_TRUE(s.ok()) << s.ToString();
 
@@ -168,16 +174,32 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
     }
     for (int64_t i = 0; i < L; ++i) z[t * L + i] = static_cast<float>(zt[i]);
   }
-  RoutingParams rp = KernelRoutingParams(m);
+  RoutingParams rp = KernelRoutingParams(m, layer);
   if (const WeightView* cb = P.View(R::kCorrectionBias)) {
     rp.e_score_correction_bias = cb->as<float>();
+  }
+  const bool hashed = m.layers[static_cast<size_t>(layer)].hash_routing;
+  EXPECT_EQ(hashed, rp.kind == RoutingKind::kSqrtSoftplusHash);
+  std::vector<int32_t> table32;
+  if (hashed) {
+    // DeepSeek-V4: the token's experts from the layer's table (I64 as released), no correction
+    // bias there.
+    const WeightView* table = P.View(R::kHashTable);
+    ASSERT_NE(table, nullptr);
+    EXPECT_EQ(P.View(R::kCorrectionBias), nullptr);
+    ASSERT_EQ(table->dtype, DType::kI64);
+    for (size_t i = 0; i < table->num_bytes / 8; ++i) {
+      table32.push_back(static_cast<int32_t>(table->as<int64_t>()[i]));
+    }
+    rp.hash_table = table32.data();
   }
   std::vector<int32_t> ids(T * k);
   std::vector<float> tw(T * k);
   ASSERT_TRUE(reference::Route(rp, {.router_logits = logits.data(),
                                     .num_tokens = T,
                                     .topk_ids = ids.data(),
-                                    .topk_weights = tw.data()})
+                                    .topk_weights = tw.data(),
+                                    .token_ids = tokens.data()})
                   .ok());
   if (m.router_weight_on_input) {
     // Llama-4: the expert's input is x * w (top-1) and its output is taken whole. The runtime
@@ -191,7 +213,7 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
   // Experts over the plan's fused tensors (1 rank: every expert, no padding with moeshard-cpu),
   // in the format the config declares.
   ExpertWeights ew;
-  ew.scheme = m.quant.scheme;
+  ew.scheme = m.expert_scheme();
   ew.num_experts_local = E;
   ew.hidden = L;
   ew.intermediate = m.moe_intermediate_size;
@@ -203,7 +225,7 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups) {
   ew.w2 = P.View(R::kExpertsW2)->data;
   ew.bf16_row_groups = w13->bf16_row_groups;
   EXPECT_EQ(ew.bf16_row_groups, row_groups);
-  if (m.quant.enabled()) {
+  if (m.expert_scheme().quantized()) {
     ew.w13_scales = P.View(R::kExpertsW13, TensorPart::kScale)->data;
     ew.w2_scales = P.View(R::kExpertsW2, TensorPart::kScale)->data;
     if (const WeightView* z13 = P.View(R::kExpertsW13, TensorPart::kZeroPoint)) {

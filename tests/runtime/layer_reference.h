@@ -7,9 +7,11 @@
 
 namespace moeshard {
 
-// Plans `model` on one rank (moeshard-cpu), loads dummy weights for its first MoE layer, runs
-// the runtime on five tokens and compares with the reference (gtest assertions).
+// Plans `model` on one rank (moeshard-cpu), loads dummy weights for its `moe_layer_index`-th
+// MoE layer (0: the first), runs the runtime on five tokens (with token ids, for layers that
+// route by them) and compares with the reference (gtest assertions).
 // `row_groups`: bf16 experts rewritten into the CPU row-group layout after loading.
-void CheckLayerAgainstReference(const ModelConfig& model, bool row_groups = false);
+void CheckLayerAgainstReference(const ModelConfig& model, bool row_groups = false,
+                                int64_t moe_layer_index = 0);
 
 }  // namespace moeshard

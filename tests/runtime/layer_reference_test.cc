@@ -12,11 +12,12 @@
 namespace moeshard {
 namespace {
 
-void CheckPreset(const std::string& preset, bool row_groups = false) {
-  SCOPED_TRACE(preset + (row_groups ? " row groups" : ""));
+void CheckPreset(const std::string& preset, bool row_groups = false, int64_t moe_layer = 0) {
+  SCOPED_TRACE(preset + (row_groups ? " row groups" : "") + " MoE layer " +
+               std::to_string(moe_layer));
   auto model = LoadModelConfig(preset);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  CheckLayerAgainstReference(*model, row_groups);
+  CheckLayerAgainstReference(*model, row_groups, moe_layer);
 }
 
 TEST(RuntimeLayerReferenceTest, KimiK3) { CheckPreset("tiny-kimi-k3"); }
@@ -43,6 +44,10 @@ TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }
 TEST(RuntimeLayerReferenceTest, Llama4) { CheckPreset("tiny-llama4"); }
 TEST(RuntimeLayerReferenceTest, Qwen3Next) { CheckPreset("tiny-qwen3-next"); }
 TEST(RuntimeLayerReferenceTest, Qwen35Moe) { CheckPreset("tiny-qwen3.5-moe"); }
+// DeepSeek-V4: layer 0 routes by token id (tid2eid), layer 2 by sqrt(softplus) + bias; both with
+// the clamped SwiGLU, fp8 shared expert and MXFP4 routed experts.
+TEST(RuntimeLayerReferenceTest, DeepseekV4HashLayer) { CheckPreset("tiny-deepseek-v4", false, 0); }
+TEST(RuntimeLayerReferenceTest, DeepseekV4ScoreLayer) { CheckPreset("tiny-deepseek-v4", false, 2); }
 
 }  // namespace
 }  // namespace moeshard

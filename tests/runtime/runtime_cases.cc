@@ -87,7 +87,8 @@ Status CheckExpectations(const EquivSpec& c, const ShardPlan& plan) {
 
 // Runs `plan`'s layers on `comm` for one unit's tokens; out: [T, H].
 Status RunOn(const ShardPlan& plan, Communicator& comm, int64_t layers, int64_t max_tokens,
-             const std::vector<float>& x, int64_t T, std::vector<float>* out) {
+             const std::vector<float>& x, const std::vector<int32_t>& tokens, int64_t T,
+             std::vector<float>* out) {
   LoadOptions lo;
   lo.source = LoadOptions::Source::kDummy;
   lo.seed = kSeed;
@@ -106,6 +107,7 @@ Status RunOn(const ShardPlan& plan, Communicator& comm, int64_t layers, int64_t 
   a.x = x.data();
   a.x_dtype = DType::kF32;
   a.num_tokens = T;
+  a.token_ids = tokens.data();
   a.out = out->data();
   return rt->Forward(a);
 }
@@ -120,13 +122,16 @@ Status EquivalenceBody(const EquivSpec& c, Communicator& world) {
   const int64_t max_tokens = *std::max_element(c.tokens.begin(), c.tokens.end());
   std::vector<float> x(T * H);
   DummyHiddenStates(kSeed, unit, T, H, x.data());
+  // Token ids: the input of hash-routed layers (DeepSeek-V4), ignored by the others.
+  std::vector<int32_t> tokens(T);
+  DummyTokenIds(kSeed, unit, T, plan.model.vocab_size, tokens.data());
   std::vector<float> out, ref;
-  MOESHARD_RETURN_IF_ERROR(RunOn(plan, world, c.layers, max_tokens, x, T, &out));
+  MOESHARD_RETURN_IF_ERROR(RunOn(plan, world, c.layers, max_tokens, x, tokens, T, &out));
 
   // The single-rank reference of the same tokens, on a communicator of this rank alone.
   MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(world.rank(), 0));
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1, PlanOf(c, Topology{}));
-  MOESHARD_RETURN_IF_ERROR(RunOn(plan1, *solo, c.layers, max_tokens, x, T, &ref));
+  MOESHARD_RETURN_IF_ERROR(RunOn(plan1, *solo, c.layers, max_tokens, x, tokens, T, &ref));
 
   const ErrorStats stats = CompareOutputs(out, ref);
   // Tighter than the CLI's bf16 default (verify.h): both sides round the same values to bf16
@@ -312,12 +317,18 @@ std::vector<RuntimeCase> BuildCases() {
     cases.push_back({name, world, [spec](Communicator& w) { return EquivalenceBody(spec, w); }});
   };
   const std::vector<Family> families = {
-      {"tiny-kimi-k3", "kimi", "marlin", 2},   {"tiny-deepseek-v3", "deepseek", "", 2},
-      {"tiny-qwen3-moe", "qwen", "triton", 2}, {"tiny-mixtral", "mixtral", "aiter-ck", 2},
-      {"tiny-gpt-oss", "gptoss", "marlin", 2}, {"tiny-olmoe", "olmoe", "triton", 2},
-      {"tiny-deepseek-v2", "deepseekv2", "", 2}, {"tiny-qwen2-moe", "qwen2", "triton", 2},
-      {"tiny-glm4-moe", "glm4", "", 2},          {"tiny-minimax-m2", "minimax", "triton", 2},
-      {"tiny-llama4", "llama4", "", 4},          {"tiny-qwen3-next", "qwen3next", "triton", 4},
+      {"tiny-kimi-k3", "kimi", "marlin", 2},
+      {"tiny-deepseek-v3", "deepseek", "", 2},
+      {"tiny-qwen3-moe", "qwen", "triton", 2},
+      {"tiny-mixtral", "mixtral", "aiter-ck", 2},
+      {"tiny-gpt-oss", "gptoss", "marlin", 2},
+      {"tiny-olmoe", "olmoe", "triton", 2},
+      {"tiny-deepseek-v2", "deepseekv2", "", 2},
+      {"tiny-qwen2-moe", "qwen2", "triton", 2},
+      {"tiny-glm4-moe", "glm4", "", 2},
+      {"tiny-minimax-m2", "minimax", "triton", 2},
+      {"tiny-llama4", "llama4", "", 4},
+      {"tiny-qwen3-next", "qwen3next", "triton", 4},
       {"tiny-qwen3.5-moe", "qwen35", "triton", 4},
       // Quantized layouts (int4 with zero points, NVFP4): the loader converts each into the
       // rank layout and the runtime binds zero points and global scales.
@@ -328,6 +339,9 @@ std::vector<RuntimeCase> BuildCases() {
       {"tiny-qwen2-moe-modelopt-nvfp4", "qwen2modelopt", "", 2},
       {"tiny-qwen2-moe-fp8-dynamic", "qwen2fp8channel", "", 2},
       {"tiny-qwen2-moe-modelopt-fp8", "qwen2fp8tensor", "", 2},
+      // Layers 0-1 hash-routed by token id, 2 by sqrt(softplus) + bias; MXFP4 experts beside
+      // fp8 shared experts. No backend pads its sizes (H 256, I 1024 are aligned for all).
+      {"tiny-deepseek-v4", "deepseekv4", "", 3},
   };
   const std::vector<int64_t> uneven = {7, 0, 12, 3};  // per DP rank: uneven, one empty
   for (const Family& f : families) {

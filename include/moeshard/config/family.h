@@ -59,6 +59,7 @@ enum class TensorRole {
   kRouter,          // [E, H]
   kRouterBias,      // [E]
   kCorrectionBias,  // [E] fp32 e_score_correction_bias (noaux_tc)
+  kHashTable,       // [vocab, top_k] I64 or I32: the experts of each token id (hash routing)
   kSharedGate,      // [S, H]
   kSharedUp,        // [S, H]
   kSharedDown,      // [H, S]
@@ -171,6 +172,10 @@ struct FamilyDescriptor {
   bool nested_text_config = false;
   // dtype of compressed-tensors `weight_shape` tensors in this family's releases.
   DType shape_meta_dtype = DType::kI64;
+  // Non-empty: why this family's released checkpoints cannot be read yet (a storage format the
+  // weight-format table lacks). Loading one, or sizing a plan from its headers, is refused with
+  // this reason; plans from config.json and dummy weights are unaffected.
+  std::string_view checkpoint_unsupported = {};
   // Reads the family's keys into `c` (the common ones are read before: hidden_size,
   // num_hidden_layers, vocab_size, dtype, quantization).
   Status (*parse)(const ConfigFields& text, const ConfigFields& top, ModelConfig& c) = nullptr;

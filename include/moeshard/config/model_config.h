@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,10 @@ enum class AttentionKind {
   kGqa,  // grouped-query attention: KV cache holds num_kv_heads * head_dim keys and values
   kKda,  // Kimi Delta Attention (linear attention): fixed per-sequence state, no per-token KV
   kGatedDeltaNet,  // Qwen3-Next / Qwen3.5 linear attention: fixed per-sequence state
+  // DeepSeek-V4: multi-query attention over one latent KV head (head_dim wide) in a sliding
+  // window, plus, on layers with a compress ratio r > 0, that KV compressed r:1 (r = 4: sparse,
+  // a lightning indexer picks index_topk compressed entries; r = 128: all of them).
+  kCompressedMqa,
 };
 
 enum class ScoringFunc { kSoftmax, kSigmoid };
@@ -40,14 +45,19 @@ enum class RoutingMethod {
   kSoftmaxGroupedTopK,  // softmax, groups scored by their best expert (DeepSeek-V2
                         // `group_limited_greedy`)
   kTopKThenSigmoid,     // top-k over logits, sigmoid of each (Llama-4)
+  // DeepSeek-V4 `sqrtsoftplus`: s = sqrt(softplus(logit)), top-k of s + correction bias,
+  // weights the unbiased s; on its first `num_hash_layers` layers (LayerSpec::hash_routing)
+  // the experts come from a token-id table instead.
+  kSqrtSoftplusTopK,
 };
 
 enum class ExpertActivation {
-  kSwiGlu,     // silu(gate) * up
-  kSwiGluOai,  // gpt-oss: clamp 7, alpha 1.702, (up + 1), interleaved gate/up
-  kSitu,       // Kimi-K3: beta*tanh(gate/beta)*sigmoid(gate) * beta_lin*tanh(up/beta_lin)
-  kRelu2,      // relu(x)^2, not gated
-  kGeluTanh,   // gelu_tanh(gate) * up
+  kSwiGlu,       // silu(gate) * up
+  kSwiGluOai,    // gpt-oss: clamp 7, alpha 1.702, (up + 1), interleaved gate/up
+  kSitu,         // Kimi-K3: beta*tanh(gate/beta)*sigmoid(gate) * beta_lin*tanh(up/beta_lin)
+  kRelu2,        // relu(x)^2, not gated
+  kGeluTanh,     // gelu_tanh(gate) * up
+  kSwiGluClamp,  // DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit)
 };
 
 struct QuantizationConfig {
@@ -62,6 +72,9 @@ struct QuantizationConfig {
   // Modules the quantization skips. Entries are exact module names, "re:<regex>" (compressed-
   // tensors), or glob patterns with '*' (gpt-oss modules_to_not_convert).
   std::vector<std::string> ignore;
+  // Set when the routed experts are stored in another scheme than the other linears
+  // (DeepSeek-V4-Flash: MXFP4 experts beside fp8 block-scaled linears, `expert_dtype`).
+  std::optional<WeightScheme> experts;
 
   bool enabled() const { return scheme.quantized(); }
   // Whether `module` (e.g. "model.layers.3.mlp.shared_experts.down_proj") stays unquantized.
@@ -99,6 +112,31 @@ struct GdnConfig {
   int64_t value_dim() const { return num_v_heads * v_head_dim; }
 };
 
+// DeepSeek-V4's attention (AttentionKind::kCompressedMqa): a low-rank q (wq_a -> q_norm -> wq_b
+// over num_attention_heads heads of head_dim), one shared KV head (wkv -> kv_norm), a grouped
+// low-rank output (wo_a per o_groups, wo_b), per-head sinks; the compressor and indexer on
+// compressed layers.
+struct CompressedMqaConfig {
+  int64_t head_dim = 0;       // width of every q head and of the one KV head (512)
+  int64_t rope_head_dim = 0;  // qk_rope_head_dim: the rotary part of head_dim
+  int64_t q_lora_rank = 0;
+  int64_t o_lora_rank = 0;
+  int64_t o_groups = 0;       // output projection groups (heads per group = heads / o_groups)
+  int64_t window = 0;         // sliding_window: tokens every layer keeps uncompressed
+  int64_t index_n_heads = 0;  // lightning indexer (compress ratio 4)
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;  // compressed entries the indexer selects per query
+};
+
+// Manifold-constrained hyper-connections (DeepSeek-V4 mHC): hc_mult residual streams mixed
+// around every sub-layer by [(2 + hc) * hc, hc * H] fp32 projections and a Sinkhorn
+// normalisation. Planned and loaded; the MoE runtime runs the block between hc_pre and hc_post.
+struct HyperConnectionConfig {
+  int64_t hc_mult = 0;  // 0: plain residual connections
+  int64_t sinkhorn_iters = 0;
+  double eps = 0.0;
+};
+
 // A vision tower and its projector into the language model (Kimi-K3's MoonViT + patch merger).
 struct VisionConfig {
   int64_t num_layers = 0;  // 0: no vision tower
@@ -121,6 +159,10 @@ struct LayerSpec {
   AttentionKind attention = AttentionKind::kGqa;
   bool moe = false;      // routed experts (else a dense MLP of intermediate_size)
   bool sliding = false;  // sliding-window attention (gpt-oss alternates)
+  // kCompressedMqa: the layer's KV compression ratio (0: sliding window only; 4; 128).
+  int64_t compress_ratio = 0;
+  // The routed experts come from a token-id table (DeepSeek-V4's first num_hash_layers).
+  bool hash_routing = false;
 };
 
 struct ModelConfig {
@@ -160,6 +202,8 @@ struct ModelConfig {
   MlaConfig mla;
   KdaConfig kda;
   GdnConfig gdn;
+  CompressedMqaConfig cmqa;
+  HyperConnectionConfig hc;
 
   // Dense MLP (layers with moe == false).
   int64_t intermediate_size = 0;
@@ -193,7 +237,7 @@ struct ModelConfig {
   ExpertActivation activation = ExpertActivation::kSwiGlu;
   double situ_beta = 4.0;
   double situ_linear_beta = 25.0;
-  double swiglu_limit = 7.0;
+  double swiglu_limit = 7.0;  // kSwiGluOai and kSwiGluClamp clamp
   double swiglu_alpha = 1.702;
   // The model's own floor for the per-partition intermediate size (vLLM's
   // min_moe_intermediate_per_partition, 256 for Kimi-K3); 0 when the model sets none.
@@ -210,7 +254,11 @@ struct ModelConfig {
   // The family's name ("kimi_k3"); "?" before parsing.
   std::string_view family_name() const;
   // The routed experts' storage format (the quantization scheme, or kBf16).
-  const WeightScheme& expert_scheme() const { return quant.scheme; }
+  const WeightScheme& expert_scheme() const {
+    return quant.experts ? *quant.experts : quant.scheme;
+  }
+  // Layers whose experts come from a token-id table (LayerSpec::hash_routing).
+  int64_t num_hash_layers() const;
 };
 
 const char* AttentionKindName(AttentionKind kind);

@@ -64,22 +64,23 @@ namespace moeshard {
 
 class KernelContext;
 
-
 enum class Activation {
-  kSwiGlu,        // silu(gate) * up
-  kSwiGluOai,     // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit);
-                  //          (u + 1) * g * sigmoid(alpha * g)
-  kSiTu,          // Kimi-K3: g' = beta * tanh(gate / beta) * sigmoid(gate);
-                  //          u' = linear_beta * tanh(up / linear_beta); g' * u'
-  kReluSquared,   // non-gated: relu(up)^2
-  kGeluTanhGated  // gelu_tanh(gate) * up
+  kSwiGlu,         // silu(gate) * up
+  kSwiGluOai,      // gpt-oss: g = min(gate, limit); u = clamp(up, -limit, limit);
+                   //          (u + 1) * g * sigmoid(alpha * g)
+  kSiTu,           // Kimi-K3: g' = beta * tanh(gate / beta) * sigmoid(gate);
+                   //          u' = linear_beta * tanh(up / linear_beta); g' * u'
+  kReluSquared,    // non-gated: relu(up)^2
+  kGeluTanhGated,  // gelu_tanh(gate) * up
+  kSwiGluClamp,    // DeepSeek-V4: silu(min(gate, limit)) * clamp(up, -limit, limit) (vLLM
+                   //   SiluAndMulWithClamp; no alpha, no +1)
 };
 const char* ActivationName(Activation act);
 bool IsGated(Activation act);
 
 struct ActivationParams {
   Activation kind = Activation::kSwiGlu;
-  float swiglu_limit = 7.0f;       // kSwiGluOai clamp
+  float swiglu_limit = 7.0f;       // kSwiGluOai and kSwiGluClamp clamp
   float swiglu_alpha = 1.702f;     // kSwiGluOai sigmoid slope
   float situ_beta = 4.0f;          // kSiTu `activation_situ_beta`
   float situ_linear_beta = 25.0f;  // kSiTu `activation_situ_linear_beta`

@@ -3,7 +3,8 @@
 // What one layer computes, per token (the MoE sub-block of a pre-norm decoder layer):
 //
 //   h   = RMSNorm(x) * post_attention_layernorm                       [H]
-//   ids, w = router(h)       fp32 logits, the model's routing method  (or given top-k)
+//   ids, w = router(h)       fp32 logits, the model's routing method  (or given top-k; hash
+//                            layers read the experts of the token's id from their table)
 //   z   = latent MoE ? RMSNorm(latent_down(h)) * latent_norm : h       [L]  (L = H if not latent)
 //   r   = sum_k w_k * expert_{ids_k}(z)                                [L]
 //   y   = x + (latent MoE ? latent_up(r) : r) + shared_experts(h)      [H]  (residual)
@@ -74,6 +75,10 @@ struct ForwardArgs {
   // and fp32 weights (used as given: no renormalisation, no scaling).
   const int32_t* topk_ids = nullptr;
   const float* topk_weights = nullptr;
+  // [num_tokens] int32 token ids in [0, vocab_size): required when a layer routes by token id
+  // (ModelConfig LayerSpec::hash_routing, DeepSeek-V4's first layers) and its router is not
+  // bypassed; ignored otherwise. Identical on the attention-TP ranks of a unit, as x is.
+  const int32_t* token_ids = nullptr;
   void* out = nullptr;  // [num_tokens, hidden_size], dtype x_dtype; may equal x
   // Optional: [num_layers(), num_tokens, hidden_size] fp32, every layer's output.
   float* layer_outputs = nullptr;
@@ -125,6 +130,9 @@ TokenRange TokenChunk(int64_t num_tokens, int64_t tp, int64_t tp_rank);
 Activation KernelActivation(ExpertActivation activation);
 ActivationParams KernelActivationParams(const ModelConfig& model);
 RoutingParams KernelRoutingParams(const ModelConfig& model);
+// The routing of decoder layer `layer`: hash layers route by token id (kSqrtSoftplusHash; the
+// table pointer is the caller's to set), the others as KernelRoutingParams(model).
+RoutingParams KernelRoutingParams(const ModelConfig& model, int64_t layer);
 // The MoE layers among `layers`, in order.
 std::vector<int64_t> MoeLayersOf(const ModelConfig& model, const std::vector<int64_t>& layers);
 

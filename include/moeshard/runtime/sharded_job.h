@@ -47,6 +47,9 @@ struct ShardedJobSpec {
   const std::vector<float>* inputs = nullptr;
   const std::vector<int32_t>* topk_ids = nullptr;
   const std::vector<float>* topk_weights = nullptr;
+  // Optional [T_total] int32 token ids, split over the units as the inputs are. Without them a
+  // model with hash-routed layers gets DummyTokenIds(input_seed, unit, ...) per unit.
+  const std::vector<int32_t>* token_ids = nullptr;
   DType io_dtype = DType::kBF16;  // the dtype of the hidden states handed to Forward
   int warmup = 1;
   int iters = 1;

@@ -53,6 +53,11 @@ ErrorStats CompareOutputs(std::span<const float> out, std::span<const float> ref
 // (seed, unit, t, h) mapped to uniform [-1, 1). out: [num_tokens, hidden] fp32.
 void DummyHiddenStates(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t hidden, float* out);
 
+// Deterministic token ids for models that route some layers by token id: token t of DP unit
+// `unit` is a hash of (seed, unit, t) reduced to [0, vocab). out: [num_tokens] int32.
+// REQUIRES: 1 <= vocab <= 2^31 - 1.
+void DummyTokenIds(uint64_t seed, int64_t unit, int64_t num_tokens, int64_t vocab, int32_t* out);
+
 // The plan options of the single-rank reference for `options`: the same backend, padding,
 // placement, redundant experts and modes, with every parallel size 1.
 PlanOptions SingleRankPlanOptions(const PlanOptions& options);

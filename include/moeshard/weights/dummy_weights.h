@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "moeshard/base/dtype.h"
 
@@ -51,6 +52,14 @@ enum class DummyKind {
 // The kind of a checkpoint tensor from its name and dtype (e.g. "...weight_scale_inv" -> kScale,
 // "...input_layernorm.weight" -> kNorm, an F8_E4M3 tensor -> kFp8).
 DummyKind DummyKindOf(std::string_view name, DType dtype);
+
+// The values of a dummy token -> experts table (DeepSeek-V4's `tid2eid` [vocab, k] int32, role
+// kHashTable): hashed bits would not be expert ids, so the dummy source writes these instead,
+// cycled over the table's flat index. Token id v gets row v % kDummyExpertTableRows, whose
+// slot j holds (7 r + j * floor(E / k)) % E: k distinct experts, every row shifted.
+// REQUIRES: 1 <= top_k <= num_experts. Returns [kDummyExpertTableRows * top_k] values.
+inline constexpr int64_t kDummyExpertTableRows = 61;
+std::vector<int64_t> DummyExpertTable(int64_t num_experts, int64_t top_k);
 
 // The per-tensor hash key (first line above).
 uint64_t DummyTensorKey(uint64_t seed, std::string_view name);

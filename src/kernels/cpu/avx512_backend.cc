@@ -965,6 +965,12 @@ inline __m512 Act(const ActivationParams& a, __m512 g, __m512 u) {
       return _mm512_mul_ps(_mm512_mul_ps(half_g, _mm512_add_ps(_mm512_set1_ps(1.0f), Tanh(inner))),
                            u);
     }
+    case Activation::kSwiGluClamp: {
+      const __m512 lim = _mm512_set1_ps(a.swiglu_limit);
+      g = _mm512_min_ps(g, lim);
+      u = _mm512_max_ps(_mm512_min_ps(u, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+      return _mm512_mul_ps(_mm512_mul_ps(g, Sigmoid(g)), u);
+    }
   }
   return _mm512_setzero_ps();
 }

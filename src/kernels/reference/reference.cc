@@ -37,6 +37,16 @@ std::vector<double> SoftmaxOf(const float* logits, int64_t n) {
   return prob;
 }
 
+// sqrt(softplus(x)) in double, softplus taken as x above 20 (torch's threshold).
+std::vector<double> SqrtSoftplusOf(const float* logits, int64_t n) {
+  std::vector<double> s(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) {
+    const double x = logits[e];
+    s[e] = std::sqrt(x > 20.0 ? x : std::log(1.0 + std::exp(x)));
+  }
+  return s;
+}
+
 int64_t LocalExpert(const int32_t* map, int32_t global) {
   return map == nullptr ? global : map[global];
 }
@@ -139,6 +149,38 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
           ids[i] = order[i];
           weights[i] =
               static_cast<float>(1.0 / (1.0 + std::exp(-lv[order[i]])) * p.routed_scaling_factor);
+        }
+        break;
+      }
+      case RoutingKind::kSqrtSoftplusTopK:
+      case RoutingKind::kSqrtSoftplusHash: {
+        const std::vector<double> score = SqrtSoftplusOf(logits, num_experts);
+        if (p.kind == RoutingKind::kSqrtSoftplusHash) {
+          // The table names the experts; no selection.
+          for (int64_t i = 0; i < p.top_k; ++i) {
+            ids[i] = p.hash_table[static_cast<int64_t>(a.token_ids[t]) * p.top_k + i];
+          }
+        } else {
+          // Selection by the biased score, summed in fp32 as the model code does.
+          std::vector<double> biased(score);
+          if (p.e_score_correction_bias != nullptr) {
+            for (int64_t e = 0; e < num_experts; ++e) {
+              biased[e] =
+                  static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
+            }
+          }
+          const std::vector<int32_t> order = SortedDescending(biased);
+          for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
+        }
+        double wsum = 0.0;
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          chosen_weight[i] = score[ids[i]];
+          wsum += chosen_weight[i];
+        }
+        for (int64_t i = 0; i < p.top_k; ++i) {
+          const double v =
+              p.renormalize ? chosen_weight[i] / std::max(wsum, 1e-20) : chosen_weight[i];
+          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
         }
         break;
       }

@@ -99,6 +99,13 @@ TEST(ReferenceActivation, KnownValues) {
   a.kind = Activation::kGeluTanhGated;
   EXPECT_NEAR(ApplyActivation(a, 1.0f, 2.0f), 1.6823840f, 1e-5);
   EXPECT_NEAR(ApplyActivation(a, -0.5f, 3.0f), -0.46285797f, 1e-6);
+  // DeepSeek-V4: gate clamped from above only, up both ways, no alpha, no +1.
+  a.kind = Activation::kSwiGluClamp;
+  a.swiglu_limit = 10.0f;
+  EXPECT_NEAR(ApplyActivation(a, 1.0f, 2.0f), 1.4621172f, 1e-5);      // as SwiGLU
+  EXPECT_NEAR(ApplyActivation(a, 12.0f, -11.0f), -99.995460f, 1e-3);  // 10 sigmoid(10) * -10
+  EXPECT_NEAR(ApplyActivation(a, -12.0f, 3.0f), -2.2119e-4f, 1e-7);   // gate not clamped below
+  EXPECT_NEAR(ApplyActivation(a, 3.0f, 25.0f), 28.577223f, 1e-4);     // 3 sigmoid(3) * 10
 }
 
 TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
