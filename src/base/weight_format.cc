@@ -52,6 +52,7 @@ const char* QuantLayoutName(QuantLayout layout) {
     case QuantLayout::kModelOpt: return "modelopt";
     case QuantLayout::kFp8PerChannel: return "fp8-per-channel";
     case QuantLayout::kFp8PerTensor: return "fp8-per-tensor";
+    case QuantLayout::kDeepseekV4: return "deepseek-v4";
   }
   return "?";
 }
@@ -66,6 +67,7 @@ QuantLeaves CheckpointLeaves(const WeightScheme& q) {
     case QuantLayout::kModelOpt: l.weight = "weight", l.global = "weight_scale_2"; break;
     case QuantLayout::kFp8PerChannel:
     case QuantLayout::kFp8PerTensor: l = {"weight", "weight_scale", "", "", "", ""}; break;
+    case QuantLayout::kDeepseekV4: l = {"weight", "scale", "", "", "", ""}; break;
     case QuantLayout::kCompressedTensors:
       if (q.format == WeightFormat::kFp8Block) l = {"weight", "weight_scale", "", "", "", ""};
       break;

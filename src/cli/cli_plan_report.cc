@@ -23,10 +23,6 @@ Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memo
     for (const auto& e : fs::directory_iterator(plan.model, ec)) {
       has_weights = has_weights || e.path().extension() == ".safetensors";
     }
-    if (has_weights && !in.model.family->checkpoint_unsupported.empty()) {
-      return UnimplementedError(
-          fmt::format("plan: '{}': {}", plan.model, in.model.family->checkpoint_unsupported));
-    }
     if (has_weights) {
       // Headers only: a 1.5 TB checkpoint is sized from a few kilobytes per shard.
       const auto start = std::chrono::steady_clock::now();

@@ -116,7 +116,6 @@ struct FamilyMatch {
   bool present = false;
   std::string family;
   std::string error;  // config or plan error
-  std::string unsupported;  // the family's reason its checkpoints cannot be read yet
   CheckpointSizing sizing;
 };
 
@@ -133,7 +132,6 @@ FamilyMatch MatchFamily(const std::string& path, const Checkpoint& ckpt) {
     return out;
   }
   out.family = std::string(model->family_name());
-  out.unsupported = std::string(model->family->checkpoint_unsupported);
   PlanOptions o;
   o.backend = "moeshard-cpu";  // one rank, no backend padding: the checkpoint as stored
   Result<ShardPlan> plan = BuildShardPlan(*model, o);
@@ -169,10 +167,6 @@ std::string FamilyText(const FamilyMatch& m) {
         "  multi-token prediction layer(s) {}: {} tensors, {} (loaded only for speculative "
         "decoding)\n",
         Ranges(s.mtp_layers), s.mtp_tensors, FormatBytes(s.mtp_bytes));
-  }
-  if (!m.unsupported.empty() && !s.unplaced.empty()) {
-    out += fmt::format("  {} tensors unplaced because the format is not supported yet: {}\n",
-                       FormatCount(static_cast<int64_t>(s.unplaced.size())), m.unsupported);
   }
   for (size_t i = 0; i < s.unplaced.size() && i < 20; ++i) {
     out += fmt::format("  not in the {} descriptor: {}\n", m.family, s.unplaced[i]);

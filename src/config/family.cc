@@ -114,6 +114,19 @@ int64_t ExtractIndex(std::string& name, std::string_view marker, std::string_vie
 
 }  // namespace
 
+int64_t MtpLayerOf(const ModelConfig& m, std::string_view name) {
+  const std::string_view prefix = m.family != nullptr ? m.family->mtp_prefix : std::string_view();
+  if (!prefix.empty() && name.substr(0, prefix.size()) == prefix) {
+    int64_t i = 0;
+    size_t p = prefix.size();
+    if (p >= name.size() || name[p] < '0' || name[p] > '9') return -1;
+    while (p < name.size() && name[p] >= '0' && name[p] <= '9') i = 10 * i + (name[p++] - '0');
+    return i < m.num_mtp_layers ? m.num_layers + i : -1;
+  }
+  const int64_t layer = KeyOfName(name).layer;
+  return layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers ? layer : -1;
+}
+
 NameKey KeyOfName(std::string_view name) {
   NameKey k;
   k.key = std::string(name);

@@ -40,6 +40,9 @@ struct Holder {
 struct ExpertPart {
   bool fused = false;      // [E, ...] over all experts
   bool split_by_i = true;  // part of the intermediate dimension (not the down bias or metadata)
+  // > 0: the bytes one expert's tensor takes in the rank layout, where the checkpoint stores it
+  // converted (AWQ zero points, E8M0 fp8 scales, ...): charged instead of the stored bytes.
+  int64_t rank_bytes = 0;
 };
 
 // Every checkpoint template of the family's routed experts in the plan's format.
@@ -60,11 +63,21 @@ std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& pla
     return out;
   }
   const QuantLeaves leaves = CheckpointLeaves(q);
+  const bool converted = q.quantized() && q.layout != QuantLayout::kNative;
+  const int64_t I = plan.intermediate.logical, H = plan.hidden.logical;
   for (const std::string* module : {&x.gate, &x.up, &x.down}) {
     if (module->empty()) continue;
-    out[*module + "." + std::string(leaves.weight)] = {false, true};
-    if (q.has_scales()) out[*module + "." + std::string(leaves.scale)] = {false, true};
-    if (q.has_zero_points()) out[*module + "." + std::string(leaves.zero)] = {false, true};
+    const int64_t rows = module == &x.down ? H : I, cols = module == &x.down ? I : H;
+    auto rank = [&](int64_t bytes) { return converted ? bytes : 0; };
+    out[*module + "." + std::string(leaves.weight)] = {false, true,
+                                                       rank(q.WeightBytes(rows, cols))};
+    if (q.has_scales()) {
+      out[*module + "." + std::string(leaves.scale)] = {false, true,
+                                                        rank(q.ScaleBytes(rows, cols))};
+    }
+    if (q.has_zero_points()) {
+      out[*module + "." + std::string(leaves.zero)] = {false, true, rank(q.ZeroBytes(rows, cols))};
+    }
     if (q.has_global_scale()) out[*module + "." + std::string(leaves.global)] = {false, false};
     if (!leaves.input.empty()) out[*module + "." + std::string(leaves.input)] = {false, false};
     if (!leaves.group_index.empty()) {
@@ -80,8 +93,11 @@ std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& pla
 // The checkpoint name a non-routed plan tensor is read from: its own, or for a part of a
 // quantized linear in another layout (AWQ's qweight for the rank's weight_packed, ...) the
 // layout's leaf.
-std::string CheckpointTemplate(const ShardPlan& plan, const TensorShard& s) {
-  if (!s.tied_source.empty()) return s.tied_source;
+// With `converted_only`, "" (never a plan name) for such a part even when the layout keeps the
+// rank's name (compressed-tensors' weight_zero_point), so callers can tell it is converted.
+std::string CheckpointTemplate(const ShardPlan& plan, const TensorShard& s,
+                               bool converted_only = false) {
+  if (!s.tied_source.empty()) return converted_only ? s.name : s.tied_source;
   const WeightScheme& q = plan.model.quant.scheme;
   if (!q.quantized() || q.layout == QuantLayout::kNative) return s.name;
   const WeightFormatSpec& f = q.spec();
@@ -100,6 +116,7 @@ std::string CheckpointTemplate(const ShardPlan& plan, const TensorShard& s) {
     case TensorPart::kGroupIndex:
     case TensorPart::kValue: return s.name;
   }
+  if (converted_only) return "";
   return s.name.substr(0, s.name.size() - rank_leaf.size()) + std::string(leaf);
 }
 
@@ -153,10 +170,10 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
     out.total_bytes += ct.bytes;
     ++out.num_tensors;
     const NameKey k = KeyOfName(ct.name);
-    if (k.layer >= m.num_layers && k.layer < m.num_layers + m.num_mtp_layers) {
+    if (const int64_t mtp = MtpLayerOf(m, ct.name); mtp >= 0) {
       ++out.mtp_tensors;
       out.mtp_bytes += ct.bytes;
-      mtp_layers.insert(k.layer);
+      mtp_layers.insert(mtp);
       continue;
     }
     const bool in_model = k.layer < m.num_layers;
@@ -172,7 +189,8 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
           }
           placed = true;
         } else if (!e->second.fused && k.expert >= 0 && k.expert < m.num_experts) {
-          charge_expert(k.layer, k.expert, static_cast<double>(ct.bytes), e->second.split_by_i);
+          const int64_t bytes = e->second.rank_bytes > 0 ? e->second.rank_bytes : ct.bytes;
+          charge_expert(k.layer, k.expert, static_cast<double>(bytes), e->second.split_by_i);
           placed = true;
         }
       } else if (auto p = plain.find(k.key); p != plain.end()) {
@@ -181,8 +199,12 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
           if (k.layer >= 0 && !std::binary_search(s.layers.begin(), s.layers.end(), k.layer)) {
             continue;
           }
+          // A part of a quantized linear stored in another layout takes the rank layout's
+          // bytes (the loader converts it); everything else its share of the stored bytes.
+          const bool converted = CheckpointTemplate(plan, s, true) != s.name;
           out.rank_bytes[static_cast<size_t>(h.rank)][CategoryIndex(s.category)] +=
-              static_cast<int64_t>(static_cast<double>(ct.bytes) * HeldFraction(s));
+              converted ? s.bytes / s.count()
+                        : static_cast<int64_t>(static_cast<double>(ct.bytes) * HeldFraction(s));
           placed = true;
         }
       }

@@ -286,10 +286,6 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
   switch (options.source) {
     case LoadOptions::Source::kDummy: break;
     case LoadOptions::Source::kCheckpoint: {
-      if (!plan.model.family->checkpoint_unsupported.empty()) {
-        return UnimplementedError(fmt::format("load: '{}': {}", plan.model.name,
-                                              plan.model.family->checkpoint_unsupported));
-      }
       if (options.checkpoint != nullptr) {
         loader->checkpoint_ = options.checkpoint;
       } else {
@@ -329,8 +325,7 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
       const ModelConfig& m = plan.model;
       for (const auto& [name, entry] : ckpt.tensors()) {
         if (names.count(name)) continue;
-        const int64_t layer = KeyOfName(name).layer;
-        if (layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers) {
+        if (MtpLayerOf(m, name) >= 0) {
           loader->mtp_.push_back(name);  // loaded only for speculative decoding
         } else {
           loader->unplaced_.push_back(name);

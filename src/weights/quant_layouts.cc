@@ -26,6 +26,7 @@ const char* SourceEncodingName(SourceEncoding encoding) {
     case SourceEncoding::kScalarF32: return "scalar-f32";
     case SourceEncoding::kRowScale: return "row-scale";
     case SourceEncoding::kTensorScale: return "tensor-scale";
+    case SourceEncoding::kE8M0ToF32: return "e8m0-to-f32";
   }
   return "?";
 }
@@ -94,6 +95,9 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
     case TensorPart::kWeight:
       if (awq) return {"qweight", DType::kI32, {in, CeilDiv(out, 8)}, E::kAwqCodes};
       if (gptq) return {"qweight", DType::kI32, {CeilDiv(in, 8), out}, E::kGptqCodes};
+      if (q.layout == QuantLayout::kDeepseekV4 && q.packed()) {  // the same bytes as I8
+        return {std::string(leaves.weight), DType::kI8, q.WeightShape(out, in), E::kDirect};
+      }
       // compressed-tensors (4-bit: U8, or the same bytes as I32 [out, in/8]; fp8), ModelOpt.
       return {std::string(leaves.weight), q.WeightDType(model_dtype), q.WeightShape(out, in),
               E::kDirect};
@@ -102,6 +106,10 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
       if (q.format == WeightFormat::kInt4Zp) {  // compressed-tensors: the model dtype
         return {"weight_scale", model_dtype, {out, groups},
                 model_dtype == DType::kBF16 ? E::kBf16ToF16 : E::kDirect};
+      }
+      if (q.layout == QuantLayout::kDeepseekV4) {
+        return {std::string(leaves.scale), DType::kF8E8M0, q.ScaleShape(out, in),
+                q.format == WeightFormat::kFp8Block ? E::kE8M0ToF32 : E::kDirect};
       }
       if (q.layout == QuantLayout::kFp8PerChannel) {
         return {std::string(leaves.scale), DType::kF32, {out, 1}, E::kRowScale};
@@ -248,6 +256,19 @@ Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const So
           std::memcpy(&v.bits, buf.data() + (r - a) * (ce - cb) + c * 2, 2);
           const fp16_t h = FloatToHalf(Bf16ToFloat(v));
           std::memcpy(out + (r - a) * stride + c * 2, &h, 2);
+        }
+      }
+      return Status::Ok();
+    }
+    case E::kE8M0ToF32: {
+      // View F32 [rows, blocks], bytes [cb, ce) = blocks [cb/4, ce/4); stored one byte a block.
+      const int64_t blocks = spec.view_shape[1];
+      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                                ReadRect(file, info, blocks, a, b, cb / 4, ce / 4));
+      for (int64_t r = a; r < b; ++r) {
+        for (int64_t c = 0; c < (ce - cb) / 4; ++c) {
+          const float v = E8M0ToFloat(static_cast<uint8_t>(buf[(r - a) * ((ce - cb) / 4) + c]));
+          std::memcpy(out + (r - a) * stride + c * 4, &v, 4);
         }
       }
       return Status::Ok();

@@ -141,6 +141,9 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
     EXPECT_TRUE(sizing.unplaced.empty()) << sizing.unplaced.size() << " unplaced, e.g. "
                                          << sizing.unplaced.front();
     EXPECT_EQ(sizing.placed_bytes, sizing.total_bytes);
+    // The rank's weights from the headers (converted parts at their rank-layout size) equal
+    // the plan from config.json.
+    EXPECT_EQ(sizing.RankTotal(0), plan1->ranks[0].WeightBytes());
   }
 
   for (const Topology& topo :

@@ -84,6 +84,9 @@ enum class ScaleLayout {
 //                       channel`): M.weight F8_E4M3 [out, in], M.weight_scale F32 [out, 1]
 //   kFp8PerTensor       fp8 with one scale per tensor (compressed-tensors `strategy: tensor`,
 //                       ModelOpt FP8): M.weight F8_E4M3 [out, in], M.weight_scale F32 [] or [1]
+//   kDeepseekV4         DeepSeek-V4's release: fp8 M.weight F8_E4M3 [out, in] with M.scale
+//                       F8_E8M0 [out/br, in/g] (powers of two, `scale_fmt: ue8m0`); MXFP4
+//                       experts M.weight I8 [out, in/2] with M.scale F8_E8M0 [out, in/32]
 // The two fp8 layouts are held as fp8-block with 1-row blocks as wide as the kernels' K block
 // (kFp8RowUniformGroup): the rank's scale tensor repeats each row's scale across its blocks,
 // so any split of either dimension keeps every scale whole (RowUniform()).
@@ -96,6 +99,7 @@ enum class QuantLayout {
   kModelOpt,
   kFp8PerChannel,
   kFp8PerTensor,
+  kDeepseekV4,
 };
 inline constexpr int64_t kFp8RowUniformGroup = 2048;
 const char* QuantLayoutName(QuantLayout layout);  // "native", "awq", "gptq", ...

@@ -172,10 +172,9 @@ struct FamilyDescriptor {
   bool nested_text_config = false;
   // dtype of compressed-tensors `weight_shape` tensors in this family's releases.
   DType shape_meta_dtype = DType::kI64;
-  // Non-empty: why this family's released checkpoints cannot be read yet (a storage format the
-  // weight-format table lacks). Loading one, or sizing a plan from its headers, is refused with
-  // this reason; plans from config.json and dummy weights are unaffected.
-  std::string_view checkpoint_unsupported = {};
+  // Non-empty: the release stores its multi-token-prediction layers under this prefix with
+  // their own index ("mtp.0." for DeepSeek-V4) instead of as layers num_hidden_layers + i.
+  std::string_view mtp_prefix = {};
   // Reads the family's keys into `c` (the common ones are read before: hidden_size,
   // num_hidden_layers, vocab_size, dtype, quantization).
   Status (*parse)(const ConfigFields& text, const ConfigFields& top, ModelConfig& c) = nullptr;
@@ -202,5 +201,11 @@ struct NameKey {
   int64_t expert = -1;
 };
 NameKey KeyOfName(std::string_view name);
+
+// The multi-token-prediction layer (num_hidden_layers + i) a checkpoint tensor of `m` belongs
+// to: "model.layers.{num_hidden_layers + i}." (DeepSeek-V3, GLM) or the family's mtp_prefix
+// "mtp.{i}." (DeepSeek-V4); -1 when it is not one.
+struct ModelConfig;
+int64_t MtpLayerOf(const ModelConfig& m, std::string_view name);
 
 }  // namespace moeshard

@@ -109,6 +109,7 @@ enum class SourceEncoding {
   kScalarF32,      // ModelOpt weight_scale_2 F32 [] (or [1]) -> F32 [1]
   kRowScale,       // per-channel fp8 weight_scale F32 [out, 1] -> F32 [out, blocks], repeated
   kTensorScale,    // per-tensor fp8 weight_scale F32 [] (or [1]) -> F32 [out, blocks], repeated
+  kE8M0ToF32,      // DeepSeek-V4 fp8 block scales F8_E8M0 -> F32 (2^(e - 127), exact)
 };
 // Whether every element of a view row of `encoding` is the same value (kRowScale, kTensorScale).
 bool RowUniformEncoding(SourceEncoding encoding);

@@ -50,14 +50,13 @@
 // DeepSeek-V4-Flash-Base). The router, the indexer's weights_proj and the compressors' wkv /
 // wgate are built unquantized (quant_config=None) and stored bf16.
 //
-// What moeshard cannot express yet (planned approximately, see docs/families.md): the release
-// spells the scale leaf `scale` (not `weight_scale_inv` / `weight_scale`) and stores the fp8
-// linears' scales as E8M0 bytes (`scale_fmt` "ue8m0", 1 byte per 128 x 128 block where
-// moeshard's fp8-block format plans an F32 `weight_scale_inv`, 4 bytes) and the MXFP4 experts
-// as an I8 `weight` with an F8_E8M0 `scale` (moeshard: U8 `weight_packed`, U8 `weight_scale`,
-// the same bytes). Plans from config.json are exact for every tensor except those fp8 scales
-// (3 bytes per block over-counted: ~0.02% of the fp8 bytes); loading a real checkpoint or
-// sizing from its headers needs the leaf spelling and the E8M0 fp8 scales as a weight format.
+// The release spells the scale leaf `scale` (not `weight_scale_inv` / `weight_scale`), stores
+// the fp8 linears' scales as E8M0 bytes (`scale_fmt` "ue8m0", 1 byte per 128 x 128 block) and
+// the MXFP4 experts as an I8 `weight` with an F8_E8M0 `scale`: the checkpoint layout
+// QuantLayout::kDeepseekV4, which the loader converts into the rank layout (the fp8 scales
+// widened to the F32 the CPU kernels read: the plan holds 4 bytes a block where the checkpoint
+// has 1, ~0.02% of the fp8 bytes). The MTP block is stored under `mtp.N.` (FamilyDescriptor::
+// mtp_prefix): reported as multi-token prediction, not loaded.
 //
 // The tensor list and dtypes are checked against the released index as a third-party Rust
 // crate freezes it for DeepSeek-V4-Flash-0731 (the same backbone; its DSpark draft replaces the
@@ -184,6 +183,12 @@ Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c)
   if (expert_dtype == "fp4" && c.quant.scheme.format == WeightFormat::kFp8Block) {
     c.quant.experts = WeightScheme::Default(WeightFormat::kMxfp4);
   }
+  // The release's leaves (`<module>.scale`), E8M0 fp8 block scales and I8-spelled MXFP4
+  // experts (base/weight_format.h QuantLayout::kDeepseekV4): the loader converts.
+  if (c.quant.scheme.format == WeightFormat::kFp8Block) {
+    c.quant.scheme.layout = QuantLayout::kDeepseekV4;
+    if (c.quant.experts) c.quant.experts->layout = QuantLayout::kDeepseekV4;
+  }
   return Status::Ok();
 }
 
@@ -293,13 +298,7 @@ const FamilyDescriptor& MoeshardFamily_deepseek_v4() {
           "DeepSeek-V4-Flash/Pro: compressed sparse MQA, mHC, sqrtsoftplus and hash "
           "routing, clamped SwiGLU",
       .text_prefix = "",
-      .checkpoint_unsupported =
-          "DeepSeek-V4 checkpoints name every scale `<module>.scale` and store the fp8 linears' "
-          "128 x 128 block scales as E8M0 bytes (scale_fmt ue8m0) and the MXFP4 experts as an I8 "
-          "`weight` with F8_E8M0 `scale`; moeshard's fp8-block format reads F32 "
-          "`weight_scale_inv` and its mxfp4 format U8 `weight_packed` / `weight_scale`, so these "
-          "checkpoints cannot be loaded or sized from their headers yet (plan from config.json, "
-          "or run with --load-format dummy)",
+      .mtp_prefix = "mtp.",
       .parse = Parse,
       .tensors = Tensors,
       .experts = Experts,
