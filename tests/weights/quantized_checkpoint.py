@@ -6,10 +6,10 @@ quantized_checkpoint_test.cc.
 usage: quantized_checkpoint.py LAYOUT SPEC_JSON OUT_DIR EXPECTED_FILE
 
 LAYOUT is one of awq, gptq, gptq_v2, ct-int4-asym, ct-nvfp4, modelopt-nvfp4, ct-fp8-channel,
-modelopt-fp8. SPEC_JSON holds
+modelopt-fp8, deepseek-v4. SPEC_JSON holds
 {"group": g, "plain": [{"name", "dtype", "shape"}, ...], "linears": [{"module", "out", "in"}]}:
 the unquantized tensors moeshard expects (filled with a byte pattern) and the quantized linears
-[out, in] by module name; OUT_DIR gets model.safetensors. Each linear's stored tensors are written here from this script's own
+[out, in] by module name, with their weight format where a layout has two (DeepSeek-V4); OUT_DIR gets model.safetensors. Each linear's stored tensors are written here from this script's own
 reading of each layout (names, dtypes, shapes, packing), and EXPECTED_FILE (safetensors) holds
 its dequantized values, F32 [out, in], under the module name. Layouts (sources):
   awq            AutoAWQ GEMM: qweight I32 [in, out/8] with output column order[i] of each eight
@@ -30,6 +30,9 @@ its dequantized values, F32 [out, in], under the module name. Layouts (sources):
                  weight_scale F32 [out, 1]; w = e4m3(q) * s[row]
   modelopt-fp8   ModelOpt FP8: weight F8_E4M3 [out, in], weight_scale F32 [] (one per tensor),
                  input_scale F32 []
+  deepseek-v4    DeepSeek-V4's release: fp8 linears weight F8_E4M3 [out, in] with scale F8_E8M0
+                 [out/128, in/128] (w = e4m3(q) * 2^(e - 127)); MXFP4 experts weight I8
+                 [out, in/2] (even column low nibble) with scale F8_E8M0 [out, in/32]
 Values come from a generator seeded by the module name; every value is exact in F32.
 """
 import json
@@ -38,8 +41,8 @@ import random
 import struct
 import sys
 
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I32": 4,
-               "I64": 8}
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+               "I32": 4, "I64": 8}
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -76,10 +79,27 @@ def pattern(name, n):
     return bytes((s + 7 * k + (k >> 8)) & 0xFF for k in range(n))
 
 
-def quantized(layout, module, out, inn, g):
+def quantized(layout, module, out, inn, g, fmt):
     """{name: (dtype, shape, bytes)} of one linear, and its dequantized rows."""
     rng = random.Random(module)
     t = {}
+    if layout == "deepseek-v4" and fmt == "fp8-block":
+        q = [[rng.randrange(0x7F) | (rng.randrange(2) << 7) for _ in range(inn)] for _ in range(out)]
+        rb, cb = (out + 127) // 128, (inn + 127) // 128
+        e = [[rng.randrange(118, 128) for _ in range(cb)] for _ in range(rb)]
+        deq = [[e4m3(q[o][i]) * 2.0 ** (e[o // 128][i // 128] - 127) for i in range(inn)]
+               for o in range(out)]
+        t[module + ".weight"] = ("F8_E4M3", [out, inn], bytes(c for r in q for c in r))
+        t[module + ".scale"] = ("F8_E8M0", [rb, cb], bytes(c for r in e for c in r))
+        return t, deq
+    if layout == "deepseek-v4":  # mxfp4 experts
+        q = [[rng.randrange(16) for _ in range(inn)] for _ in range(out)]
+        e = [[rng.randrange(118, 128) for _ in range(inn // 32)] for _ in range(out)]
+        deq = [[e2m1(q[o][i]) * 2.0 ** (e[o][i // 32] - 127) for i in range(inn)] for o in range(out)]
+        packed = bytes(q[o][i] | (q[o][i + 1] << 4) for o in range(out) for i in range(0, inn, 2))
+        t[module + ".weight"] = ("I8", [out, inn // 2], packed)
+        t[module + ".scale"] = ("F8_E8M0", [out, inn // 32], bytes(c for r in e for c in r))
+        return t, deq
     if layout in ("ct-nvfp4", "modelopt-nvfp4"):
         q = [[rng.randrange(16) for _ in range(inn)] for _ in range(out)]
         s = [[0x30 + rng.randrange(16) for _ in range(inn // 16)] for _ in range(out)]
@@ -178,7 +198,8 @@ def main():
             n *= d
         tensors[p["name"]] = (p["dtype"], p["shape"], pattern(p["name"], n))
     for lin in spec["linears"]:
-        t, deq = quantized(layout, lin["module"], lin["out"], lin["in"], spec["group"])
+        t, deq = quantized(layout, lin["module"], lin["out"], lin["in"], spec["group"],
+                           lin.get("format"))
         tensors.update(t)
         expected[lin["module"]] = ("F32", [lin["out"], lin["in"]],
                                    b"".join(struct.pack("<%df" % len(r), *r) for r in deq))

@@ -31,6 +31,7 @@ struct Case {
 struct Linear {
   std::string module;
   int64_t out = 0, in = 0;
+  std::string format;  // the weight format (a layout may hold two: DeepSeek-V4)
 };
 
 // Every quantized linear of the model (at TP1), by checkpoint module name.
@@ -48,7 +49,8 @@ std::vector<Linear> QuantizedLinears(const ShardPlan& p) {
     for (int64_t l : at) {
       const std::string name = ExpandName(s.name, l);
       out.push_back({name.substr(0, name.size() - leaf.size()), s.logical_shape[0],
-                     s.logical_shape[1] * (q.packed() ? 2 : 1)});
+                     s.logical_shape[1] * (q.packed() ? 2 : 1),
+                     std::string(WeightFormatName(q.format))});
     }
   }
   const ExpertLayout& x = p.experts;
@@ -56,9 +58,10 @@ std::vector<Linear> QuantizedLinears(const ShardPlan& p) {
   for (int64_t l = 0; l < p.model.num_layers; ++l) {
     if (!p.model.layers[static_cast<size_t>(l)].moe) continue;
     for (int64_t e = 0; e < p.model.num_experts; ++e) {
-      out.push_back({ExpandName(x.gate, l, e), I, H});
-      out.push_back({ExpandName(x.up, l, e), I, H});
-      out.push_back({ExpandName(x.down, l, e), H, I});
+      const std::string f(WeightFormatName(p.expert_scheme.format));
+      out.push_back({ExpandName(x.gate, l, e), I, H, f});
+      out.push_back({ExpandName(x.up, l, e), I, H, f});
+      out.push_back({ExpandName(x.down, l, e), H, I, f});
     }
   }
   return out;
@@ -90,15 +93,19 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
                          {"linears", nlohmann::json::array()}};
   for (const Linear& l : linears) {
     modules.insert(l.module);
-    spec["linears"].push_back({{"module", l.module}, {"out", l.out}, {"in", l.in}});
+    spec["linears"].push_back(
+        {{"module", l.module}, {"out", l.out}, {"in", l.in}, {"format", l.format}});
   }
   Result<std::vector<SourceTensorSpec>> specs = ExpectedCheckpointTensors(*plan1);
   ASSERT_TRUE(specs.ok()) << specs.status().message();
   int quantized_sources = 0;
-  const QuantLeaves leaves = CheckpointLeaves(q);
-  const std::set<std::string> quantized_leaves = {
-      std::string(leaves.weight), std::string(leaves.scale), std::string(leaves.zero),
-      std::string(leaves.global), "weight_shape"};
+  std::set<std::string> quantized_leaves = {"weight_shape"};
+  for (const WeightScheme* scheme : {&q, static_cast<const WeightScheme*>(&plan1->expert_scheme)}) {
+    const QuantLeaves leaves = CheckpointLeaves(*scheme);
+    for (std::string_view l : {leaves.weight, leaves.scale, leaves.zero, leaves.global}) {
+      if (!l.empty()) quantized_leaves.insert(std::string(l));
+    }
+  }
   for (const SourceTensorSpec& s : *specs) {
     const size_t dot = s.name.rfind('.');
     if (modules.count(s.name.substr(0, dot)) && quantized_leaves.count(s.name.substr(dot + 1))) {
@@ -161,10 +168,11 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
       const RankPlan& rp = plan->ranks[static_cast<size_t>(rank)];
       int64_t checked = 0;
       // The sibling tensor of `weight` (name ending in the weight leaf) for another leaf.
-      auto sibling = [&](const std::string& weight, std::string_view leaf) -> const void* {
+      auto sibling = [&](const WeightScheme& sq, const std::string& weight,
+                         std::string_view leaf) -> const void* {
         if (leaf.empty()) return nullptr;
         const std::string base =
-            weight.substr(0, weight.size() - q.spec().weight_leaf.size());
+            weight.substr(0, weight.size() - sq.spec().weight_leaf.size());
         const TensorBuffer* b = w->Find(base + std::string(leaf));
         EXPECT_NE(b, nullptr) << base << leaf;
         return b == nullptr ? nullptr : b->data.data();
@@ -186,23 +194,25 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
       }
       std::vector<float> row;
       for (const TensorShard& s : rp.tensors) {
-        if (s.part != TensorPart::kWeight || s.dtype != q.spec().weight_dtype) continue;
+        const WeightScheme& sq =
+            s.category == TensorCategory::kRoutedExperts ? plan->expert_scheme : q;
+        if (s.part != TensorPart::kWeight || s.dtype != sq.spec().weight_dtype) continue;
         for (int64_t l : s.layers.empty() ? std::vector<int64_t>{-1} : s.layers.vec()) {
           const std::string name = ExpandName(s.name, l);
           const TensorBuffer* b = w->Find(name);
           ASSERT_NE(b, nullptr) << name;
-          const auto* scales = sibling(name, q.spec().scale_leaf);
-          const auto* zeros = static_cast<const uint8_t*>(sibling(name, q.spec().zero_leaf));
-          const auto* globals = static_cast<const float*>(sibling(name, q.spec().global_leaf));
+          const auto* scales = sibling(sq, name, sq.spec().scale_leaf);
+          const auto* zeros = static_cast<const uint8_t*>(sibling(sq, name, sq.spec().zero_leaf));
+          const auto* globals = static_cast<const float*>(sibling(sq, name, sq.spec().global_leaf));
           if (s.category != TensorCategory::kRoutedExperts) {
-            const std::string module = name.substr(0, name.size() - q.spec().weight_leaf.size() - 1);
-            const int64_t per_byte = q.packed() ? 2 : 1;
+            const std::string module = name.substr(0, name.size() - sq.spec().weight_leaf.size() - 1);
+            const int64_t per_byte = sq.packed() ? 2 : 1;
             const int64_t rows = s.local_shape[0], cols = s.local_shape[1] * per_byte;
             const int64_t r0 = s.shard_dim == 0 ? s.shard_begin : 0;
             const int64_t c0 = s.shard_dim == 1 ? s.shard_begin * per_byte : 0;
             row.resize(static_cast<size_t>(cols));
             for (int64_t r = 0; r < rows; ++r) {
-              reference::DequantizeMatrixRow(q, b->data.data(), scales, rows, cols, r, row.data(),
+              reference::DequantizeMatrixRow(sq, b->data.data(), scales, rows, cols, r, row.data(),
                                              zeros, globals ? *globals : 1.0f);
               for (int64_t col = 0; col < cols; ++col) {
                 ASSERT_EQ(row[static_cast<size_t>(col)], want(module, r0 + r, c0 + col))
@@ -215,22 +225,22 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           // Routed experts: w13 [El, 2 I_pad, H_pad] (gate rows, then up at I_pad), w2
           // [El, H_pad, I_pad]; the rank's slice [ib, ie) of I.
           const bool w13 = s.role == TensorRole::kExpertsW13;
-          const int64_t rows = s.padded_shape[1], cols = s.padded_shape[2] * (q.packed() ? 2 : 1);
+          const int64_t rows = s.padded_shape[1], cols = s.padded_shape[2] * (sq.packed() ? 2 : 1);
           const int64_t Il = plan->intermediate.raw_local, Ip = plan->intermediate.padded_local;
           const int64_t H = plan->hidden.logical;
           const int64_t ib = rp.coords.moe_tp_rank * Il;
           row.resize(static_cast<size_t>(cols));
           for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
             const int64_t e = rp.expert_slots[slot];
-            const auto* d = b->data.data() + slot * rows * q.WeightRowBytes(cols);
-            const auto* sc = static_cast<const std::byte*>(scales) + slot * q.ScaleBytes(rows, cols);
-            const uint8_t* z = zeros ? zeros + slot * q.ZeroBytes(rows, cols) : nullptr;
+            const auto* d = b->data.data() + slot * rows * sq.WeightRowBytes(cols);
+            const auto* sc = static_cast<const std::byte*>(scales) + slot * sq.ScaleBytes(rows, cols);
+            const uint8_t* z = zeros ? zeros + slot * sq.ZeroBytes(rows, cols) : nullptr;
             for (int half = 0; half < (w13 ? 2 : 1); ++half) {
               const std::string module =
                   ExpandName(w13 ? (half ? plan->experts.up : plan->experts.gate) : plan->experts.down, l, e);
               const float gs = globals ? globals[w13 ? 2 * slot + half : slot] : 1.0f;
               for (int64_t r = 0; r < (w13 ? Il : H); ++r) {
-                reference::DequantizeMatrixRow(q, d, sc, rows, cols, (w13 ? half * Ip : 0) + r,
+                reference::DequantizeMatrixRow(sq, d, sc, rows, cols, (w13 ? half * Ip : 0) + r,
                                                row.data(), z, gs);
                 for (int64_t col = 0; col < (w13 ? H : Il); ++col) {
                   ASSERT_EQ(row[static_cast<size_t>(col)],
@@ -256,7 +266,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-qwen2-moe-nvfp4", "ct-nvfp4"},
                       Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"},
                       Case{"tiny-qwen2-moe-fp8-dynamic", "ct-fp8-channel"},
-                      Case{"tiny-qwen2-moe-modelopt-fp8", "modelopt-fp8"}),
+                      Case{"tiny-qwen2-moe-modelopt-fp8", "modelopt-fp8"},
+                      Case{"tiny-deepseek-v4", "deepseek-v4"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = info.param.layout;
       for (char& ch : n) {
