@@ -321,8 +321,7 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
       const ModelConfig& m = plan.model;
       for (const auto& [name, entry] : ckpt.tensors()) {
         if (names.count(name)) continue;
-        const int64_t layer = KeyOfName(name).layer;
-        if (layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers) {
+        if (IsMtpTensor(m, name)) {
           loader->mtp_.push_back(name);  // loaded only for speculative decoding
         } else {
           loader->unplaced_.push_back(name);
