@@ -259,6 +259,41 @@ TEST(ConfigErrorTest, Contradictions) {
   EXPECT_NE(e.find("'layer_types'"), std::string::npos) << e;
 }
 
+// The vision_config of Qwen3.5 and Llama-4: what the towers cannot be is an error naming the
+// field (the merger / projector feed the text model; Qwen3.5 has no deepstack mergers).
+TEST(ConfigErrorTest, VisionConfigs) {
+  std::string e = ErrorAfterEdit("qwen3.5-35b-a3b",
+                                 [](auto& j) { j["vision_config"]["out_hidden_size"] = 3584; });
+  EXPECT_NE(e.find("'vision_config.out_hidden_size'"), std::string::npos) << e;
+  EXPECT_NE(e.find("2048"), std::string::npos) << e;
+  e = ErrorAfterEdit("qwen3.5-35b-a3b", [](auto& j) {
+    j["vision_config"]["deepstack_visual_indexes"] = {8, 16, 24};
+  });
+  EXPECT_NE(e.find("'vision_config.deepstack_visual_indexes'"), std::string::npos) << e;
+  e = ErrorAfterEdit("qwen3.5-35b-a3b", [](auto& j) { j["vision_config"]["num_heads"] = 7; });
+  EXPECT_NE(e.find("'vision_config.hidden_size'"), std::string::npos) << e;
+  // Absent: transformers' defaults (out_hidden_size 3584), which do not fit this text model.
+  e = ErrorAfterEdit("qwen3.5-35b-a3b",
+                     [](auto& j) { j["vision_config"] = nlohmann::json::object(); });
+  EXPECT_NE(e.find("'vision_config.out_hidden_size'"), std::string::npos) << e;
+  EXPECT_EQ(ErrorAfterEdit("qwen3.5-35b-a3b", [](auto& j) { j.erase("vision_config"); }), "");
+
+  e = ErrorAfterEdit("llama-4-scout-17b-16e",
+                     [](auto& j) { j["vision_config"]["vision_output_dim"] = 7680; });
+  EXPECT_NE(e.find("'vision_config.vision_output_dim'"), std::string::npos) << e;
+  EXPECT_NE(e.find("4096"), std::string::npos) << e;
+  e = ErrorAfterEdit("llama-4-scout-17b-16e",
+                     [](auto& j) { j["vision_config"]["pixel_shuffle_ratio"] = 0.3; });
+  EXPECT_NE(e.find("'vision_config.pixel_shuffle_ratio'"), std::string::npos) << e;
+  e = ErrorAfterEdit("llama-4-scout-17b-16e",
+                     [](auto& j) { j["vision_config"]["image_size"] = 340; });
+  EXPECT_NE(e.find("'vision_config.image_size'"), std::string::npos) << e;
+  e = ErrorAfterEdit("llama-4-scout-17b-16e",
+                     [](auto& j) { j["vision_config"].erase("num_hidden_layers"); });
+  EXPECT_NE(e.find("'vision_config.num_hidden_layers'"), std::string::npos) << e;
+  EXPECT_EQ(ErrorAfterEdit("llama-4-scout-17b-16e", [](auto& j) { j.erase("vision_config"); }), "");
+}
+
 TEST(ConfigErrorTest, Quantization) {
   std::string e = ErrorAfterEdit("deepseek-v3", [](auto& j) {
     j["quantization_config"].erase("weight_block_size");

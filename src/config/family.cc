@@ -135,4 +135,20 @@ NameKey KeyOfName(std::string_view name) {
   return k;
 }
 
+bool IsMtpTensor(const ModelConfig& m, std::string_view name, int64_t* mtp_layer) {
+  const int64_t layer = KeyOfName(name).layer;
+  int64_t at = -1;
+  bool mtp = false;
+  if (m.family != nullptr && !m.family->mtp_prefix.empty() &&
+      name.substr(0, m.family->mtp_prefix.size()) == m.family->mtp_prefix) {
+    mtp = true;
+    if (layer >= 0) at = m.num_layers + layer;
+  } else if (layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers) {
+    mtp = true;
+    at = layer;
+  }
+  if (mtp && mtp_layer != nullptr) *mtp_layer = at;
+  return mtp;
+}
+
 }  // namespace moeshard

@@ -240,13 +240,13 @@ void AddSharedExpertGate(TensorList& t, const std::string& module,
            Quantizable::kNo, TensorRole::kSharedGateProj);
 }
 
-void AddGatedDeltaNet(TensorList& t, const std::vector<int64_t>& layers, bool split_projections) {
+void AddGatedDeltaNet(TensorList& t, const std::vector<int64_t>& layers, const GdnOptions& o) {
   const ModelConfig& c = t.config();
   const GdnConfig& g = c.gdn;
   using C = TensorCategory;
   const int64_t H = c.hidden_size, kd = g.key_dim(), vd = g.value_dim();
   const std::string p = "model.layers.{layer}.linear_attn.";
-  if (split_projections) {
+  if (o.split_projections) {
     // Qwen3.5: [q, k, v] in one projection (split per block), z, b and a apart.
     t.Linear(p + "in_proj_qkv", C::kAttention, 2 * kd + vd, H, TpSplit::kColumn, layers)
         .section_sizes = {kd, kd, vd};
@@ -263,19 +263,21 @@ void AddGatedDeltaNet(TensorList& t, const std::vector<int64_t>& layers, bool sp
            layers, c.dtype)
       .section_sizes = {kd, kd, vd};
   t.Vector(p + "dt_bias", C::kAttention, {g.num_v_heads}, TpSplit::kColumn, layers, c.dtype);
-  t.Vector(p + "A_log", C::kAttention, {g.num_v_heads}, TpSplit::kColumn, layers, DType::kF32);
-  t.Vector(p + "norm.weight", C::kAttention, {g.v_head_dim}, TpSplit::kReplicated, layers, c.dtype);
+  t.Vector(p + "A_log", C::kAttention, {g.num_v_heads}, TpSplit::kColumn, layers,
+           o.a_log_dtype.value_or(c.dtype));
+  t.Vector(p + "norm.weight", C::kAttention, {g.v_head_dim}, TpSplit::kReplicated, layers,
+           o.norm_dtype.value_or(c.dtype));
   t.Linear(p + "out_proj", C::kAttention, H, vd, TpSplit::kRow, layers);
 }
 
-void AddQwenHybridTensors(TensorList& t, bool split_projections) {
+void AddQwenHybridTensors(TensorList& t, const GdnOptions& o) {
   const ModelConfig& c = t.config();
   const std::vector<int64_t> moe = MoeLayers(c);
   AddEmbeddingsAndHead(t);
   AddLayerNorms(t);
   AddGqaAttention(t, LayersOf(c, AttentionKind::kGqa),
                   {.qk_norm = true, .q_gate = c.attn_output_gate});
-  AddGatedDeltaNet(t, LayersOf(c, AttentionKind::kGatedDeltaNet), split_projections);
+  AddGatedDeltaNet(t, LayersOf(c, AttentionKind::kGatedDeltaNet), o);
   AddGatedMlp(t, "model.layers.{layer}.mlp", TensorCategory::kDenseMlp, c.intermediate_size,
               DenseLayers(c));
   AddRouter(t, "model.layers.{layer}.mlp.gate", moe);
@@ -508,22 +510,26 @@ Status ParseMoonVit(const ConfigFields& top, ModelConfig& c) {
   return Status::Ok();
 }
 
+TensorDef& AddVisionTensor(TensorList& t, const std::string& name, std::vector<int64_t> shape,
+                           TpSplit split, int64_t heads, int64_t sections) {
+  TensorDef& d = t.Global(name, TensorCategory::kVision, std::move(shape), split,
+                          StagePlacement::kEveryStage, t.config().dtype);
+  if (split != TpSplit::kReplicated) {
+    d.split_heads = heads;
+    d.sections = sections;
+  }
+  return d;
+}
+
 void AddMoonVit(const ModelConfig& c, std::vector<TensorDef>& out) {
   const VisionConfig& v = c.vision;
   if (v.num_layers == 0) return;
   TensorList t(c, "");
-  using C = TensorCategory;
-  const auto every = StagePlacement::kEveryStage;
   const auto rep = TpSplit::kReplicated;
   const int64_t Hv = v.hidden_size, Q = v.qkv_hidden_size, Iv = v.intermediate_size;
-  // A tensor that is TP-split only when TP divides the heads.
   auto add = [&](const std::string& name, std::vector<int64_t> shape, TpSplit split,
                  int64_t sections = 1) {
-    TensorDef& d = t.Global(name, C::kVision, std::move(shape), split, every, c.dtype);
-    if (split != rep) {
-      d.split_heads = v.num_heads;
-      d.sections = sections;
-    }
+    AddVisionTensor(t, name, std::move(shape), split, v.num_heads, sections);
   };
   auto norm = [&](const std::string& module, int64_t width) {
     add(module + ".weight", {width}, rep);

@@ -106,11 +106,19 @@ void AddSharedExperts(TensorList& t, const std::string& module, const std::vecto
 void AddSharedExpertGate(TensorList& t, const std::string& module,
                          const std::vector<int64_t>& layers);
 
-// Gated DeltaNet on `layers`: Qwen3-Next's grouped in_proj_qkvz / in_proj_ba, or Qwen3.5's
-// in_proj_qkv (split per q / k / v block) and in_proj_z / _b / _a (`split_projections`).
-void AddGatedDeltaNet(TensorList& t, const std::vector<int64_t>& layers, bool split_projections);
+struct GdnOptions {
+  // Qwen3.5's in_proj_qkv (split per q / k / v block) and in_proj_z / _b / _a instead of
+  // Qwen3-Next's grouped in_proj_qkvz / in_proj_ba.
+  bool split_projections = false;
+  // Stored dtypes of A_log [num_v_heads] and the gated norm [v_head_dim], which differ between
+  // releases (nullopt: the model's dtype).
+  std::optional<DType> a_log_dtype = std::nullopt;
+  std::optional<DType> norm_dtype = std::nullopt;
+};
+// Gated DeltaNet on `layers`.
+void AddGatedDeltaNet(TensorList& t, const std::vector<int64_t>& layers, const GdnOptions& o);
 // Everything but the routed experts of a Qwen hybrid model (Qwen3-Next, Qwen3.5-MoE).
-void AddQwenHybridTensors(TensorList& t, bool split_projections);
+void AddQwenHybridTensors(TensorList& t, const GdnOptions& o);
 
 // The per-expert layout of DeepSeek-style checkpoints: `<moe>.experts.{expert}.<gate|up|down>`
 // with rank tensors `<moe>.experts.w13_*` (names relative to the text prefix).
@@ -166,6 +174,14 @@ ExpertLayout DeepseekExperts(const ModelConfig& c, const std::string& prefix);
 }  // namespace moeshard::family
 
 namespace moeshard::family {
+
+// A tensor of a vision tower or multimodal projector (category vision, without the text prefix,
+// loaded by every pipeline stage: no engine guards the tower by pipeline rank). `split` applies
+// only when TP divides `heads` (vLLM's default mm_encoder_tp_mode "weights"; otherwise the tower
+// runs data-parallel, replicated); `heads` 0: split whatever the TP. `sections`: equal blocks of
+// the split dimension split on their own (a fused q/k/v).
+TensorDef& AddVisionTensor(TensorList& t, const std::string& name, std::vector<int64_t> shape,
+                           TpSplit split, int64_t heads, int64_t sections = 1);
 
 // MoonViT (Kimi-K2.5, Kimi-K3): `vision_config` at the top level of config.json.
 Status ParseMoonVit(const ConfigFields& top, ModelConfig& c);

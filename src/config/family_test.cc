@@ -272,6 +272,117 @@ TEST(FamilyTest, Qwen35Moe) {
   EXPECT_EQ(x.fused_gate_up, "model.language_model.layers.{layer}.mlp.experts.gate_up_proj");
 }
 
+// The DeltaNet's A_log and gated norm as each release stores them (public header dumps,
+// tests/checkpoints/README.md): BF16 in Qwen3-Next-80B-A3B, F32 in Qwen3.5-35B-A3B.
+TEST(FamilyTest, QwenDeltaNetStoredDtypes) {
+  const auto next = ByName(Preset("qwen3-next-80b-a3b"));
+  EXPECT_EQ(next.at("model.layers.{layer}.linear_attn.A_log").dtype, DType::kBF16);
+  EXPECT_EQ(next.at("model.layers.{layer}.linear_attn.norm.weight").dtype, DType::kBF16);
+  const auto q35 = ByName(Preset("qwen3.5-35b-a3b"));
+  const std::string L = "model.language_model.layers.{layer}.linear_attn.";
+  EXPECT_EQ(q35.at(L + "A_log").dtype, DType::kF32);
+  EXPECT_EQ(q35.at(L + "norm.weight").dtype, DType::kF32);
+  EXPECT_EQ(q35.at(L + "dt_bias").dtype, DType::kBF16);
+  EXPECT_EQ(q35.at(L + "conv1d.weight").dtype, DType::kBF16);
+}
+
+// Which checkpoint tensors are multi-token-prediction weights: DeepSeek's decoder layer past
+// the last, Qwen's mtp.* (numbered after the decoder layers), nothing else.
+TEST(FamilyTest, MtpTensors) {
+  const ModelConfig ds = Preset("deepseek-v3");
+  int64_t layer = -2;
+  EXPECT_TRUE(IsMtpTensor(ds, "model.layers.61.eh_proj.weight", &layer));
+  EXPECT_EQ(layer, 61);
+  EXPECT_FALSE(IsMtpTensor(ds, "model.layers.60.mlp.gate.weight"));
+  EXPECT_FALSE(IsMtpTensor(ds, "mtp.fc.weight"));
+  const ModelConfig next = Preset("qwen3-next-80b-a3b");
+  EXPECT_TRUE(IsMtpTensor(next, "mtp.layers.0.mlp.experts.511.down_proj.weight", &layer));
+  EXPECT_EQ(layer, 48);
+  layer = -2;
+  EXPECT_TRUE(IsMtpTensor(next, "mtp.fc.weight", &layer));
+  EXPECT_EQ(layer, -1);
+  EXPECT_FALSE(IsMtpTensor(next, "model.layers.47.mlp.gate.weight"));
+  EXPECT_FALSE(IsMtpTensor(next, "model.mtp.fc.weight"));
+  EXPECT_TRUE(IsMtpTensor(Preset("qwen3.5-35b-a3b"), "mtp.norm.weight"));
+  // A vision tower's own layers are not past the decoder stack (Llama-4 has no MTP).
+  EXPECT_FALSE(
+      IsMtpTensor(Preset("llama-4-scout-17b-16e"), "vision_model.model.layers.33.mlp.fc1.weight"));
+}
+
+// Qwen3.5's vision tower (vLLM qwen3_vl.py Qwen3_VisionTransformer; the release's header dump:
+// 333 tensors under model.visual.): Conv3d patch embedding, position table, 27 blocks of 12,
+// the patch merger over 2 x 2 patches; split by head only when TP divides its 16 heads.
+TEST(FamilyTest, Qwen35VisionTower) {
+  const ModelConfig c = Preset("qwen3.5-35b-a3b");
+  EXPECT_EQ(c.vision.num_layers, 27);
+  EXPECT_EQ(c.vision.merge_tokens, 4);
+  const auto t = ByName(c);
+  int vision = 0;
+  for (const auto& [name, d] : t) {
+    if (d.category != TensorCategory::kVision) continue;
+    ++vision;
+    EXPECT_EQ(name.rfind("model.visual.", 0), 0u) << name;
+    EXPECT_EQ(d.where, StagePlacement::kEveryStage) << name;
+    EXPECT_EQ(d.split_heads, d.split == TpSplit::kReplicated ? 0 : 16) << name;
+  }
+  EXPECT_EQ(vision, 27 * 12 + 3 + 6);
+  EXPECT_EQ(t.at("model.visual.patch_embed.proj.weight").shape,
+            (std::vector<int64_t>{1152, 3, 2, 16, 16}));
+  EXPECT_EQ(t.at("model.visual.pos_embed.weight").shape, (std::vector<int64_t>{2304, 1152}));
+  const TensorDef& qkv = t.at("model.visual.blocks.26.attn.qkv.weight");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{3456, 1152}));
+  EXPECT_EQ(qkv.split, TpSplit::kColumn);
+  EXPECT_EQ(qkv.sections, 3);
+  EXPECT_EQ(t.at("model.visual.blocks.0.attn.proj.weight").split, TpSplit::kRow);
+  EXPECT_EQ(t.at("model.visual.blocks.0.attn.proj.bias").split, TpSplit::kReplicated);
+  EXPECT_EQ(t.at("model.visual.blocks.0.mlp.linear_fc1.bias").split, TpSplit::kColumn);
+  EXPECT_EQ(t.at("model.visual.merger.linear_fc1.weight").shape,
+            (std::vector<int64_t>{4608, 4608}));
+  EXPECT_EQ(t.at("model.visual.merger.linear_fc2.weight").shape,
+            (std::vector<int64_t>{2048, 4608}));
+  EXPECT_EQ(t.at("model.visual.merger.linear_fc2.weight").split, TpSplit::kRow);
+  EXPECT_EQ(c.family->mtp_prefix, "mtp.");
+}
+
+// Llama-4 Scout's vision tower (vLLM mllama4.py; names as the release stores them): 7 model-
+// level tensors, 34 layers of 16, the pixel-shuffle adapter and the projector, which is
+// column-parallel whatever the vision heads.
+TEST(FamilyTest, Llama4ScoutVisionTower) {
+  const ModelConfig c = Preset("llama-4-scout-17b-16e");
+  EXPECT_EQ(c.num_moe_layers(), 48);
+  EXPECT_EQ(c.num_experts, 16);
+  EXPECT_EQ(c.vision.num_positions, 24 * 24 + 1);
+  EXPECT_EQ(c.vision.merge_tokens, 4);
+  const auto t = ByName(c);
+  int vision = 0;
+  for (const auto& [name, d] : t) {
+    if (d.category == TensorCategory::kVision) ++vision;
+  }
+  EXPECT_EQ(vision, 7 + 34 * 16 + 2 + 1);
+  EXPECT_EQ(t.at("vision_model.patch_embedding.linear.weight").shape,
+            (std::vector<int64_t>{1408, 3 * 14 * 14}));
+  EXPECT_EQ(t.at("vision_model.positional_embedding_vlm").shape, (std::vector<int64_t>{577, 1408}));
+  const TensorDef& q = t.at("vision_model.model.layers.33.self_attn.q_proj.weight");
+  EXPECT_EQ(q.split, TpSplit::kColumn);
+  EXPECT_EQ(q.split_heads, 16);
+  EXPECT_EQ(t.at("vision_model.model.layers.0.self_attn.o_proj.bias").split, TpSplit::kReplicated);
+  EXPECT_EQ(t.at("vision_model.vision_adapter.mlp.fc1.weight").shape,
+            (std::vector<int64_t>{4096, 5632}));
+  EXPECT_EQ(t.at("vision_model.vision_adapter.mlp.fc2.weight").split, TpSplit::kRow);
+  EXPECT_EQ(t.count("vision_model.vision_adapter.mlp.fc1.bias"), 0u);
+  const TensorDef& proj = t.at("multi_modal_projector.linear_1.weight");
+  EXPECT_EQ(proj.shape, (std::vector<int64_t>{5120, 4096}));
+  EXPECT_EQ(proj.split, TpSplit::kColumn);
+  EXPECT_EQ(proj.split_heads, 0);
+  // Maverick: MoE on every second layer (1, 3, ..., 47), 128 experts, the same tower.
+  const ModelConfig mv = Preset("llama-4-maverick-17b-128e");
+  EXPECT_EQ(mv.num_moe_layers(), 24);
+  EXPECT_FALSE(mv.layers[0].moe);
+  EXPECT_TRUE(mv.layers[47].moe);
+  EXPECT_EQ(mv.num_experts, 128);
+  EXPECT_EQ(mv.vision.num_layers, 34);
+}
+
 // Llama-4 (vLLM llama4.py): top-1 sigmoid applied to the expert input, MoE every
 // interleave_moe_layer_step layers, fused input-major experts with gate columns first.
 TEST(FamilyTest, Llama4) {

@@ -14,6 +14,11 @@ std::string PresetDescription(const std::string& name) {
       {"mixtral-8x7b", "Mixtral-8x7B: 8 experts top-2, bf16"},
       {"gpt-oss-120b", "gpt-oss-120b: 128 experts top-4, MXFP4 experts with biases"},
       {"gpt-oss-20b", "gpt-oss-20b: 32 experts top-4, MXFP4 experts with biases"},
+      {"qwen3-next-80b-a3b", "Qwen3-Next-80B-A3B: 512 experts top-10, Gated DeltaNet, bf16"},
+      {"qwen3.5-35b-a3b", "Qwen3.5-35B-A3B: 256 experts top-8, Gated DeltaNet, bf16, ViT"},
+      {"llama-4-scout-17b-16e", "Llama-4-Scout: 109B MoE, 16 experts top-1 + shared, bf16, ViT"},
+      {"llama-4-maverick-17b-128e",
+       "Llama-4-Maverick: 400B MoE, 128 experts top-1 + shared every 2nd layer, bf16, ViT"},
   };
   auto it = kDescriptions.find(name);
   if (it != kDescriptions.end()) return it->second;

@@ -169,16 +169,27 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
   for (const CheckpointTensorInfo& ct : tensors) {
     out.total_bytes += ct.bytes;
     ++out.num_tensors;
-    const NameKey k = KeyOfName(ct.name);
-    if (const int64_t mtp = MtpLayerOf(m, ct.name); mtp >= 0) {
+    if (int64_t mtp_layer = -1; IsMtpTensor(m, ct.name, &mtp_layer)) {
       ++out.mtp_tensors;
       out.mtp_bytes += ct.bytes;
-      mtp_layers.insert(mtp);
+      if (mtp_layer >= 0) mtp_layers.insert(mtp_layer);
       continue;
     }
-    const bool in_model = k.layer < m.num_layers;
     bool placed = false;
-    if (in_model) {
+    // A non-layer plan tensor is matched by its whole name first: a vision tower's own block
+    // index reads like a decoder layer to KeyOfName (Llama-4's `vision_model.model.layers.5.*`).
+    if (auto p = plain.find(ct.name); p != plain.end()) {
+      for (const Holder& h : p->second) {
+        const TensorShard& s = *h.shard;
+        if (!s.layers.empty()) continue;
+        out.rank_bytes[static_cast<size_t>(h.rank)][CategoryIndex(s.category)] +=
+            static_cast<int64_t>(static_cast<double>(ct.bytes) * HeldFraction(s));
+        placed = true;
+      }
+    }
+    const NameKey k = KeyOfName(ct.name);
+    const bool in_model = k.layer < m.num_layers;
+    if (!placed && in_model) {
       if (auto e = expert_templates.find(k.key); e != expert_templates.end() && k.layer >= 0 &&
                                                  m.layers[static_cast<size_t>(k.layer)].moe) {
         if (e->second.fused && !ct.shape.empty() && ct.shape[0] == m.num_experts) {

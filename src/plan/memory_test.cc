@@ -165,5 +165,43 @@ TEST(MemoryTest, DeepseekV4CompressedKvByHand) {
   EXPECT_EQ(m.ranks[5].kv_bytes_per_token, m.ranks[0].kv_bytes_per_token);
 }
 
+// The releases of issue 14 against their published sizes (tests/checkpoints/README.md).
+TEST(MemoryTest, ParamCountsOfQwenHybridsAndLlama4) {
+  // Llama-4-Scout: Hugging Face declares 108,641,793,536 BF16 parameters (Meta: "109B total,
+  // 17B active"). Active: embeddings, head, every non-routed tensor of the 48 layers and one
+  // 8192-wide expert per layer; the vision tower runs on images, not per token.
+  ParamCounts s = CountParams(PlanOrDie(PresetOrDie("llama-4-scout-17b-16e"), Opts(8, 1, true)));
+  EXPECT_EQ(s.total, 108'641'793'536);
+  const int64_t H = 5120, V = 202048;
+  const int64_t attn = H * (40 + 8 + 8) * 128 + 40 * 128 * H, shared = 3 * 8192 * H;
+  EXPECT_EQ(s.active, 2 * V * H + H + 48 * (attn + 2 * H + 16 * H + shared + shared));
+  EXPECT_NEAR(s.active / 1e9, 17.2, 0.05);
+  // Maverick: Meta's "400B total, 17B active".
+  ParamCounts m =
+      CountParams(PlanOrDie(PresetOrDie("llama-4-maverick-17b-128e"), Opts(8, 1, true)));
+  EXPECT_NEAR(m.total / 1e9, 401.6, 0.1);
+  EXPECT_NEAR(m.active / 1e9, 17.2, 0.05);
+  // Qwen3.5-35B-A3B: the release's header dump counts 35,951,822,704 parameters, of which the
+  // MTP module (not planned) holds 844,640,768: fc [2048, 4096], three norms, and one layer of
+  // attention 27,263,488, norms 4,096, router 524,288, shared expert and gate 3,147,776, and 256
+  // experts of 3 x 512 x 2048.
+  const int64_t q35_mtp =
+      2048LL * 4096 + 3 * 2048 + 27'263'488 + 4096 + 524'288 + 3'147'776 + 256LL * 3 * 512 * 2048;
+  EXPECT_EQ(q35_mtp, 844'640'768);
+  ParamCounts q = CountParams(PlanOrDie(PresetOrDie("qwen3.5-35b-a3b"), Opts(4)));
+  EXPECT_EQ(q.total, 35'951'822'704 - q35_mtp);
+  // Active 3.45B here: moeshard counts the embedding table and the head (1.02B) as active;
+  // the release's "A3B" is about 3B.
+  EXPECT_NEAR(q.active / 1e9, 3.45, 0.01);
+  // Qwen3-Next-80B-A3B: 81,324,862,720 in the dump, 1,650,471,424 of them the MTP module (the
+  // same layer with 512 experts and a [512, 2048] router); NVIDIA's card: 3.9B active.
+  const int64_t next_mtp =
+      2048LL * 4096 + 3 * 2048 + 27'263'488 + 4096 + 1'048'576 + 3'147'776 + 512LL * 3 * 512 * 2048;
+  EXPECT_EQ(next_mtp, 1'650'471'424);
+  ParamCounts n = CountParams(PlanOrDie(PresetOrDie("qwen3-next-80b-a3b"), Opts(4)));
+  EXPECT_EQ(n.total, 81'324'862'720 - next_mtp);
+  EXPECT_NEAR(n.active / 1e9, 3.87, 0.01);
+}
+
 }  // namespace
 }  // namespace moeshard

@@ -115,5 +115,38 @@ TEST(PresetNumbersTest, DeepseekV4FlashMxfp4ExpertsFp8SharedTp8Ep) {
             43LL * (3 * 256 * 4096 + 3 * 2 * 32 * 4));
 }
 
+TEST(PresetNumbersTest, Llama4ScoutVisionTp8) {
+  // 16 vision heads divide TP 8: q/k/v (with biases), fc1 (with bias), the patch embedding and
+  // the adapter's fc1 by column, o_proj, fc2 and the adapter's fc2 by row, an eighth each; the
+  // projector [5120, 4096] column-parallel; class token, position table [577, 1408], norms and
+  // row-parallel biases whole. BF16.
+  const int64_t Hv = 1408, Iv = 5632;
+  const int64_t per_layer =
+      3 * (Hv * Hv + Hv) / 8 + Hv * Hv / 8 + Hv + (Iv * Hv + Iv) / 8 + Hv * Iv / 8 + Hv + 4 * Hv;
+  const int64_t rest =
+      Hv + 577 * Hv + Hv * 588 / 8 + 4 * Hv + 4096 * Iv / 8 + 4096 * 4096 / 8 + 5120 * 4096 / 8;
+  const ShardPlan p = PlanOrDie(PresetOrDie("llama-4-scout-17b-16e"), Opts(8, 1, true));
+  for (const RankPlan& r : p.ranks) {
+    EXPECT_EQ(r.BytesOf(TensorCategory::kVision), 2 * (34 * per_layer + rest));
+  }
+  // At TP 1 the whole tower: 871,932,416 parameters.
+  const ShardPlan one = PlanOrDie(PresetOrDie("llama-4-scout-17b-16e"), Opts(1, 1, true));
+  EXPECT_EQ(one.ranks[0].BytesOf(TensorCategory::kVision), 2 * 871'932'416LL);
+}
+
+TEST(PresetNumbersTest, Qwen35VisionTp4) {
+  // 16 heads divide TP 4: qkv [3456, 1152] (and its bias) a quarter of each of q, k and v,
+  // linear_fc1 [4304, 1152] and its bias, the merger's linear_fc1 [4608, 4608] and its bias by
+  // column; proj, linear_fc2 and the merger's linear_fc2 [2048, 4608] by row; patch embedding
+  // [1152, 3, 2, 16, 16] and its bias, pos_embed [2304, 1152], LayerNorms and row biases whole.
+  const int64_t Hv = 1152, Iv = 4304, M = 4608;
+  const int64_t per_block = (3 * Hv * Hv + 3 * Hv) / 4 + Hv * Hv / 4 + Hv + (Iv * Hv + Iv) / 4 +
+                            Hv * Iv / 4 + Hv + 4 * Hv;
+  const int64_t rest =
+      Hv * 3 * 2 * 16 * 16 + Hv + 2304 * Hv + 2 * Hv + (M * M + M) / 4 + 2048 * M / 4 + 2048;
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3.5-35b-a3b"), Opts(4));
+  EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kVision), 2 * (27 * per_block + rest));
+}
+
 }  // namespace
 }  // namespace moeshard

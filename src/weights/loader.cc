@@ -325,7 +325,7 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
       const ModelConfig& m = plan.model;
       for (const auto& [name, entry] : ckpt.tensors()) {
         if (names.count(name)) continue;
-        if (MtpLayerOf(m, name) >= 0) {
+        if (IsMtpTensor(m, name)) {
           loader->mtp_.push_back(name);  // loaded only for speculative decoding
         } else {
           loader->unplaced_.push_back(name);

@@ -7,8 +7,11 @@ Writes the copy into WORKDIR/RELEASE (cut to N layers, or all of them), then che
 would run them:
   * `moeshard inspect DIR` validates every shard, and its family descriptor places every tensor
     (a multi-token-prediction layer is reported as such, not as unplaced);
-  * `moeshard plan --model DIR` over several topologies: every tensor placed, and on every rank
-    the weights sized from the headers equal the plan from the directory's config.json;
+  * `moeshard plan --model DIR` over several topologies: every tensor placed, the
+    multi-token-prediction tensors reported as such (counted here from the names), on every rank
+    the weights sized from the headers equal the plan from the directory's config.json, and where
+    the release has a vision tower, rank 0's vision bytes equal those computed here from the
+    headers with the engines' split rules (VISION_RULES);
   * a plan that does not fit exits 3 with its verdict (and advice where a change fits), never
     a crash;
   * `moeshard build --no-fill` maps every tensor the plan needs on every rank of a topology,
@@ -46,7 +49,71 @@ TOPOLOGIES = {
     "glm-4.5-air": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "4", "-pp", "2", "-ep"]],
     "minimax-m2": [["-tp", "8", "-ep"], ["-tp", "4", "-ep"], ["-tp", "4", "-pp", "2", "-ep"]],
     "deepseek-v4-flash": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "4", "-pp", "2", "-ep"]],
+    "qwen3-next-80b-a3b": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "2", "-pp", "2", "-ep"]],
+    "qwen3.5-35b-a3b": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "2", "-pp", "2", "-ep"]],
+    "llama-4-scout-17b-16e": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "2", "-pp", "2", "-ep"]],
 }
+
+# The text model's decoder layers, by checkpoint prefix (a vision tower's own "layers." do not
+# count: Llama-4's vision_model.model.layers.N).
+TEXT_LAYER_PREFIXES = ("model.layers.", "language_model.model.layers.",
+                       "model.language_model.layers.")
+
+
+def expected_mtp(names, num_layers):
+    """Multi-token-prediction tensors in a checkpoint, counted here from the names alone:
+    decoder-layer indices past num_hidden_layers (DeepSeek-V3, GLM-4.5) and Qwen's mtp.*."""
+    n = 0
+    for name in names:
+        if name.startswith("mtp."):
+            n += 1
+            continue
+        for p in TEXT_LAYER_PREFIXES:
+            if name.startswith(p):
+                if int(name[len(p):].split(".")[0]) >= num_layers:
+                    n += 1
+                break
+    return n
+
+
+# Vision tower and projector, per release: the checkpoint prefixes, the name suffixes the
+# engines split over TP (only when TP divides the vision heads; vLLM's default encoder mode),
+# the ones split whatever the heads, and the config key of the head count. Written from the
+# engines' code (vLLM kimi_k25_vit.py, qwen3_vl.py, mllama4.py), independently of moeshard.
+VISION_RULES = {
+    "kimi-k3": (("vision_tower.", "mm_projector."),
+                ("wqkv.weight", "wqkv.bias", "wo.weight", "mlp.fc0.weight", "mlp.fc0.bias",
+                 "mlp.fc1.weight"), (), "vt_num_attention_heads"),
+    "kimi-k2.5": (("vision_tower.", "mm_projector."),
+                  ("wqkv.weight", "wqkv.bias", "wo.weight", "mlp.fc0.weight", "mlp.fc0.bias",
+                   "mlp.fc1.weight"), (), "vt_num_attention_heads"),
+    "qwen3.5-35b-a3b": (("model.visual.",),
+                        ("attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+                         "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight",
+                         "merger.linear_fc1.weight", "merger.linear_fc1.bias",
+                         "merger.linear_fc2.weight"), (), "num_heads"),
+    "llama-4-scout-17b-16e": (("vision_model.", "multi_modal_projector."),
+                              ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+                               "v_proj.weight", "v_proj.bias", "o_proj.weight",
+                               "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight",
+                               "patch_embedding.linear.weight"),
+                              ("multi_modal_projector.linear_1.weight",), "num_attention_heads"),
+}
+
+
+def vision_rank_bytes(release, headers, cfg, tp):
+    """Bytes of the vision tower and projector on one rank of TP `tp`, from the headers."""
+    prefixes, by_heads, always, heads_key = VISION_RULES[release]
+    heads = cfg["vision_config"][heads_key]
+    total = 0
+    for name, (_, _, nbytes) in headers.items():
+        if not name.startswith(prefixes):
+            continue
+        split = (name in always) or (heads % tp == 0 and name.endswith(by_heads))
+        if split and nbytes % tp:
+            raise Fail(f"{name}: {nbytes} bytes do not split {tp} ways")
+        total += nbytes // tp if split else nbytes
+    return total
 
 
 class Fail(Exception):
@@ -73,7 +140,7 @@ def check_inspect(m, d):
     return fam
 
 
-def check_plan(m, d, topo, cfg_mtp):
+def check_plan(m, d, topo, mtp_tensors):
     p = run([m, "plan", "--model", d, *topo, "--gpu-memory", "100000", "--format", "json"])
     j = json.loads(p.stdout)
     c = j["checkpoint"]
@@ -82,9 +149,9 @@ def check_plan(m, d, topo, cfg_mtp):
     if c["placed_bytes"] + c["mtp"]["bytes"] != c["bytes"]:
         raise Fail(f"plan {topo}: placed {c['placed_bytes']} + mtp {c['mtp']['bytes']} != "
                    f"{c['bytes']} checkpoint bytes")
-    if bool(c["mtp"]["tensors"]) != bool(cfg_mtp):
-        raise Fail(f"plan {topo}: multi-token prediction tensors {c['mtp']} but config says "
-                   f"num_nextn_predict_layers {cfg_mtp}")
+    if c["mtp"]["tensors"] != mtp_tensors:
+        raise Fail(f"plan {topo}: moeshard reports {c['mtp']['tensors']} multi-token "
+                   f"prediction tensors, the checkpoint names {mtp_tensors}")
     for r in c["ranks"]:
         if r["weights_from_headers"] != r["weights_from_config"]:
             raise Fail(f"plan {topo} rank {r['rank']}: weights from the headers "
@@ -233,11 +300,21 @@ def main():
         with open(os.path.join(d, "config.json")) as f:
             cfg = json.load(f)
         text = cfg.get("text_config", cfg)
-        mtp = text.get("num_nextn_predict_layers", 0)
+        headers = read_headers(d)
+        mtp = expected_mtp(headers, text["num_hidden_layers"])
+        if text.get("num_nextn_predict_layers", 0) and not mtp:
+            raise Fail("the config has num_nextn_predict_layers but the copy no MTP layer")
         m = a.moeshard
         fam = check_inspect(m, d)
         for topo in TOPOLOGIES[a.release]:
             j = check_plan(m, d, topo, mtp)
+            if a.release in VISION_RULES:
+                tp = int(topo[topo.index("-tp") + 1])
+                want = vision_rank_bytes(a.release, headers, cfg, tp)
+                got = j["ranks"][0]["bytes"].get("vision", 0)
+                if got != want:
+                    raise Fail(f"plan {topo} rank 0: vision {got} bytes, {want} by the engines' "
+                               f"split rules")
         check_does_not_fit(m, d)
         topo = TOPOLOGIES[a.release][0]
         world = 1
@@ -252,9 +329,10 @@ def main():
         return 1
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    extra = ", vision bytes by the engines' rules" if a.release in VISION_RULES else ""
     print(f"{a.release}{f' ({a.layers} layers)' if a.layers else ''}: inspect ({fam['family']}), "
           f"plan over {len(TOPOLOGIES[a.release])} topologies (every tensor placed, headers == "
-          f"config), does-not-fit exit 3, build --no-fill: ok")
+          f"config, {mtp} MTP tensors{extra}), does-not-fit exit 3, build --no-fill: ok")
     return 0
 
 

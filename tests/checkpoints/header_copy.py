@@ -734,6 +734,308 @@ def build_minimax_m2(cfg: dict) -> list[Tensor]:
 
 
 # ---------------------------------------------------------------------------------------
+# Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct) and Qwen3.5-35B-A3B
+# (Qwen/Qwen3.5-35B-A3B): tensor names, dtypes and shapes as public header dumps of the two
+# releases list them (README.md, "Sources"), with the module names of vLLM's qwen3_next.py,
+# qwen3_next_mtp.py, qwen3_5.py and qwen3_vl.py.
+# ---------------------------------------------------------------------------------------
+
+def _qwen_full_attention(p: str, cfg: dict) -> list[tuple]:
+    # Gated attention: q_proj holds q and the per-head output gate (2 x heads x head_dim rows);
+    # q_norm / k_norm over head_dim.  All BF16.
+    H, nh, kv, hd = (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                     cfg["head_dim"])
+    a = p + "self_attn."
+    return [(a + "q_proj.weight", "BF16", (2 * nh * hd, H)),
+            (a + "k_proj.weight", "BF16", (kv * hd, H)),
+            (a + "v_proj.weight", "BF16", (kv * hd, H)),
+            (a + "o_proj.weight", "BF16", (H, nh * hd)),
+            (a + "q_norm.weight", "BF16", (hd,)),
+            (a + "k_norm.weight", "BF16", (hd,))]
+
+
+def _qwen_gated_deltanet(p: str, cfg: dict, split: bool, small_dtype: str) -> list[tuple]:
+    # Qwen3-Next: in_proj_qkvz [2 kd + 2 vd, H] and in_proj_ba [2 nv, H]; Qwen3.5: in_proj_qkv
+    # [2 kd + vd, H], in_proj_z [vd, H], in_proj_b / in_proj_a [nv, H].  The depthwise conv over
+    # [q, k, v] is BF16 in both; A_log [nv] and the gated norm [v_head_dim] are BF16 in
+    # Qwen3-Next and F32 in Qwen3.5 (the dumps), dt_bias [nv] BF16 in both.
+    H, nk, nv = cfg["hidden_size"], cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    kd, vd = nk * cfg["linear_key_head_dim"], nv * cfg["linear_value_head_dim"]
+    a = p + "linear_attn."
+    t = [(a + "dt_bias", "BF16", (nv,)), (a + "A_log", small_dtype, (nv,)),
+         (a + "conv1d.weight", "BF16", (2 * kd + vd, 1, cfg["linear_conv_kernel_dim"]))]
+    if split:
+        t += [(a + "in_proj_qkv.weight", "BF16", (2 * kd + vd, H)),
+              (a + "in_proj_z.weight", "BF16", (vd, H)),
+              (a + "in_proj_b.weight", "BF16", (nv, H)),
+              (a + "in_proj_a.weight", "BF16", (nv, H))]
+    else:
+        t += [(a + "in_proj_qkvz.weight", "BF16", (2 * kd + 2 * vd, H)),
+              (a + "in_proj_ba.weight", "BF16", (2 * nv, H))]
+    t += [(a + "norm.weight", small_dtype, (cfg["linear_value_head_dim"],)),
+          (a + "out_proj.weight", "BF16", (H, vd))]
+    return t
+
+
+def _qwen_moe_block(p: str, cfg: dict, fused: bool) -> list[tuple]:
+    # Router mlp.gate [E, H], experts (per expert [I, H] / [H, I], or fused out-major as Qwen3.5
+    # stores its bf16 layers: gate_up_proj [E, 2I, H], down_proj [E, H, I]), one shared expert
+    # and its [1, H] sigmoid gate.  All BF16.
+    H, E = cfg["hidden_size"], cfg["num_experts"]
+    I, S = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    m = p + "mlp."
+    t = [(m + "gate.weight", "BF16", (E, H))]
+    if fused:
+        t += [(m + "experts.gate_up_proj", "BF16", (E, 2 * I, H)),
+              (m + "experts.down_proj", "BF16", (E, H, I))]
+    else:
+        for e in range(E):
+            x = f"{m}experts.{e}."
+            t += [(x + "gate_proj.weight", "BF16", (I, H)), (x + "up_proj.weight", "BF16", (I, H)),
+                  (x + "down_proj.weight", "BF16", (H, I))]
+    t += [(m + "shared_expert.gate_proj.weight", "BF16", (S, H)),
+          (m + "shared_expert.up_proj.weight", "BF16", (S, H)),
+          (m + "shared_expert.down_proj.weight", "BF16", (H, S)),
+          (m + "shared_expert_gate.weight", "BF16", (1, H))]
+    return t
+
+
+def _qwen_hybrid_layer(p: str, li: int, cfg: dict, split: bool, small_dtype: str,
+                       fused: bool) -> list[tuple]:
+    H = cfg["hidden_size"]
+    if "layer_types" in cfg:
+        full = cfg["layer_types"][li] == "full_attention"
+    else:
+        full = (li + 1) % cfg.get("full_attention_interval", 4) == 0
+    t = (_qwen_full_attention(p, cfg) if full
+         else _qwen_gated_deltanet(p, cfg, split, small_dtype))
+    t += _qwen_moe_block(p, cfg, fused)
+    t += [(p + "input_layernorm.weight", "BF16", (H,)),
+          (p + "post_attention_layernorm.weight", "BF16", (H,))]
+    return t
+
+
+def _qwen_mtp(cfg: dict) -> list[Tensor]:
+    # The multi-token-prediction module both releases store under `mtp.` (vLLM
+    # qwen3_next_mtp.py; Qwen3.5 has mtp_num_hidden_layers 1): fc [H, 2H] over the normed
+    # embedding and hidden state, pre_fc_norm_embedding / pre_fc_norm_hidden, one decoder layer
+    # with gated full attention and a per-expert MoE block (Qwen3.5 too: its MTP experts are not
+    # fused), and a final norm.  All BF16.  Tagged ("mtp_apart",): kept unchanged in a cut copy.
+    H = cfg["hidden_size"]
+    t = [("mtp.fc.weight", "BF16", (H, 2 * H)),
+         ("mtp.pre_fc_norm_embedding.weight", "BF16", (H,)),
+         ("mtp.pre_fc_norm_hidden.weight", "BF16", (H,))]
+    mcfg = dict(cfg, layer_types=["full_attention"])
+    t += _qwen_hybrid_layer("mtp.layers.0.", 0, mcfg, False, "BF16", fused=False)
+    t += [("mtp.norm.weight", "BF16", (H,))]
+    return [(n, d, s, ("mtp_apart",)) for n, d, s in t]
+
+
+def build_qwen3_next(cfg: dict) -> list[Tensor]:
+    H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    out: list[Tensor] = [("model.embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        out += [(n, d, s, ("layer", li)) for n, d, s in
+                _qwen_hybrid_layer(f"model.layers.{li}.", li, cfg, False, "BF16", fused=False)]
+    out += [("model.norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    return out + _qwen_mtp(cfg)
+
+
+def shard_qwen3_next(tensors: list[Tensor], n_shards: int) -> list[int]:
+    # The dump: embed_tokens in shard 1, model.norm and lm_head in 40, every mtp.* tensor (1,553)
+    # in 41, the decoder layers across 1-40 ("Multi Files").  Everything but the MTP module is
+    # filled into shards 1-40 in model order with about equal bytes (the per-tensor split inside
+    # 1-40 is not published).
+    main = [t for t in tensors if t[3][0] != "mtp_apart"]
+    fill = iter(shard_balanced(main, n_shards - 1))
+    return [n_shards - 1 if t[3][0] == "mtp_apart" else next(fill) for t in tensors]
+
+
+def build_qwen3_5_moe(cfg: dict) -> list[Tensor]:
+    tc = cfg["text_config"]
+    H, V, L = tc["hidden_size"], tc["vocab_size"], tc["num_hidden_layers"]
+    p = "model.language_model."
+    out: list[Tensor] = [(p + "embed_tokens.weight", "BF16", (V, H), ("model",))]
+    for li in range(L):
+        out += [(n, d, s, ("layer", li)) for n, d, s in
+                _qwen_hybrid_layer(f"{p}layers.{li}.", li, tc, True, "F32", fused=True)]
+    out += [(p + "norm.weight", "BF16", (H,), ("model",)),
+            ("lm_head.weight", "BF16", (V, H), ("model",))]
+    # The vision tower (Qwen3_VisionTransformer in vLLM qwen3_vl.py; the dump lists 333 vision
+    # tensors, all BF16): Conv3d patch embedding with bias, a learned position table, `depth`
+    # blocks of LayerNorms, fused qkv, proj and a two-layer MLP with biases, and the patch merger
+    # over spatial_merge_size^2 patches.  No deepstack mergers (deepstack_visual_indexes []).
+    vc = cfg["vision_config"]
+    Hv, Iv = vc["hidden_size"], vc["intermediate_size"]
+    M = Hv * vc["spatial_merge_size"] ** 2
+    ps, tps = vc["patch_size"], vc["temporal_patch_size"]
+    v = "model.visual."
+    vt = ("vision",)
+    out += [(v + "patch_embed.proj.weight", "BF16", (Hv, vc["in_channels"], tps, ps, ps), vt),
+            (v + "patch_embed.proj.bias", "BF16", (Hv,), vt),
+            (v + "pos_embed.weight", "BF16", (vc["num_position_embeddings"], Hv), vt)]
+    for b in range(vc["depth"]):
+        k = f"{v}blocks.{b}."
+        out += [(k + "norm1.weight", "BF16", (Hv,), vt), (k + "norm1.bias", "BF16", (Hv,), vt),
+                (k + "norm2.weight", "BF16", (Hv,), vt), (k + "norm2.bias", "BF16", (Hv,), vt),
+                (k + "attn.qkv.weight", "BF16", (3 * Hv, Hv), vt),
+                (k + "attn.qkv.bias", "BF16", (3 * Hv,), vt),
+                (k + "attn.proj.weight", "BF16", (Hv, Hv), vt),
+                (k + "attn.proj.bias", "BF16", (Hv,), vt),
+                (k + "mlp.linear_fc1.weight", "BF16", (Iv, Hv), vt),
+                (k + "mlp.linear_fc1.bias", "BF16", (Iv,), vt),
+                (k + "mlp.linear_fc2.weight", "BF16", (Hv, Iv), vt),
+                (k + "mlp.linear_fc2.bias", "BF16", (Hv,), vt)]
+    out += [(v + "merger.norm.weight", "BF16", (Hv,), vt),
+            (v + "merger.norm.bias", "BF16", (Hv,), vt),
+            (v + "merger.linear_fc1.weight", "BF16", (M, M), vt),
+            (v + "merger.linear_fc1.bias", "BF16", (M,), vt),
+            (v + "merger.linear_fc2.weight", "BF16", (vc["out_hidden_size"], M), vt),
+            (v + "merger.linear_fc2.bias", "BF16", (vc["out_hidden_size"],), vt)]
+    return out + _qwen_mtp(tc)
+
+
+def shard_size_sorted(tensors: list[Tensor], n_shards: int, limit: int = 5 * 2**30) -> list[int]:
+    """Qwen3.5-35B-A3B's layout: tensors taken largest first (model order among equal sizes)
+    and packed greedily into shards of at most `limit` bytes.  With 5 GiB it reproduces every
+    per-tensor-family shard the public dump of the release lists (README.md): the 40 fused
+    gate_up_proj in shards 1-8, embed_tokens and lm_head with 6 down_proj in 9, 10 down_proj in
+    each of 10-12, the last 4 with the 8-33 MB tensors (in_proj_qkv/_z, out_proj, q/o_proj, the
+    vision MLPs, the merger, mtp.fc and the MTP q/o_proj) and 5 of the 27 vision qkv in 13,
+    everything smaller in 14.  Which layer's tensor lands where among equal sizes is not
+    published."""
+    order = sorted(range(len(tensors)), key=lambda i: -nbytes(tensors[i][1], tensors[i][2]))
+    out = [0] * len(tensors)
+    shard, used = 0, 0
+    for i in order:
+        n = nbytes(tensors[i][1], tensors[i][2])
+        if used and used + n > limit:
+            shard, used = shard + 1, 0
+        out[i] = shard
+        used += n
+    if shard != n_shards - 1:
+        raise AssertionError(f"size-sorted packing gave {shard + 1} shards, expected {n_shards}")
+    return out
+
+
+def cut_qwen3_5_moe(cfg: dict, n: int) -> None:
+    tc = cfg["text_config"]
+    tc["num_hidden_layers"] = n
+    tc["layer_types"] = tc["layer_types"][:n]
+
+
+def _names_qwen3_5(i: int, n: int) -> str:
+    # Qwen3.5's shard names (the dump): model.safetensors-00001-of-00014.safetensors ...
+    return f"model.safetensors-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+# ---------------------------------------------------------------------------------------
+# Llama-4-Scout-17B-16E (meta-llama/Llama-4-Scout-17B-16E)
+#
+# Names as vLLM mllama4.py / llama4.py load them and transformers' Llama4ForConditionalGeneration
+# saves them (vision_model.*, multi_modal_projector.*, language_model.*), every tensor BF16: the
+# Instruct release declares 108,641,793,536 parameters, all BF16 (HF model API
+# safetensors.parameters.BF16), which the generator reproduces exactly.  Tensor order is the
+# model's state_dict order (vision tower, projector, text model), the order save_pretrained
+# fills shards in.
+# ---------------------------------------------------------------------------------------
+
+def build_llama4(cfg: dict) -> list[Tensor]:
+    vc, tc = cfg["vision_config"], cfg["text_config"]
+    out: list[Tensor] = []
+    Hv, Iv, P = vc["hidden_size"], vc["intermediate_size"], vc["patch_size"]
+    side = vc["image_size"] // P
+    v, vt = "vision_model.", ("vision",)
+    out += [(v + "class_embedding", "BF16", (Hv,), vt),
+            (v + "positional_embedding_vlm", "BF16", (side * side + 1, Hv), vt),
+            (v + "patch_embedding.linear.weight", "BF16", (Hv, vc["num_channels"] * P * P), vt),
+            (v + "layernorm_pre.weight", "BF16", (Hv,), vt),
+            (v + "layernorm_pre.bias", "BF16", (Hv,), vt),
+            (v + "layernorm_post.weight", "BF16", (Hv,), vt),
+            (v + "layernorm_post.bias", "BF16", (Hv,), vt)]
+    for li in range(vc["num_hidden_layers"]):
+        k = f"{v}model.layers.{li}."
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out += [(f"{k}self_attn.{proj}.weight", "BF16", (Hv, Hv), vt),
+                    (f"{k}self_attn.{proj}.bias", "BF16", (Hv,), vt)]
+        out += [(k + "mlp.fc1.weight", "BF16", (Iv, Hv), vt),
+                (k + "mlp.fc1.bias", "BF16", (Iv,), vt),
+                (k + "mlp.fc2.weight", "BF16", (Hv, Iv), vt),
+                (k + "mlp.fc2.bias", "BF16", (Hv,), vt),
+                (k + "input_layernorm.weight", "BF16", (Hv,), vt),
+                (k + "input_layernorm.bias", "BF16", (Hv,), vt),
+                (k + "post_attention_layernorm.weight", "BF16", (Hv,), vt),
+                (k + "post_attention_layernorm.bias", "BF16", (Hv,), vt)]
+    # Pixel-shuffle adapter (no biases: multi_modal_projector_bias false) and the projector.
+    pin, pout = vc["projector_input_dim"], vc["projector_output_dim"]
+    assert not vc.get("multi_modal_projector_bias", False)
+    out += [(v + "vision_adapter.mlp.fc1.weight", "BF16", (pin, Iv), vt),
+            (v + "vision_adapter.mlp.fc2.weight", "BF16", (pout, pin), vt)]
+    H, V, L = tc["hidden_size"], tc["vocab_size"], tc["num_hidden_layers"]
+    out += [("multi_modal_projector.linear_1.weight", "BF16", (H, vc["vision_output_dim"]),
+             ("proj",))]
+    p = "language_model.model."
+    out += [(p + "embed_tokens.weight", "BF16", (V, H), ("model",))]
+    nh, kv, hd = tc["num_attention_heads"], tc["num_key_value_heads"], tc["head_dim"]
+    E, I, D = tc["num_local_experts"], tc["intermediate_size"], tc["intermediate_size_mlp"]
+    step = tc.get("interleave_moe_layer_step", 1)
+    moe_layers = set(tc.get("moe_layers", range(step - 1, L, step)))
+    for li in range(L):
+        k = f"{p}layers.{li}."
+        # Llama4TextDecoderLayer: self_attn (the q/k norm is a weightless L2 norm), then
+        # feed_forward (Llama4TextMoe: experts fused input-major, router, shared_expert; or a
+        # dense MLP of intermediate_size_mlp), then the two RMSNorms.
+        t = [(k + "self_attn.q_proj.weight", "BF16", (nh * hd, H)),
+             (k + "self_attn.k_proj.weight", "BF16", (kv * hd, H)),
+             (k + "self_attn.v_proj.weight", "BF16", (kv * hd, H)),
+             (k + "self_attn.o_proj.weight", "BF16", (H, nh * hd))]
+        f = k + "feed_forward."
+        if li in moe_layers:
+            t += [(f + "experts.gate_up_proj", "BF16", (E, H, 2 * I)),
+                  (f + "experts.down_proj", "BF16", (E, I, H)),
+                  (f + "router.weight", "BF16", (E, H)),
+                  (f + "shared_expert.gate_proj.weight", "BF16", (I, H)),
+                  (f + "shared_expert.up_proj.weight", "BF16", (I, H)),
+                  (f + "shared_expert.down_proj.weight", "BF16", (H, I))]
+        else:
+            t += [(f + "gate_proj.weight", "BF16", (D, H)), (f + "up_proj.weight", "BF16", (D, H)),
+                  (f + "down_proj.weight", "BF16", (H, D))]
+        t += [(k + "input_layernorm.weight", "BF16", (H,)),
+              (k + "post_attention_layernorm.weight", "BF16", (H,))]
+        out += [(n, d, s, ("layer", li)) for n, d, s in t]
+    out += [(p + "norm.weight", "BF16", (H,), ("model",)),
+            ("language_model.lm_head.weight", "BF16", (V, H), ("model",))]
+    return out
+
+
+def shard_in_order(tensors: list[Tensor], n_shards: int, limit: int = 5 * 10**9) -> list[int]:
+    """save_pretrained's split (huggingface_hub split_torch_state_dict_into_shards, the default
+    max_shard_size "5GB" = 5e9 bytes): tensors in state_dict order, a new shard when the next
+    one would take the current one past the limit.  For Llama-4-Scout this puts the vision tower,
+    projector, embeddings and layer 0's attention in shard 1, the rest of layer L and layer
+    L+1's attention in shard L+2, the rest of layer 47 and the final norm in 49 and lm_head
+    alone in 50: the 50 file sizes of the release (README.md) follow byte for byte."""
+    out, shard, used = [], 0, 0
+    for t in tensors:
+        n = nbytes(t[1], t[2])
+        if used and used + n > limit:
+            shard, used = shard + 1, 0
+        out.append(shard)
+        used += n
+    if shard != n_shards - 1:
+        raise AssertionError(f"in-order split gave {shard + 1} shards, expected {n_shards}")
+    return out
+
+
+def cut_llama4(cfg: dict, n: int) -> None:
+    tc = cfg["text_config"]
+    tc["num_hidden_layers"] = n
+    if "moe_layers" in tc:
+        tc["moe_layers"] = [x for x in tc["moe_layers"] if x < n]
+
+
+# ---------------------------------------------------------------------------------------
 # Shard assignment where the release's assignment is not published
 # ---------------------------------------------------------------------------------------
 
@@ -942,7 +1244,84 @@ RELEASES: dict[str, Release] = {r.key: r for r in [
     Release("minimax-m2", "MiniMaxAI/MiniMax-M2", 130, _names_1based(5, 5),
             build_minimax_m2, shard_balanced, cut_plain,
             "shard count assumed; MTP modules not written"),
+    # Names, dtypes, shapes, shard names and the shards of each tensor family from public header
+    # dumps (README.md); the split of the decoder layers over shards 1-40 is not published.
+    Release("qwen3-next-80b-a3b", "Qwen/Qwen3-Next-80B-A3B-Instruct", 41, _names_1based(5, 5),
+            build_qwen3_next, shard_qwen3_next, cut_plain,
+            "75,944 tensors, 81,324,862,720 parameters, 151.48 GiB of tensors, 41 shards "
+            "(public header dump)"),
+    Release("qwen3.5-35b-a3b", "Qwen/Qwen3.5-35B-A3B", 14, _names_qwen3_5,
+            build_qwen3_5_moe, shard_size_sorted, cut_qwen3_5_moe,
+            "1,811 tensors, 35,951,822,704 parameters, 66.97 GiB of tensors, 14 shards "
+            "(public header dump)"),
+    Release("llama-4-scout-17b-16e", "meta-llama/Llama-4-Scout-17B-16E", 50, _names_1based(5, 5),
+            build_llama4, shard_in_order, cut_llama4,
+            "108,641,793,536 BF16 parameters, 50 shards of 217,283,738,720 bytes "
+            "(Llama-4-Scout-17B-16E-Instruct file listing)"),
 ]}
+
+# Where the public header dumps put each family of tensors (README.md): a regular expression
+# over the names and the 1-based shard all of them are in, or 0 where the dump says "Multi
+# Files" (they span several).  Checked by --summary on the full model.
+_Q35_14 = [r"model\.language_model\.layers\.\d+\.linear_attn\.(A_log|conv1d\.weight|dt_bias|"
+           r"in_proj_[ab]\.weight|norm\.weight)",
+           r"model\.language_model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)"
+           r"\.weight",
+           r"model\.language_model\.layers\.\d+\.mlp\.(gate|shared_expert\.\w+|"
+           r"shared_expert_gate)\.weight",
+           r"model\.language_model\.layers\.\d+\.self_attn\.(k_norm|k_proj|q_norm|v_proj)"
+           r"\.weight",
+           r"model\.language_model\.norm\.weight",
+           r"model\.visual\.blocks\.\d+\.(attn\.proj\.(bias|weight)|attn\.qkv\.bias|"
+           r"mlp\.linear_fc[12]\.bias|norm[12]\.(bias|weight))",
+           r"model\.visual\.merger\.(linear_fc[12]\.bias|norm\.(bias|weight))",
+           r"model\.visual\.(patch_embed\.proj\.(bias|weight)|pos_embed\.weight)",
+           r"mtp\.(layers\.0\.(input_layernorm|post_attention_layernorm|mlp\..*|"
+           r"self_attn\.(k_norm|k_proj|q_norm|v_proj)\.weight)|norm\.weight|"
+           r"pre_fc_norm_\w+\.weight)"]
+_Q35_13 = [r"model\.language_model\.layers\.\d+\.linear_attn\.(in_proj_qkv|in_proj_z|out_proj)"
+           r"\.weight",
+           r"model\.language_model\.layers\.\d+\.self_attn\.(o_proj|q_proj)\.weight",
+           r"model\.visual\.blocks\.\d+\.mlp\.linear_fc[12]\.weight",
+           r"model\.visual\.merger\.linear_fc[12]\.weight",
+           r"mtp\.(fc|layers\.0\.self_attn\.(o_proj|q_proj))\.weight"]
+PUBLISHED_PLACEMENTS: dict[str, list[tuple[str, int]]] = {
+    "qwen3-next-80b-a3b": [(r"model\.embed_tokens\.weight", 1), (r"lm_head\.weight", 40),
+                           (r"model\.norm\.weight", 40), (r"mtp\..*", 41),
+                           (r"model\.layers\..*", 0)],
+    "qwen3.5-35b-a3b": [(r"lm_head\.weight", 9), (r"model\.language_model\.embed_tokens\.weight", 9),
+                        (r"model\.language_model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj",
+                         0),
+                        (r"model\.visual\.blocks\.\d+\.attn\.qkv\.weight", 0)]
+                       + [(x, 14) for x in _Q35_14] + [(x, 13) for x in _Q35_13],
+}
+
+
+def check_placements(rel: Release, plan: Plan) -> tuple[int, list[str]]:
+    """(number of tensor families checked, what differs) against PUBLISHED_PLACEMENTS."""
+    import re
+    rules = PUBLISHED_PLACEMENTS.get(rel.key, [])
+    bad = []
+    for pattern, want in rules:
+        rx = re.compile(pattern)
+        shards = {s + 1 for t, s in zip(plan.tensors, plan.shard_of) if rx.fullmatch(t[0])}
+        if not shards:
+            bad.append(f"{pattern}: no tensor matches")
+        elif want and shards != {want}:
+            bad.append(f"{pattern}: shards {sorted(shards)}, published {want}")
+        elif not want and len(shards) < 2:
+            bad.append(f"{pattern}: one shard {sorted(shards)}, published several")
+    return len(rules), bad
+
+
+# File sizes of the released shards, where a public listing gives them: the Hugging Face file
+# listing of meta-llama/Llama-4-Scout-17B-16E-Instruct at revision 92f3b159 (a public checkpoint
+# manifest, README.md), the same tensors as the base release.  A copy's file is 8 + header +
+# data bytes, so equal sizes mean equal data bytes and an equal header length in every shard.
+PUBLISHED_FILE_SIZES: dict[str, list[int]] = {
+    "llama-4-scout-17b-16e": [3938735392] + [4404205216] * 9 + [4404205208]
+                             + [4404205232] * 37 + [4278385928, 2068971664],
+}
 
 
 @dataclass
@@ -990,9 +1369,31 @@ def make_plan(rel: Release, layers: int | None) -> Plan:
     return Plan(cfg, kept, kept_shard, names, rel.st_metadata)
 
 
+def parameters(plan: Plan) -> int:
+    n = 0
+    for t in plan.tensors:
+        k = 1
+        for d in t[2]:
+            k *= d
+        n += k
+    return n
+
+
 def summarize(plan: Plan) -> tuple[int, int, int]:
     total = sum(nbytes(t[1], t[2]) for t in plan.tensors)
     return len(plan.tensors), total, len(set(plan.shard_of))
+
+
+def file_sizes(plan: Plan) -> dict[int, int]:
+    """0-based shard index -> size of the file the copy writes (8 + header + data)."""
+    by_shard: dict[int, list[Tensor]] = {}
+    for t, s in zip(plan.tensors, plan.shard_of):
+        by_shard.setdefault(s, []).append(t)
+    out = {}
+    for s, entries in by_shard.items():
+        head, data = _shard_header(entries, plan.st_metadata)
+        out[s] = len(head) + data
+    return out
 
 
 def _shard_header(entries: list[Tensor], metadata: bool = True) -> tuple[bytes, int]:
@@ -1083,8 +1484,23 @@ def main(argv: list[str] | None = None) -> int:
               + (f", cut to {a.layers} layers" if a.layers else ""))
         print(f"tensors:  {n_tensors}")
         print(f"bytes:    {n_bytes} ({n_bytes / 2**30:.2f} GiB)")
+        print(f"parameters: {parameters(plan)}")
         print(f"shards:   {n_shards} of {rel.n_shards}")
         print(f"published: {rel.published}")
+        if a.layers is None and rel.key in PUBLISHED_PLACEMENTS:
+            n_rules, bad = check_placements(rel, plan)
+            print(f"placements: {n_rules - len(bad)} of {n_rules} tensor families in the "
+                  f"published shards")
+            for b in bad:
+                print(f"  {b}")
+        want = PUBLISHED_FILE_SIZES.get(rel.key)
+        if want is not None and a.layers is None:
+            got = file_sizes(plan)
+            same = [i for i, w in enumerate(want) if got.get(i) == w]
+            print(f"file sizes: {len(same)} of {len(want)} equal to the published listing")
+            for i, w in enumerate(want):
+                if got.get(i) != w:
+                    print(f"  {plan.shard_names[i]}: {got.get(i)} bytes, published {w}")
         return 0
     write_copy(plan, Path(a.out_dir))
     print(f"wrote {a.out_dir}: {n_tensors} tensors, {n_bytes} bytes in {n_shards} shards")

@@ -239,12 +239,14 @@ def gated_deltanet(p, c, split):
     else:
         out = [linear(p + "in_proj_qkvz.weight", 2 * kd + 2 * vd, H),
                linear(p + "in_proj_ba.weight", 2 * nv, H)]
-    # A_log F32 and the gated norm (a plain weight) bf16, as moeshard plans them: the released
-    # dtypes of these two are not on record.
+    # A_log and the gated norm (a plain weight) as the releases store them: BF16 in
+    # Qwen3-Next-80B-A3B, F32 in Qwen3.5-35B-A3B (public header dumps of both,
+    # tests/checkpoints/README.md).
+    small = "F32" if split else "BF16"
     conv = [2 * kd + vd, 1, c["linear_conv_kernel_dim"]]
     return out + [Spec(p + "conv1d.weight", "BF16", conv, 0.0, 0.5), vector(p + "dt_bias", nv),
-                  vector(p + "A_log", nv, dtype="F32"),
-                  norm(p + "norm.weight", c["linear_value_head_dim"]),
+                  vector(p + "A_log", nv, dtype=small),
+                  vector(p + "norm.weight", c["linear_value_head_dim"], 1.0, 0.5, dtype=small),
                   linear(p + "out_proj.weight", H, vd)]
 
 

@@ -172,8 +172,10 @@ struct FamilyDescriptor {
   bool nested_text_config = false;
   // dtype of compressed-tensors `weight_shape` tensors in this family's releases.
   DType shape_meta_dtype = DType::kI64;
-  // Non-empty: the release stores its multi-token-prediction layers under this prefix with
-  // their own index ("mtp.0." for DeepSeek-V4) instead of as layers num_hidden_layers + i.
+  // Prefix of multi-token-prediction weights the checkpoint stores apart from the decoder layers
+  // ("mtp." for Qwen3-Next and Qwen3.5: `mtp.fc`, `mtp.layers.0.*`, ...; DeepSeek-V4:
+  // `mtp.0.*`); empty when the family stores none that way. Recognised and not planned, like
+  // DeepSeek-V3's layer-N MTP layer.
   std::string_view mtp_prefix = {};
   // Reads the family's keys into `c` (the common ones are read before: hidden_size,
   // num_hidden_layers, vocab_size, dtype, quantization).
@@ -192,6 +194,14 @@ std::string KnownModelTypes();
 
 // "{layer}" / "{expert}" replaced by the values (no-op for a negative value).
 std::string ExpandName(std::string_view name_template, int64_t layer, int64_t expert = -1);
+
+// Whether checkpoint tensor `name` is a multi-token-prediction weight of `m`: a decoder layer
+// index in [num_layers, num_layers + num_mtp_layers) (DeepSeek, GLM), or a name under the
+// family's `mtp_prefix` (Qwen3-Next, Qwen3.5). Engines load these only for speculative decoding,
+// so they are reported, not planned. `mtp_layer`, when given, receives the layer the weight
+// belongs to as the MTP layers are numbered after the decoder layers (DeepSeek-V3's 61;
+// Qwen's `mtp.layers.0` is num_layers + 0), or -1 for a prefixed weight outside a layer.
+bool IsMtpTensor(const ModelConfig& m, std::string_view name, int64_t* mtp_layer = nullptr);
 
 // A checkpoint tensor name split into a template and its indices: the number after the first
 // "layers." becomes "{layer}" and the number after the first "experts." "{expert}".

@@ -137,7 +137,9 @@ struct HyperConnectionConfig {
   double eps = 0.0;
 };
 
-// A vision tower and its projector into the language model (Kimi-K3's MoonViT + patch merger).
+// A vision tower and its projector into the language model: Kimi's MoonViT + patch merger,
+// Qwen3.5's ViT (Qwen3-VL's) + patch merger, Llama-4's ViT + pixel-shuffle adapter + projector.
+// Each family's descriptor reads its own vision_config keys into these fields.
 struct VisionConfig {
   int64_t num_layers = 0;  // 0: no vision tower
   int64_t hidden_size = 0;
@@ -145,11 +147,23 @@ struct VisionConfig {
   int64_t qkv_hidden_size = 0;  // width of q, k and v each
   int64_t num_heads = 0;
   int64_t patch_size = 0;
-  int64_t pos_emb_height = 0;
+  int64_t temporal_patch_size = 1;  // frames per patch (Qwen3.5's Conv3d patch embedding)
+  int64_t in_channels = 3;
+  int64_t pos_emb_height = 0;  // MoonViT's 2-D position table
   int64_t pos_emb_width = 0;
-  int64_t merge_tokens = 1;  // patches merged into one projector input (merge_kernel_size h*w)
-  bool linear_bias = true;   // biases on the encoder's linears (`linear_bias`)
-  bool norm_bias = true;     // LayerNorm (weight + bias) rather than RMSNorm (`norm_type`)
+  // Rows of a learned 1-D position table (Qwen3.5 num_position_embeddings; Llama-4
+  // (image_size / patch_size)^2 patches plus the class token).
+  int64_t num_positions = 0;
+  // Patches merged into one projector input (MoonViT merge_kernel_size h*w, Qwen3.5
+  // spatial_merge_size^2, Llama-4 1 / pixel_shuffle_ratio^2).
+  int64_t merge_tokens = 1;
+  // Llama-4's pixel-shuffle MLP: intermediate_size -> projector_input_dim -> projector_output_dim
+  // (= vision_output_dim, the projector's input).
+  int64_t projector_input_dim = 0;
+  int64_t projector_output_dim = 0;
+  bool projector_bias = false;  // Llama-4 multi_modal_projector_bias
+  bool linear_bias = true;      // biases on the encoder's linears (`linear_bias`)
+  bool norm_bias = true;        // LayerNorm (weight + bias) rather than RMSNorm (`norm_type`)
   // `mm_projector_type`: "patchmerger" normalises before the projection (pre_norm, with
   // biases; Kimi-K2.5), "patchmergerv2" after it (post_norm over the text width; Kimi-K3).
   bool projector_post_norm = false;

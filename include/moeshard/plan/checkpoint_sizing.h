@@ -1,12 +1,13 @@
 // Sizing a plan from a checkpoint's tensors (names, dtypes, shapes from the safetensors headers
 // alone): every checkpoint tensor is mapped through the family descriptor (config/family.h) to
 // the plan tensors it feeds, and each rank is charged exactly the bytes of the slice it holds.
-// Tensors the plan cannot place are listed, never dropped; a multi-token-prediction layer
-// (DeepSeek-V3's `model.layers.61.*`, loaded only for speculative decoding) is reported as
-// such.
+// Tensors the plan cannot place are listed, never dropped; multi-token-prediction weights
+// (DeepSeek-V3's `model.layers.61.*`, Qwen3-Next's `mtp.*`: IsMtpTensor in config/family.h,
+// loaded only for speculative decoding) are reported as such.
 //
-// Mapping: a checkpoint name's layer and expert indices become "{layer}" / "{expert}"
-// (KeyOfName); the template then names
+// Mapping: a name equal to a non-layer plan tensor's (embeddings, head, vision tower) is
+// charged to the ranks holding it; otherwise the name's layer and expert indices become
+// "{layer}" / "{expert}" (KeyOfName) and the template names
 //   - a plan tensor (its checkpoint name, or the source of a tied head) on the ranks of the
 //     layer's stage: charged bytes x the fraction of the tensor the rank holds;
 //   - a routed expert's gate/up/down part (ExpertLayout: per expert, or fused over experts):

@@ -6,10 +6,12 @@
 // [q, k, v] is split per block, vLLM mamba_v2_sharded_weight_loader). The MoE block is
 // Qwen2-MoE's: softmax top-k (renormalised), a shared expert behind a [1, H] sigmoid gate. Its
 // RMSNorms scale by (1 + w) (Qwen3NextRMSNorm). Sources: vLLM models/qwen3_next.py and
-// layers/mamba/gdn/qwen_gdn_linear_attn.py, transformers configuration_qwen3_next.py. The
-// multi-token-prediction weights (`mtp.*`) are not planned. Stored dtypes of A_log and the
-// gated norm were not verified (planned F32 and the model dtype; header sizing uses the
-// checkpoint's own).
+// layers/mamba/gdn/qwen_gdn_linear_attn.py, transformers configuration_qwen3_next.py. Every
+// tensor of Qwen3-Next-80B-A3B-Instruct is BF16, A_log [32] and the gated norm [128] included
+// (a public header dump of the release: 41 shards, 75,944 tensors, 81,324,862,720 parameters;
+// tests/checkpoints/README.md). The multi-token-prediction weights the release stores under
+// `mtp.` (`mtp.fc`, `mtp.pre_fc_norm_*`, `mtp.norm`, `mtp.layers.0.*`: 1,553 tensors in its last
+// shard; vLLM loads them only in qwen3_next_mtp.py) are recognised and not planned.
 #include "config/config_fields.h"
 #include "config/family_blocks.h"
 
@@ -24,7 +26,7 @@ Status Parse(const ConfigFields& f, const ConfigFields& /*top*/, ModelConfig& c)
 
 std::vector<TensorDef> Tensors(const ModelConfig& c) {
   family::TensorList t(c, "");
-  family::AddQwenHybridTensors(t, /*split_projections=*/false);
+  family::AddQwenHybridTensors(t, {.split_projections = false});
   return t.Take();
 }
 
@@ -41,6 +43,7 @@ const FamilyDescriptor& MoeshardFamily_qwen3_next() {
       .model_types = {"qwen3_next"},
       .summary = "Qwen3-Next: Gated DeltaNet + gated attention, softmax top-k, gated shared expert",
       .text_prefix = "",
+      .mtp_prefix = "mtp.",
       .parse = Parse,
       .tensors = Tensors,
       .experts = Experts,
