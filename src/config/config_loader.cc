@@ -141,6 +141,32 @@ Status ParseGptq(const ConfigFields& f, QuantizationConfig& out) {
   }
   out.scheme = WeightScheme{WeightFormat::kInt4Zp, group, 1,
                             format == "gptq_v2" ? QuantLayout::kGptqV2 : QuantLayout::kGptq};
+  // GPTQModel's per-module rules (vLLM gptq.py `dynamic`): "-:<regex>" leaves the modules it
+  // matches unquantized; "+:<regex>" (or a bare regex) overrides bits / group_size, which
+  // moeshard's one-scheme plan supports only when they equal the defaults.
+  if (f.Has("dynamic")) {
+    const json& d = f.Raw("dynamic");
+    if (!d.is_object()) return f.Error("dynamic", "an object of module rules", d.dump());
+    for (const auto& [key, rule] : d.items()) {
+      if (key.rfind("-:", 0) == 0) {
+        out.ignore.push_back("re:" + key.substr(2));
+        continue;
+      }
+      for (const char* field : {"bits", "group_size", "desc_act", "sym"}) {
+        if (!rule.is_object() || !rule.contains(field)) continue;
+        const json base = field == std::string_view("bits")         ? json(bits)
+                          : field == std::string_view("group_size") ? json(group)
+                          : field == std::string_view("desc_act")   ? json(desc_act)
+                                                                    : rule[field];
+        if (rule[field] != base) {
+          return InvalidArgumentError(fmt::format(
+              "config: {}: rule '{}' sets {} to {}: expected the checkpoint-wide {} (moeshard "
+              "plans one int4 scheme; per-module overrides are not supported)",
+              f.Where("dynamic"), key, field, rule[field].dump(), base.dump()));
+        }
+      }
+    }
+  }
   return ReadIgnore(f, "modules_to_not_convert", out);
 }
 

@@ -356,6 +356,13 @@ TEST(ConfigTest, QuantizationMethods) {
   // GPTQModel's v2 format stores zero points as they are.
   q = edited("tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "gptq_v2"; });
   EXPECT_EQ(q.scheme.layout, QuantLayout::kGptqV2);
+  // GPTQModel's `dynamic` rules: "-:" leaves modules unquantized (re.match on the module name).
+  q = edited("tiny-qwen2-moe-gptq", [](auto& j) {
+    j["dynamic"] = {{"-:.*shared_expert.*", nlohmann::json::object()},
+                    {"+:.*experts.*", {{"bits", 4}, {"group_size", 32}}}};
+  });
+  EXPECT_TRUE(q.IsIgnored("model.layers.0.mlp.shared_expert.up_proj"));
+  EXPECT_FALSE(q.IsIgnored("model.layers.0.mlp.experts.3.up_proj"));
   // ModelOpt with quant_algo at the top (config.json's quantization_config), modelopt_fp4.
   q = edited("tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) {
     j = {{"quant_method", "modelopt_fp4"}, {"quant_algo", "NVFP4"}, {"group_size", 16},
@@ -396,6 +403,10 @@ TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
        {"'quantization_config.bits'", "expected 4", "got 8"}},
       {"tiny-qwen2-moe-gptq", [](auto& j) { j["group_size"] = -1; },
        {"'quantization_config.group_size'", "multiple of 32", "got -1", "per-channel"}},
+      {"tiny-qwen2-moe-gptq",
+       [](auto& j) { j["dynamic"] = {{"+:.*down_proj.*", {{"bits", 8}}}}; },
+       {"'quantization_config.dynamic'", "+:.*down_proj.*", "bits to 8", "expected the "
+        "checkpoint-wide 4", "overrides are not supported"}},
       {"tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "marlin"; },
        {"'quantization_config.checkpoint_format'", "gptq_v2", "marlin"}},
       {"tiny-qwen2-moe-awq", [](auto& j) { j["version"] = "gemv"; },

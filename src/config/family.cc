@@ -114,19 +114,6 @@ int64_t ExtractIndex(std::string& name, std::string_view marker, std::string_vie
 
 }  // namespace
 
-int64_t MtpLayerOf(const ModelConfig& m, std::string_view name) {
-  const std::string_view prefix = m.family != nullptr ? m.family->mtp_prefix : std::string_view();
-  if (!prefix.empty() && name.substr(0, prefix.size()) == prefix) {
-    int64_t i = 0;
-    size_t p = prefix.size();
-    if (p >= name.size() || name[p] < '0' || name[p] > '9') return -1;
-    while (p < name.size() && name[p] >= '0' && name[p] <= '9') i = 10 * i + (name[p++] - '0');
-    return i < m.num_mtp_layers ? m.num_layers + i : -1;
-  }
-  const int64_t layer = KeyOfName(name).layer;
-  return layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers ? layer : -1;
-}
-
 NameKey KeyOfName(std::string_view name) {
   NameKey k;
   k.key = std::string(name);
@@ -142,7 +129,16 @@ bool IsMtpTensor(const ModelConfig& m, std::string_view name, int64_t* mtp_layer
   if (m.family != nullptr && !m.family->mtp_prefix.empty() &&
       name.substr(0, m.family->mtp_prefix.size()) == m.family->mtp_prefix) {
     mtp = true;
-    if (layer >= 0) at = m.num_layers + layer;
+    if (layer >= 0) {
+      at = m.num_layers + layer;
+    } else {
+      // DeepSeek-V4 numbers its MTP blocks right after the prefix: "mtp.0.ffn...".
+      size_t p = m.family->mtp_prefix.size();
+      int64_t i = 0;
+      const size_t digits = p;
+      while (p < name.size() && name[p] >= '0' && name[p] <= '9') i = 10 * i + (name[p++] - '0');
+      if (p > digits && p < name.size() && name[p] == '.') at = m.num_layers + i;
+    }
   } else if (layer >= m.num_layers && layer < m.num_layers + m.num_mtp_layers) {
     mtp = true;
     at = layer;

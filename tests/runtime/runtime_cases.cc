@@ -41,6 +41,13 @@ struct EquivSpec {
   SharedExpertsMode shared = SharedExpertsMode::kSharded;
   ExpertPlacement placement = ExpertPlacement::kLinear;
   int64_t redundant_experts = 0;
+  // Widens the tolerance below. Only for DeepSeek-V4 (3 layers of MXFP4 experts): the SIMD
+  // backend's 4-bit path multiplies on 16-bit inputs up to 4 tokens per expert call and on fp32
+  // strips from 5, and a layout that gives an expert its tokens in other calls than one rank does
+  // (EP dispatch) switches paths; the two differ by up to ~4e-4 of the output per layer
+  // (GroupedGemm.TokensIndependentOfTheirBatch), 1.1e-2 at |ref| 5.9 after V4's three layers
+  // against 7.9e-3 allowed. A known defect of the kernels' batch invariance, not of the layout.
+  double tolerance_scale = 1.0;
 };
 
 Status Fail(const std::string& what) { return InternalError(what); }
@@ -138,7 +145,7 @@ Status EquivalenceBody(const EquivSpec& c, Communicator& world) {
   // and differ only in fp32 summation order (observed max errors ~2e-7), so 2e-3 still leaves
   // room for a rare bf16 rounding flip of an expert input in a later layer while catching,
   // e.g., a bias added on two moe_tp ranks (~2e-2).
-  const Tolerance tol{.atol = 2e-3, .rtol = 1e-3};
+  const Tolerance tol{.atol = 2e-3 * c.tolerance_scale, .rtol = 1e-3 * c.tolerance_scale};
   if (!stats.Passes(tol)) {
     const int64_t t = stats.worst_index / H, h = stats.worst_index % H;
     return Fail(fmt::format("{} vs 1 rank: {}; worst at token {} column {}: {} vs {}",
@@ -350,6 +357,7 @@ std::vector<RuntimeCase> BuildCases() {
       s.model = f.preset;
       s.topology = t;
       s.layers = f.layers;
+      if (f.preset == "tiny-deepseek-v4") s.tolerance_scale = 2.0;
       return s;
     };
     add(f.tag + "_1rank", spec(Topo(1)));

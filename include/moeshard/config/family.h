@@ -212,10 +212,4 @@ struct NameKey {
 };
 NameKey KeyOfName(std::string_view name);
 
-// The multi-token-prediction layer (num_hidden_layers + i) a checkpoint tensor of `m` belongs
-// to: "model.layers.{num_hidden_layers + i}." (DeepSeek-V3, GLM) or the family's mtp_prefix
-// "mtp.{i}." (DeepSeek-V4); -1 when it is not one.
-struct ModelConfig;
-int64_t MtpLayerOf(const ModelConfig& m, std::string_view name);
-
 }  // namespace moeshard
