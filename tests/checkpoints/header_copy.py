@@ -662,6 +662,27 @@ def build_qwen2_moe(cfg: dict) -> list[Tensor]:
     return out
 
 
+def build_olmoe(cfg: dict) -> list[Tensor]:
+    # OlmoeForCausalLM (transformers modeling_olmoe.py, vLLM olmoe.py): GQA whose q_norm and
+    # k_norm are RMSNorms over the whole q / k projection ([heads * head_dim], [kv * head_dim]),
+    # router mlp.gate, experts mlp.experts.E.{gate,up,down}_proj, no shared expert, an untied
+    # lm_head; every tensor BF16.
+    H = cfg["hidden_size"]
+    nh, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    out = _bf16_gqa_moe(cfg, cfg["num_experts"], cfg["intermediate_size"], "mlp",
+                        (("gate_proj", False), ("up_proj", False), ("down_proj", True)),
+                        qk_norm=False)
+    with_norms: list[Tensor] = []
+    for t in out:
+        with_norms.append(t)
+        if t[0].endswith(".self_attn.o_proj.weight"):
+            a = t[0][: -len("o_proj.weight")]
+            with_norms += [(a + "q_norm.weight", "BF16", (nh * hd,), t[3]),
+                           (a + "k_norm.weight", "BF16", (kv * hd,), t[3])]
+    return with_norms
+
+
 def build_glm4_moe(cfg: dict) -> list[Tensor]:
     # Glm4MoeDecoderLayer: dense first_k_dense_replace layers, then mlp.gate (+ F32
     # e_score_correction_bias), shared_experts and experts.  The MTP layer
@@ -1233,6 +1254,11 @@ RELEASES: dict[str, Release] = {r.key: r for r in [
     Release("qwen1.5-moe-a2.7b", "Qwen/Qwen1.5-MoE-A2.7B", 8, _names_1based(5, 5),
             build_qwen2_moe, shard_balanced, cut_plain,
             "shard count assumed; 14.3B parameters (model card)"),
+    # Three shards, model-0000N-of-00003 (tinygrad examples/olmoe.py fetches exactly these);
+    # which layers each holds is assumed (balanced by bytes).
+    Release("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924", 3, _names_1based(5, 5),
+            build_olmoe, shard_balanced, cut_plain,
+            "3 shards (tinygrad's OLMoE example); layer placement assumed; 6.92B parameters"),
     Release("glm-4.5-air", "zai-org/GLM-4.5-Air", 47, _names_1based(5, 5),
             build_glm4_moe, shard_balanced, cut_deepseek_v3,
             "shard count assumed; MTP layer as vLLM glm4_moe_mtp.py reads it"),
