@@ -36,13 +36,20 @@ PREPARE_MARGIN of the largest score in the float64 reference is redrawn before t
 margin below RUN_MARGIN on the inputs moeshard's layers actually received fails the test loudly
 (fp32 scores differ from float64 ones by ~1e-6 of the largest).
 
+DeepSeek-V4 (deepseek_v4) is written as its release stores it: fp8 e4m3 linears with E8M0
+128 x 128 block scales, MXFP4 routed experts (I8 [out, in/2] + E8M0 per 32), bf16 router and
+norms, fp32 mHC / bias tensors, I64 tid2eid; the reference dequantizes them exactly (code value
+x 2^(e - 127)), and the input file carries token_ids (I64 [T]) for its hash-routed layer.
+
 usage: hf_reference_test.py MOESHARD_BIN WORKDIR FAMILY [--seed N] [--mutate WHAT]
   FAMILY: olmoe deepseek_v2 qwen2_moe glm4_moe minimax_m2 llama4 qwen3_next qwen3_5_moe
+  deepseek_v4
   --seed N draws another checkpoint and input (default 0).
   --mutate WHAT breaks the reference on purpose, and the test must then fail: flip-renormalize,
   no-scaling, no-correction-bias, no-shared-gate, no-shared-expert, plain-norm,
-  weight-on-output, wrong-groups (the reference is the same on every topology, so a mutated run
-  tries the 1-rank one only).
+  weight-on-output, wrong-groups, and for deepseek_v4 no-sqrt (softplus scores), no-hash (the
+  hash layer routed by score), no-clamp (plain SwiGLU) (the reference is the same on every
+  topology, so a mutated run tries the 1-rank one only).
 """
 import array
 import json
