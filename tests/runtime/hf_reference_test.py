@@ -36,13 +36,20 @@ PREPARE_MARGIN of the largest score in the float64 reference is redrawn before t
 margin below RUN_MARGIN on the inputs moeshard's layers actually received fails the test loudly
 (fp32 scores differ from float64 ones by ~1e-6 of the largest).
 
+DeepSeek-V4 (deepseek_v4) is written as its release stores it: fp8 e4m3 linears with E8M0
+128 x 128 block scales, MXFP4 routed experts (I8 [out, in/2] + E8M0 per 32), bf16 router and
+norms, fp32 mHC / bias tensors, I64 tid2eid; the reference dequantizes them exactly (code value
+x 2^(e - 127)), and the input file carries token_ids (I64 [T]) for its hash-routed layer.
+
 usage: hf_reference_test.py MOESHARD_BIN WORKDIR FAMILY [--seed N] [--mutate WHAT]
   FAMILY: olmoe deepseek_v2 qwen2_moe glm4_moe minimax_m2 llama4 qwen3_next qwen3_5_moe
+  deepseek_v4
   --seed N draws another checkpoint and input (default 0).
   --mutate WHAT breaks the reference on purpose, and the test must then fail: flip-renormalize,
   no-scaling, no-correction-bias, no-shared-gate, no-shared-expert, plain-norm,
-  weight-on-output, wrong-groups (the reference is the same on every topology, so a mutated run
-  tries the 1-rank one only).
+  weight-on-output, wrong-groups, and for deepseek_v4 no-sqrt (softplus scores), no-hash (the
+  hash layer routed by score), no-clamp (plain SwiGLU) (the reference is the same on every
+  topology, so a mutated run tries the 1-rank one only).
 """
 import array
 import json
@@ -72,7 +79,8 @@ TOPOLOGIES = [
 ]
 
 MUTATIONS = ("flip-renormalize", "no-scaling", "no-correction-bias", "no-shared-gate",
-             "no-shared-expert", "plain-norm", "weight-on-output", "wrong-groups")
+             "no-shared-expert", "plain-norm", "weight-on-output", "wrong-groups",
+             "no-sqrt", "no-hash", "no-clamp")
 MUTATE = None  # set from --mutate
 
 
@@ -90,8 +98,21 @@ def bf16_values(bits):
     return list(array.array("f", array.array("I", (b << 16 for b in bits)).tobytes()))
 
 
+# Byte codes (fp8, E8M0 scales, packed E2M1 pairs): the values are the bytes, 0..255.
+CODE_DTYPES = ("F8_E4M3", "F8_E8M0", "I8", "U8")
+INT_DTYPES = {"I64": "q", "I32": "i"}
+ELEMENT_BYTES = {"BF16": 2, "F32": 4, "I64": 8, "I32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1,
+                 "U8": 1}
+
+
 def encode(dtype, values):
-    """(bytes, the values as stored) of `values` in `dtype` (BF16 or F32)."""
+    """(bytes, the values as stored) of `values` in `dtype` (BF16, F32; I64 / I32 integers;
+    byte codes)."""
+    if dtype in CODE_DTYPES:
+        return bytes(values), list(values)
+    if dtype in INT_DTYPES:
+        a = array.array(INT_DTYPES[dtype], values)
+        return a.tobytes(), list(a)
     if dtype == "BF16":
         bits, held = round_bf16(values)
         return bits.tobytes(), held
@@ -102,6 +123,10 @@ def encode(dtype, values):
 
 
 def decode(dtype, data):
+    if dtype in CODE_DTYPES:
+        return list(data)
+    if dtype in INT_DTYPES:
+        return list(array.array(INT_DTYPES[dtype], data))
     if dtype == "BF16":
         return bf16_values(array.array("H", data))
     if dtype == "F32":
@@ -148,7 +173,7 @@ def write_checkpoint(directory, config, tensors):
         shards[i % 2][name] = tensors[name]
         weight_map[name] = files[i % 2]
         dtype, shape, _ = tensors[name]
-        total += math.prod(shape) * (2 if dtype == "BF16" else 4)
+        total += math.prod(shape) * ELEMENT_BYTES[dtype]
     for file, shard in zip(files, shards):
         write_safetensors(os.path.join(directory, file), shard)
     with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
@@ -459,6 +484,23 @@ class Family:
 
     def route(self, logits, bias):
         raise NotImplementedError
+
+    # What only DeepSeek-V4 has: token ids in the input, hash-routed layers, a clamped SwiGLU,
+    # quantized tensors.
+    token_ids = False
+
+    def hash_table(self, ck, l):
+        return None  # layer l's [vocab][top_k] experts by token id, or None
+
+    def swiglu_limit(self):
+        return None
+
+    def shared_mlp(self, ck, l):
+        return Mlp(*(ck["%s.%s.weight" % (self.shared_module(l), n)]
+                     for n in ("gate_proj", "up_proj", "down_proj")))
+
+    def make_tensors(self, rng):
+        return random_tensors(self.tensors(), rng)
 
 
 class Olmoe(Family):
@@ -786,9 +828,282 @@ class Qwen35Moe(Qwen3Next):
         return softmax_topk(logits, self.text["num_experts_per_tok"], True)
 
 
+# ------------------------------------------------------------------------------------------------
+# DeepSeek-V4's quantized storage: fp8 e4m3 linears with one E8M0 scale per 128 x 128 block, and
+# MXFP4 routed experts (E2M1 codes two a byte, the even column in the low nibble, one E8M0 scale
+# per 32 values of a row); dequantized value = code's value x 2^(e - 127).
+
+def e4m3_value(code):
+    """float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities."""
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> 3) & 0xF, code & 7
+    if e == 0xF and m == 7:
+        return math.nan
+    return sign * (m / 8.0 * 2.0**-6 if e == 0 else (1 + m / 8.0) * 2.0**(e - 7))
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E4M3_POSITIVE = [e4m3_value(c) for c in range(0x7F)]  # codes 0..126, increasing, max 448
+
+
+def e2m1_value(code):
+    return (-1.0 if code & 8 else 1.0) * E2M1_VALUES[code & 7]
+
+
+def nearest_code(v, table):
+    """The index of the nearest magnitude in the increasing `table` (ties to the lower)."""
+    i = min(range(len(table)), key=lambda j: (abs(abs(v) - table[j]), j))
+    return i
+
+
+def e8m0_for(amax, largest):
+    """The E8M0 exponent byte of the smallest power of two s with amax / s <= largest."""
+    if amax == 0:
+        return 127
+    return min(254, max(1, 127 + math.ceil(math.log2(amax / largest))))
+
+
+def fp8_linear(name, rows, cols, rng):
+    """A [rows, cols] weight uniform in +-sqrt(3 / cols), stored fp8 e4m3 + E8M0 128 x 128 block
+    scales: {name.weight, name.scale}."""
+    spread = math.sqrt(3.0 / cols)
+    w = [[rng.uniform(-spread, spread) for _ in range(cols)] for _ in range(rows)]
+    br, bc = -(-rows // 128), -(-cols // 128)
+    scales = [[e8m0_for(max(abs(w[r][c]) for r in range(i * 128, min(rows, i * 128 + 128))
+                              for c in range(j * 128, min(cols, j * 128 + 128))), 448.0)
+               for j in range(bc)] for i in range(br)]
+    codes = []
+    for r in range(rows):
+        for c in range(cols):
+            v = w[r][c] / 2.0**(scales[r // 128][c // 128] - 127)
+            i = nearest_e4m3(v)
+            codes.append(i | (0x80 if v < 0 and i else 0))
+    return {name + ".weight": ("F8_E4M3", [rows, cols], codes),
+            name + ".scale": ("F8_E8M0", [br, bc], [e for row in scales for e in row])}
+
+
+def nearest_e4m3(v):
+    import bisect
+    a = abs(v)
+    i = bisect.bisect_left(E4M3_POSITIVE, a)
+    if i >= len(E4M3_POSITIVE):
+        return len(E4M3_POSITIVE) - 1
+    if i > 0 and a - E4M3_POSITIVE[i - 1] <= E4M3_POSITIVE[i] - a:
+        return i - 1
+    return i
+
+
+def mxfp4_linear(name, rows, cols, rng):
+    """A [rows, cols] weight uniform in +-sqrt(3 / cols), stored MXFP4 as the release does: I8
+    [rows, cols / 2] (column 2j in the low nibble, 2j + 1 in the high one) + F8_E8M0
+    [rows, cols / 32]."""
+    spread = math.sqrt(3.0 / cols)
+    packed, scales = [], []
+    for _ in range(rows):
+        row = [rng.uniform(-spread, spread) for _ in range(cols)]
+        codes = []
+        for g in range(0, cols, 32):
+            e = e8m0_for(max(abs(v) for v in row[g:g + 32]), 6.0)
+            scales.append(e)
+            for v in row[g:g + 32]:
+                i = nearest_code(v / 2.0**(e - 127), E2M1_VALUES)
+                codes.append(i | (8 if v < 0 and i else 0))
+        packed += [codes[c] | (codes[c + 1] << 4) for c in range(0, cols, 2)]
+    return {name + ".weight": ("I8", [rows, cols // 2], packed),
+            name + ".scale": ("F8_E8M0", [rows, cols // 32], scales)}
+
+
+def dequantize(ck, name):
+    """Module `name`'s weight as nested lists [rows][cols] of floats: bf16 / F32 as stored, fp8
+    or MXFP4 (an I8 weight) times its E8M0 scales."""
+    dtype, shape, codes = ck.tensors[name + ".weight"]
+    if dtype in ("BF16", "F32"):
+        return ck[name + ".weight"]
+    _, sshape, s = ck.tensors[name + ".scale"]
+    if dtype == "F8_E4M3":
+        rows, cols = shape
+        return [[e4m3_value(codes[r * cols + c]) * 2.0**(s[(r // 128) * sshape[1] + c // 128] - 127)
+                 for c in range(cols)] for r in range(rows)]
+    assert dtype == "I8", name + ": unexpected weight dtype " + dtype
+    rows, cols = shape[0], 2 * shape[1]
+    out = []
+    for r in range(rows):
+        row = []
+        for c in range(cols):
+            byte = codes[r * shape[1] + c // 2]
+            row.append(e2m1_value(byte >> 4 if c % 2 else byte & 0xF)
+                       * 2.0**(s[r * sshape[1] + c // 32] - 127))
+        out.append(row)
+    return out
+
+
+class DeepseekV4(Family):
+    # vLLM deepseek_v4.py DeepseekV4MoE (with fused_topk_bias_router.py's
+    # _topk_softplus_sqrt_torch): every layer MoE; NormGateLinear = ffn_norm then the bf16 router
+    # ffn.gate (fp32 logits); scores sqrt(softplus(logit)); the first num_hash_layers layers take
+    # their experts from ffn.gate.tid2eid[token id], the others the top-k of score + ffn.gate.bias
+    # (noaux_tc); weights the unbiased scores of the chosen experts, / max(sum, 1e-20)
+    # (norm_topk_prob), x routed_scaling_factor; experts and shared_experts (ungated) are
+    # DeepseekV4MLP / FusedMoE with SiluAndMulWithClamp(swiglu_limit). DeepSeek's own tensor names
+    # (no "model." prefix), fp8 block-scaled linears, MXFP4 routed experts, fp32 mHC tensors.
+    # moeshard's layer output is x + MoE(ffn_norm(x)) on the plain [T, H] stream (the mHC
+    # mixing around it is not run; moe_runtime.cc), which is what is compared.
+    model = ""
+    lm_head = "head.weight"
+    token_ids = True
+
+    def make_config(self):
+        # tiny-deepseek-v4 (models/tiny-deepseek-v4.json) scaled to this test's widths: one hash
+        # layer then two score layers, swiglu_limit low enough that the clamp acts. The fp8
+        # linears that TP splits keep whole 128-row (or column) scale blocks per rank up to TP4
+        # (the planner refuses a block straddling ranks): heads * head_dim, o_groups *
+        # o_lora_rank and the shared experts' width (8 x moe_intermediate_size) are 512; MXFP4
+        # experts split by moe_tp 2 keep whole 32-groups.
+        return {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+                "compress_ratios": [0, 4, 128], "expert_dtype": "fp4", "hc_eps": 1e-06,
+                "hc_mult": 4, "hc_sinkhorn_iters": 20, "head_dim": 64, "hidden_act": "silu",
+                "hidden_size": H, "index_head_dim": 16, "index_n_heads": 4, "index_topk": 8,
+                "max_position_embeddings": 4096, "moe_intermediate_size": 2 * I,
+                "n_routed_experts": E, "n_shared_experts": 8, "norm_topk_prob": True,
+                "num_attention_heads": HEADS, "num_experts_per_tok": K, "num_hash_layers": 1,
+                "num_hidden_layers": 3, "num_key_value_heads": 1, "num_nextn_predict_layers": 0,
+                "o_groups": 4, "o_lora_rank": 128, "q_lora_rank": 32, "qk_rope_head_dim": 8,
+                "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
+                                        "quant_method": "fp8", "scale_fmt": "ue8m0",
+                                        "weight_block_size": [128, 128]},
+                "rms_norm_eps": 1e-06, "routed_scaling_factor": 1.5,
+                "scoring_func": "sqrtsoftplus", "sliding_window": 16, "swiglu_limit": 1.0,
+                "tie_word_embeddings": False, "topk_method": "noaux_tc",
+                "torch_dtype": "bfloat16", "vocab_size": V}
+
+    def moe(self, l):
+        return self.layer(l) + "ffn."
+
+    def moe_layers(self):
+        return list(range(self.text["num_hidden_layers"]))
+
+    def hashed(self, l):
+        return l < self.text["num_hash_layers"]
+
+    def pre_moe_norm(self, l):
+        return self.layer(l) + "ffn_norm.weight"
+
+    def shared_module(self, l):
+        return self.moe(l) + "shared_experts"
+
+    def width(self):
+        return self.text["moe_intermediate_size"]
+
+    def correction_bias(self, l):
+        return None if self.hashed(l) else self.moe(l) + "gate.bias"
+
+    def swiglu_limit(self):
+        return self.text["swiglu_limit"]
+
+    def make_tensors(self, rng):
+        """Every tensor of the checkpoint, quantized as the release stores them."""
+        c, hc = self.text, self.text["hc_mult"]
+        hd, nh, q = c["head_dim"], c["num_attention_heads"], c["q_lora_rank"]
+        ihd, ih = c["index_head_dim"], c["index_n_heads"]
+        specs = [linear("embed.weight", V, H), linear(self.lm_head, V, H), norm("norm.weight", H),
+                 Spec("hc_head_fn", "F32", [hc, hc * H], 0.0, 0.1),
+                 vector("hc_head_base", hc, dtype="F32"), vector("hc_head_scale", 1, dtype="F32")]
+        fp8, fp4 = [], []  # (name, rows, cols)
+        mix = (2 + hc) * hc
+        for l in self.moe_layers():
+            p, r = self.layer(l), c["compress_ratios"][l]
+            specs += [norm(p + "attn_norm.weight", H), norm(self.pre_moe_norm(l), H)]
+            for sub in ("attn", "ffn"):
+                specs += [Spec(p + "hc_%s_fn" % sub, "F32", [mix, hc * H], 0.0, 0.1),
+                          vector(p + "hc_%s_base" % sub, mix, dtype="F32"),
+                          vector(p + "hc_%s_scale" % sub, 3, dtype="F32")]
+            a = p + "attn."
+            fp8 += [(a + "wq_a", q, H), (a + "wq_b", nh * hd, q), (a + "wkv", hd, H),
+                    (a + "wo_a", c["o_groups"] * c["o_lora_rank"], nh * hd // c["o_groups"]),
+                    (a + "wo_b", H, c["o_groups"] * c["o_lora_rank"])]
+            specs += [norm(a + "q_norm.weight", q), norm(a + "kv_norm.weight", hd),
+                      vector(a + "attn_sink", nh, dtype="F32")]
+
+            def compressor(cp, dim):
+                w = (2 if r == 4 else 1) * dim
+                return [Spec(cp + "ape", "F32", [r, w], 0.0, 0.5), linear(cp + "wkv.weight", w, H),
+                        linear(cp + "wgate.weight", w, H), norm(cp + "norm.weight", dim)]
+            if r:
+                specs += compressor(a + "compressor.", hd)
+            if r == 4:
+                fp8.append((a + "indexer.wq_b", ih * ihd, q))
+                specs += [linear(a + "indexer.weights_proj.weight", ih, H)]
+                specs += compressor(a + "indexer.compressor.", ihd)
+            m = self.moe(l)
+            specs.append(linear(m + "gate.weight", E, H))
+            if not self.hashed(l):
+                specs.append(vector(m + "gate.bias", E, 0.0, 0.15, "F32"))
+            s = self.shared_module(l) + "."
+            S = c["n_shared_experts"] * self.width()
+            fp8 += [(s + "w1", S, H), (s + "w3", S, H), (s + "w2", H, S)]
+            for e in range(E):
+                x = "%sexperts.%d." % (m, e)
+                fp4 += [(x + "w1", self.width(), H), (x + "w3", self.width(), H),
+                        (x + "w2", H, self.width())]
+        out = random_tensors(specs, rng)
+        for l in self.moe_layers():
+            if self.hashed(l):  # each token's top_k distinct experts, as I64 like the release
+                table = [e for _ in range(V) for e in rng.sample(range(E), K)]
+                out[self.moe(l) + "gate.tid2eid"] = ("I64", [V, K], table)
+        for name, rows, cols in fp8:
+            out.update(fp8_linear(name, rows, cols, rng))
+        for name, rows, cols in fp4:
+            out.update(mxfp4_linear(name, rows, cols, rng))
+        return out
+
+    def hash_table(self, ck, l):
+        return ck[self.moe(l) + "gate.tid2eid"] if self.hashed(l) else None
+
+    def experts(self, ck, l):
+        base = self.moe(l) + "experts."
+        return [Mlp(*(dequantize(ck, "%s%d.%s" % (base, e, n)) for n in ("w1", "w3", "w2")))
+                for e in range(E)]
+
+    def shared_mlp(self, ck, l):
+        return Mlp(*(dequantize(ck, "%s.%s" % (self.shared_module(l), n))
+                     for n in ("w1", "w3", "w2")))
+
+    def scores(self, logits):
+        if MUTATE == "no-sqrt":
+            return [softplus(v) for v in logits]
+        return [math.sqrt(softplus(v)) for v in logits]
+
+    def weights(self, s, ids):
+        """The unbiased scores of `ids`, / max(sum, 1e-20), x routed_scaling_factor."""
+        w = [s[e] for e in ids]
+        if mutated_renormalize(self.text["norm_topk_prob"]):
+            w = [v / max(sum(w), 1e-20) for v in w]
+        if MUTATE != "no-scaling":
+            w = [v * self.text["routed_scaling_factor"] for v in w]
+        return w
+
+    def route(self, logits, bias):
+        s = self.scores(logits)
+        # bias is None on a hash layer routed by score (--mutate no-hash)
+        if bias is None or MUTATE == "no-correction-bias":
+            b = list(s)
+        else:
+            b = [a + c for a, c in zip(s, bias)]
+        ids, margin = top(b, self.text["num_experts_per_tok"])
+        return ids, self.weights(s, ids), margin
+
+    def hash_route(self, logits, experts):
+        return list(experts), self.weights(self.scores(logits), experts), math.inf
+
+
+def softplus(v):
+    """torch.nn.functional.softplus (beta 1, linear above threshold 20)."""
+    return v if v > 20 else math.log1p(math.exp(v))
+
+
 FAMILIES = {"olmoe": Olmoe, "deepseek_v2": DeepseekV2, "qwen2_moe": Qwen2Moe, "glm4_moe": Glm4Moe,
             "minimax_m2": MinimaxM2, "llama4": Llama4, "qwen3_next": Qwen3Next,
-            "qwen3_5_moe": Qwen35Moe}
+            "qwen3_5_moe": Qwen35Moe, "deepseek_v4": DeepseekV4}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -802,9 +1117,14 @@ def silu(v):
     return v * sigmoid(v)
 
 
-def mlp(m, x, rounded=lambda h: h):
-    """SwiGLU: down(rounded(silu(gate x) * up x))."""
-    h = [silu(g) * u for g, u in zip(matvec(m.gate, x), matvec(m.up, x))]
+def mlp(m, x, rounded=lambda h: h, limit=None):
+    """SwiGLU: down(rounded(silu(gate x) * up x)); with `limit` DeepSeek-V4's clamped SwiGLU,
+    silu(min(gate x, limit)) * clamp(up x, -limit, limit) (vLLM SiluAndMulWithClamp)."""
+    g, u = matvec(m.gate, x), matvec(m.up, x)
+    if limit is not None and MUTATE != "no-clamp":
+        g = [min(v, limit) for v in g]
+        u = [min(max(v, -limit), limit) for v in u]
+    h = [silu(a) * b for a, b in zip(g, u)]
     return matvec(m.down, rounded(h))
 
 
@@ -825,29 +1145,37 @@ class MoeLayer:
         self.bias = ck[bias] if bias else None
         self.experts = family.experts(ck, l)
         shared = family.shared_module(l)
-        self.shared = None
-        if shared:
-            self.shared = Mlp(*(ck["%s.%s.weight" % (shared, n)]
-                                for n in ("gate_proj", "up_proj", "down_proj")))
+        self.shared = family.shared_mlp(ck, l) if shared else None
+        self.shared_cache = {}
+        self.hash = family.hash_table(ck, l)
+        self.limit = family.swiglu_limit()
         gate = family.shared_gate(l)
         self.shared_gate = ck[gate][0] if gate else None
 
-    def __call__(self, x, bf16_points=False):
-        """(y, routing margin) for one token's hidden state x. bf16_points: round the routed
-        experts' input and their SwiGLU activation to bf16, as moeshard does."""
+    def __call__(self, x, token_id=None, bf16_points=False):
+        """(y, routing margin) for one token's hidden state x (and its id, for DeepSeek-V4's
+        hash-routed layers). bf16_points: round the routed experts' input and their SwiGLU
+        activation to bf16, as moeshard does."""
         f = self.family
         rounded = (lambda v: round_bf16(v)[1]) if bf16_points else (lambda v: v)
         xn = rms_norm(x, self.norm, f.text["rms_norm_eps"], f.norm_plus_one)
-        ids, weights, margin = f.route(matvec(self.router, xn), self.bias)
+        logits = matvec(self.router, xn)
+        if self.hash is not None and MUTATE != "no-hash":
+            ids, weights, margin = f.hash_route(logits, self.hash[token_id])
+        else:
+            ids, weights, margin = f.route(logits, self.bias)
         out = [0.0] * len(x)
         for e, w in zip(ids, weights):
             xe = xn
             if f.weight_on_input and MUTATE != "weight-on-output":
                 xe, w = [v * w for v in xn], 1.0
-            y = mlp(self.experts[e], rounded(xe), rounded)
+            y = mlp(self.experts[e], rounded(xe), rounded, self.limit)
             out = [o + w * v for o, v in zip(out, y)]
         if self.shared and MUTATE != "no-shared-expert":
-            s = mlp(self.shared, xn)
+            key = tuple(xn)  # the bf16-points call of the same token computes it again
+            if key not in self.shared_cache:
+                self.shared_cache = {key: mlp(self.shared, xn, limit=self.limit)}
+            s = self.shared_cache[key]
             g = 1.0
             if self.shared_gate and MUTATE != "no-shared-gate":
                 g = sigmoid(sum(a * b for a, b in zip(self.shared_gate, xn)))
@@ -858,22 +1186,25 @@ class MoeLayer:
 # ------------------------------------------------------------------------------------------------
 # The test
 
-def draw_inputs(layers, rng):
-    """NUM_TOKENS bf16 hidden states whose routing, through the float64 chain of `layers`, keeps
-    PREPARE_MARGIN at every layer (a token too close to a tie is drawn again)."""
-    tokens, redrawn = [], 0
+def draw_inputs(family, layers, rng):
+    """NUM_TOKENS bf16 hidden states (and, for a family that routes by token id, their token
+    ids; else None) whose routing, through the float64 chain of `layers`, keeps PREPARE_MARGIN
+    at every layer (a token too close to a tie is drawn again)."""
+    tokens, ids, redrawn = [], [], 0
     while len(tokens) < NUM_TOKENS:
         x = round_bf16([rng.uniform(-1, 1) for _ in range(H)])[1]
+        tid = rng.randrange(family.text["vocab_size"]) if family.token_ids else None
         y, ok = x, True
         for layer in layers:
-            y, margin = layer(y)
+            y, margin = layer(y, tid)
             ok &= margin >= PREPARE_MARGIN
         if ok:
             tokens.append(x)
+            ids.append(tid)
         else:
             redrawn += 1
             assert redrawn < 20 * NUM_TOKENS, "no token routes clear of ties"
-    return tokens, redrawn
+    return tokens, ids if family.token_ids else None, redrawn
 
 
 def run_moeshard(binary, ckpt, topology, inp, out):
@@ -908,16 +1239,19 @@ def main():
     family = FAMILIES[name]()
     rng = random.Random("moeshard hf reference %s %d" % (name, seed))
     ckpt = os.path.join(work, name + "_checkpoint")
-    write_checkpoint(ckpt, family.config, random_tensors(family.tensors(), rng))
+    write_checkpoint(ckpt, family.config, family.make_tensors(rng))
 
     ck = Checkpoint(ckpt)
     moe_layers = family.moe_layers()
     layers = [MoeLayer(family, ck, l) for l in moe_layers]
-    tokens, redrawn = draw_inputs(layers, rng)
+    tokens, token_ids, redrawn = draw_inputs(family, layers, rng)
     MUTATE = mutation  # after drawing: a mutated run sees the same checkpoint and input
     inp = os.path.join(work, name + "_input.safetensors")
     hidden = [v for t in tokens for v in t]
-    write_safetensors(inp, {"hidden_states": ("BF16", [NUM_TOKENS, H], hidden)})
+    inputs = {"hidden_states": ("BF16", [NUM_TOKENS, H], hidden)}
+    if token_ids is not None:  # `run --input` reads them for the hash-routed layers
+        inputs["token_ids"] = ("I64", [NUM_TOKENS], token_ids)
+    write_safetensors(inp, inputs)
     print("%s: %d tensors, MoE layers %s, %d tokens (%d redrawn near a routing tie)"
           % (name, len(ck.tensors), moe_layers, NUM_TOKENS, redrawn))
 
@@ -933,12 +1267,13 @@ def main():
             ys = [got[out_name][t * H:(t + 1) * H] for t in range(NUM_TOKENS)]
             err = err_bf16 = scale = 0.0
             for t, (x, y) in enumerate(zip(xs, ys)):
-                ref, margin = layer(x)
+                tid = token_ids[t] if token_ids else None
+                ref, margin = layer(x, tid)
                 if margin < RUN_MARGIN:
                     sys.exit("FAILED: %s layer %d token %d: routing within %.2g of a tie on the "
                              "input moeshard's layer received; try another --seed"
                              % (label, l, t, margin))
-                ref_bf16 = layer(x, bf16_points=True)[0]
+                ref_bf16 = layer(x, tid, bf16_points=True)[0]
                 err = max(err, max(abs(a - b) for a, b in zip(y, ref)))
                 err_bf16 = max(err_bf16, max(abs(a - b) for a, b in zip(y, ref_bf16)))
                 scale = max(scale, max(abs(a - b) for a, b in zip(ref, x)))
