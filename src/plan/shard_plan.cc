@@ -294,7 +294,9 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
           "plan: '{}' {} split {} ways by TP gives {} {}: expected a multiple of the {} group {} "
           "(a scale block would straddle ranks; TP sizes that keep it whole: {})",
           t.name, Dims(t.shape), tp, end - begin, dim == 0 ? "rows" : "columns",
-          WeightFormatName(q.format), granule, fmt::join(ok, ", ")));
+          WeightFormatName(q.format), granule,
+          ok.empty() ? std::string("none: it is not a whole number of blocks, so it stays whole only replicated")
+                     : fmt::format("{}", fmt::join(ok, ", "))));
     }
   }
   // Storage coordinates of [begin, end) along the split dim: rows stay rows; columns count
