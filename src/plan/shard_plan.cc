@@ -295,7 +295,7 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
           "(a scale block would straddle ranks; TP sizes that keep it whole: {})",
           t.name, Dims(t.shape), tp, end - begin, dim == 0 ? "rows" : "columns",
           WeightFormatName(q.format), granule,
-          ok.empty() ? std::string("none: it is not a whole number of blocks, so it stays whole only replicated")
+          ok.empty() ? std::string("none: it is not whole blocks, so only replicated")
                      : fmt::format("{}", fmt::join(ok, ", "))));
     }
   }
