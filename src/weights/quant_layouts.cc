@@ -48,7 +48,9 @@ uint32_t Word(const std::vector<std::byte>& buf, int64_t row, int64_t col, int64
   return w;
 }
 
-uint8_t Nibble(uint32_t word, int position) { return static_cast<uint8_t>((word >> (4 * position)) & 0xfu); }
+uint8_t Nibble(uint32_t word, int position) {
+  return static_cast<uint8_t>((word >> (4 * position)) & 0xfu);
+}
 
 // Reads stored rows [r0, r1) x bytes [c0, c1) of `info` into a dense buffer.
 Result<std::vector<std::byte>> ReadRect(const SafetensorsFile& file, const TensorInfo& info,
@@ -104,7 +106,9 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
     case TensorPart::kScale:
       if (awq || gptq) return {"scales", DType::kF16, {groups, out}, E::kTransposedF16};
       if (q.format == WeightFormat::kInt4Zp) {  // compressed-tensors: the model dtype
-        return {"weight_scale", model_dtype, {out, groups},
+        return {"weight_scale",
+                model_dtype,
+                {out, groups},
                 model_dtype == DType::kBF16 ? E::kBf16ToF16 : E::kDirect};
       }
       if (q.layout == QuantLayout::kDeepseekV4) {
@@ -121,7 +125,9 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
     case TensorPart::kZeroPoint:
       if (awq) return {"qzeros", DType::kI32, {groups, CeilDiv(out, 8)}, E::kAwqZeros};
       if (gptq) {
-        return {"qzeros", DType::kI32, {groups, CeilDiv(out, 8)},
+        return {"qzeros",
+                DType::kI32,
+                {groups, CeilDiv(out, 8)},
                 q.layout == QuantLayout::kGptq ? E::kGptqZeros : E::kGptqV2Zeros};
       }
       return {"weight_zero_point", DType::kI32, {CeilDiv(out, 8), groups}, E::kCtZeros};
@@ -135,7 +141,8 @@ StoredPart StoredPartOf(const WeightScheme& q, TensorPart part, int64_t out, int
     case TensorPart::kGroupIndex:
     case TensorPart::kValue: break;
   }
-  MOESHARD_CHECK(false, "part {} of a quantized linear has no stored tensor", static_cast<int>(part));
+  MOESHARD_CHECK(false, "part {} of a quantized linear has no stored tensor",
+                 static_cast<int>(part));
   return {};
 }
 
@@ -165,8 +172,9 @@ SourceTensorSpec EncodedSpec(const WeightScheme& q, TensorPart part, const std::
   return spec;
 }
 
-Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const SourceTensorSpec& spec,
-                   int64_t a, int64_t b, int64_t cb, int64_t ce, std::byte* out, int64_t stride) {
+Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info,
+                   const SourceTensorSpec& spec, int64_t a, int64_t b, int64_t cb, int64_t ce,
+                   std::byte* out, int64_t stride) {
   using E = SourceEncoding;
   if (b <= a || ce <= cb) return Status::Ok();
   const int64_t out_rows = spec.view_shape.empty() ? 1 : spec.view_shape[0];
@@ -184,7 +192,8 @@ Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const So
         for (int64_t o = a; o < b; ++o) {
           for (int64_t i = i0; i < i1; i += 2) {
             const uint8_t lo = Nibble(Word(buf, i - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
-            const uint8_t hi = Nibble(Word(buf, i + 1 - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
+            const uint8_t hi =
+                Nibble(Word(buf, i + 1 - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
             dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
           }
         }
@@ -212,7 +221,8 @@ Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const So
                                 ReadRect(file, info, words * 4, cb, ce, w0 * 4, w1 * 4));
       const int add = spec.encoding == E::kGptqZeros ? 1 : 0;  // GPTQ v1 stores zero - 1
       for (int64_t o = a; o < b; ++o) {
-        const int nibble = spec.encoding == E::kAwqZeros ? kAwqNibble[o % 8] : static_cast<int>(o % 8);
+        const int nibble =
+            spec.encoding == E::kAwqZeros ? kAwqNibble[o % 8] : static_cast<int>(o % 8);
         for (int64_t gi = cb; gi < ce; ++gi) {
           dst[(o - a) * stride + (gi - cb)] =
               static_cast<uint8_t>(Nibble(Word(buf, gi - cb, o / 8 - w0, w1 - w0), nibble) + add);

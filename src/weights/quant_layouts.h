@@ -51,7 +51,8 @@ SourceTensorSpec EncodedSpec(const WeightScheme& q, TensorPart part, const std::
 // Rows [a, b) and bytes [cb, ce) of the view of `spec` (row r written at out + (r - a) *
 // stride), converted from the stored tensor `info` of `file`. REQUIRES: spec.encoding is not
 // kDirect and the window is within the view.
-Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info, const SourceTensorSpec& spec,
-                   int64_t a, int64_t b, int64_t cb, int64_t ce, std::byte* out, int64_t stride);
+Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info,
+                   const SourceTensorSpec& spec, int64_t a, int64_t b, int64_t cb, int64_t ce,
+                   std::byte* out, int64_t stride);
 
 }  // namespace moeshard::internal

@@ -24,7 +24,7 @@ namespace {
 
 struct Case {
   std::string preset;
-  std::string layout;  // the script's name of the layout
+  std::string layout;            // the script's name of the layout
   std::string config_edit = "";  // a GPTQ v2 variant: "checkpoint_format" set on the preset
 };
 
@@ -89,8 +89,8 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
   // The spec: quantized linears by module, everything else by checkpoint tensor.
   const std::vector<Linear> linears = QuantizedLinears(*plan1);
   std::set<std::string> modules;
-  nlohmann::json spec = {{"group", q.group}, {"plain", nlohmann::json::array()},
-                         {"linears", nlohmann::json::array()}};
+  nlohmann::json spec = {
+      {"group", q.group}, {"plain", nlohmann::json::array()}, {"linears", nlohmann::json::array()}};
   for (const Linear& l : linears) {
     modules.insert(l.module);
     spec["linears"].push_back(
@@ -122,8 +122,8 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
   testing_util::ScratchDir dir;
   testing_util::WriteText(dir / "spec.json", spec.dump());
   const std::string cmd = fmt::format(
-      "python3 {}/tests/weights/quantized_checkpoint.py {} {} {} {}", MOESHARD_SOURCE_DIR,
-      c.layout, dir / "spec.json", dir / "ckpt", dir / "expected.safetensors");
+      "python3 {}/tests/weights/quantized_checkpoint.py {} {} {} {}", MOESHARD_SOURCE_DIR, c.layout,
+      dir / "spec.json", dir / "ckpt", dir / "expected.safetensors");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto ckpt = Checkpoint::Open(dir / "ckpt");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
@@ -145,18 +145,18 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
       infos.push_back({name, entry.info->dtype, entry.info->shape, entry.info->num_bytes()});
     }
     const CheckpointSizing sizing = SizeFromCheckpoint(*plan1, infos);
-    EXPECT_TRUE(sizing.unplaced.empty()) << sizing.unplaced.size() << " unplaced, e.g. "
-                                         << sizing.unplaced.front();
+    EXPECT_TRUE(sizing.unplaced.empty())
+        << sizing.unplaced.size() << " unplaced, e.g. " << sizing.unplaced.front();
     EXPECT_EQ(sizing.placed_bytes, sizing.total_bytes);
     // The rank's weights from the headers (converted parts at their rank-layout size) equal
     // the plan from config.json.
     EXPECT_EQ(sizing.RankTotal(0), plan1->ranks[0].WeightBytes());
   }
 
-  for (const Topology& topo :
-       {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true},
-        Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}}) {
-    Result<ShardPlan> plan = BuildShardPlan(*model, PlanOptions{.topology = topo, .backend = "cpu"});
+  for (const Topology& topo : {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true},
+                               Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}}) {
+    Result<ShardPlan> plan =
+        BuildShardPlan(*model, PlanOptions{.topology = topo, .backend = "cpu"});
     ASSERT_TRUE(plan.ok()) << plan.status().message();
     LoadOptions opts;
     opts.source = LoadOptions::Source::kCheckpoint;
@@ -171,8 +171,7 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
       auto sibling = [&](const WeightScheme& sq, const std::string& weight,
                          std::string_view leaf) -> const void* {
         if (leaf.empty()) return nullptr;
-        const std::string base =
-            weight.substr(0, weight.size() - sq.spec().weight_leaf.size());
+        const std::string base = weight.substr(0, weight.size() - sq.spec().weight_leaf.size());
         const TensorBuffer* b = w->Find(base + std::string(leaf));
         EXPECT_NE(b, nullptr) << base << leaf;
         return b == nullptr ? nullptr : b->data.data();
@@ -205,7 +204,8 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           const auto* zeros = static_cast<const uint8_t*>(sibling(sq, name, sq.spec().zero_leaf));
           const auto* globals = static_cast<const float*>(sibling(sq, name, sq.spec().global_leaf));
           if (s.category != TensorCategory::kRoutedExperts) {
-            const std::string module = name.substr(0, name.size() - sq.spec().weight_leaf.size() - 1);
+            const std::string module =
+                name.substr(0, name.size() - sq.spec().weight_leaf.size() - 1);
             const int64_t per_byte = sq.packed() ? 2 : 1;
             const int64_t rows = s.local_shape[0], cols = s.local_shape[1] * per_byte;
             const int64_t r0 = s.shard_dim == 0 ? s.shard_begin : 0;
@@ -233,11 +233,12 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
             const int64_t e = rp.expert_slots[slot];
             const auto* d = b->data.data() + slot * rows * sq.WeightRowBytes(cols);
-            const auto* sc = static_cast<const std::byte*>(scales) + slot * sq.ScaleBytes(rows, cols);
+            const auto* sc =
+                static_cast<const std::byte*>(scales) + slot * sq.ScaleBytes(rows, cols);
             const uint8_t* z = zeros ? zeros + slot * sq.ZeroBytes(rows, cols) : nullptr;
             for (int half = 0; half < (w13 ? 2 : 1); ++half) {
-              const std::string module =
-                  ExpandName(w13 ? (half ? plan->experts.up : plan->experts.gate) : plan->experts.down, l, e);
+              const std::string module = ExpandName(
+                  w13 ? (half ? plan->experts.up : plan->experts.gate) : plan->experts.down, l, e);
               const float gs = globals ? globals[w13 ? 2 * slot + half : slot] : 1.0f;
               for (int64_t r = 0; r < (w13 ? Il : H); ++r) {
                 reference::DequantizeMatrixRow(sq, d, sc, rows, cols, (w13 ? half * Ip : 0) + r,
@@ -258,23 +259,23 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, QuantizedCheckpointTest,
-    ::testing::Values(Case{"tiny-qwen2-moe-awq", "awq"}, Case{"tiny-qwen2-moe-gptq", "gptq"},
-                      Case{"tiny-qwen2-moe-gptq", "gptq_v2", "gptq_v2"},
-                      Case{"tiny-qwen2-moe-w4a16-asym", "ct-int4-asym"},
-                      Case{"tiny-qwen2-moe-nvfp4", "ct-nvfp4"},
-                      Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"},
-                      Case{"tiny-qwen2-moe-fp8-dynamic", "ct-fp8-channel"},
-                      Case{"tiny-qwen2-moe-modelopt-fp8", "modelopt-fp8"},
-                      Case{"tiny-deepseek-v4", "deepseek-v4"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string n = info.param.layout;
-      for (char& ch : n) {
-        if (ch == '-') ch = '_';
-      }
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, QuantizedCheckpointTest,
+                         ::testing::Values(Case{"tiny-qwen2-moe-awq", "awq"},
+                                           Case{"tiny-qwen2-moe-gptq", "gptq"},
+                                           Case{"tiny-qwen2-moe-gptq", "gptq_v2", "gptq_v2"},
+                                           Case{"tiny-qwen2-moe-w4a16-asym", "ct-int4-asym"},
+                                           Case{"tiny-qwen2-moe-nvfp4", "ct-nvfp4"},
+                                           Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"},
+                                           Case{"tiny-qwen2-moe-fp8-dynamic", "ct-fp8-channel"},
+                                           Case{"tiny-qwen2-moe-modelopt-fp8", "modelopt-fp8"},
+                                           Case{"tiny-deepseek-v4", "deepseek-v4"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string n = info.param.layout;
+                           for (char& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace moeshard
