@@ -121,7 +121,19 @@ Status ParseAwq(const ConfigFields& f, QuantizationConfig& out) {
                    "\"" + version + "\"", "GEMV and Marlin-packed AWQ are not supported");
   }
   out.scheme = WeightScheme{WeightFormat::kInt4Zp, group, 1, QuantLayout::kAwq};
-  return ReadIgnore(f, "modules_to_not_convert", out);
+  // AutoAWQ and vLLM (awq.py is_layer_skipped_awq) skip a module when any entry is a substring
+  // of its name: each entry becomes a regex matching it anywhere.
+  const size_t first = out.ignore.size();
+  MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "modules_to_not_convert", out));
+  for (size_t i = first; i < out.ignore.size(); ++i) {
+    std::string re = "re:.*";
+    for (char ch : out.ignore[i]) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos) re += '\\';
+      re += ch;
+    }
+    out.ignore[i] = re;
+  }
+  return Status::Ok();
 }
 
 // AutoGPTQ / GPTQModel (`quant_method: gptq`): 4-bit, zero points stored minus one unless

@@ -353,6 +353,14 @@ TEST(ConfigTest, QuantizationMethods) {
     j["version"] = "GEMM";
   });
   EXPECT_EQ(q.scheme, (WeightScheme{WeightFormat::kInt4Zp, 64, 1, QuantLayout::kAwq}));
+  // AWQ's modules_to_not_convert match anywhere in the name (AutoAWQ / vLLM: `key in name`).
+  q = edited("tiny-qwen2-moe-awq", [](auto& j) {
+    j["modules_to_not_convert"] = {"shared_expert.", "layers.1.mlp.experts"};
+  });
+  EXPECT_TRUE(q.IsIgnored("model.layers.0.mlp.shared_expert.up_proj"));
+  EXPECT_TRUE(q.IsIgnored("model.layers.1.mlp.experts.3.down_proj"));
+  EXPECT_FALSE(q.IsIgnored("model.layers.0.mlp.experts.3.down_proj"));
+  EXPECT_FALSE(q.IsIgnored("model.layers.0.mlp.shared_expert_gate"));  // '.' is literal
   // GPTQModel's v2 format stores zero points as they are.
   q = edited("tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "gptq_v2"; });
   EXPECT_EQ(q.scheme.layout, QuantLayout::kGptqV2);
