@@ -63,14 +63,16 @@ enum class ScaleLayout {
 };
 
 // How a checkpoint stores a quantized linear (module M):
-//   kNative             the table's layout and leaves (M.weight + M.weight_scale_inv, M.weight_packed
+//   kNative             the table's layout and leaves (M.weight + M.weight_scale_inv,
+//   M.weight_packed
 //                       + M.weight_scale, ...): DeepSeek fp8, gpt-oss / compressed-tensors mxfp4,
 //                       compressed-tensors symmetric int4
 //   kAwq                AutoAWQ GEMM (int4-zp): M.qweight I32 [in, out/8], eight output columns a
 //                       word in nibble order 0,2,4,6,1,3,5,7; M.qzeros I32 [in/g, out/8] likewise;
 //                       M.scales F16 [in/g, out]
 //   kGptq               AutoGPTQ (int4-zp): M.qweight I32 [in/8, out], eight input rows a word in
-//                       order; M.qzeros I32 [in/g, out/8] storing zero - 1; M.scales F16 [in/g, out]
+//                       order; M.qzeros I32 [in/g, out/8] storing zero - 1; M.scales F16 [in/g,
+//                       out]
 //   kGptqV2             GPTQModel `checkpoint_format: gptq_v2`: as kGptq, zero stored as is
 //   kCompressedTensors  compressed-tensors asymmetric int4 (int4-zp): M.weight_packed I32
 //                       [out, in/8], M.weight_scale [out, in/g] in the model dtype,

@@ -76,16 +76,16 @@ const char* TensorRoleName(TensorRole role);
 
 // Which part of a (possibly quantized) tensor a shard is.
 enum class TensorPart {
-  kWeight,     // the weight values (quantized storage where the format says so)
-  kScale,      // the format's scales
-  kShapeMeta,  // compressed-tensors `weight_shape` I64 [2]: the logical [out, in]
-  kZeroPoint,  // the format's zero points (int4-zp: U8 [out, in/g], one per byte)
+  kWeight,       // the weight values (quantized storage where the format says so)
+  kScale,        // the format's scales
+  kShapeMeta,    // compressed-tensors `weight_shape` I64 [2]: the logical [out, in]
+  kZeroPoint,    // the format's zero points (int4-zp: U8 [out, in/g], one per byte)
   kGlobalScale,  // the format's per-tensor scale (nvfp4: F32, a multiplier)
   kInputScale,   // a checkpoint's activation scale (ModelOpt input_scale, compressed-tensors
                  // input_global_scale): F32, one per tensor; loaded as stored, unused on CPU
   kGroupIndex,   // GPTQ g_idx: I32 [in], the group of each input channel (i / g without
                  // act-order); loaded as stored
-  kValue,      // a plain tensor (norm, bias, conv, ...)
+  kValue,        // a plain tensor (norm, bias, conv, ...)
 };
 
 // How attention tensor parallelism splits a tensor (the engines' parallel linear classes).

@@ -108,8 +108,8 @@ struct ExpertWeights {
   const uint8_t* w2_zeros = nullptr;   // kInt4Zp: [E_local, H, I / g]
   const float* w13_global = nullptr;   // kNvfp4: [E_local, 2] (gate, up) or [E_local, 1]
   const float* w2_global = nullptr;    // kNvfp4: [E_local]
-  const float* w13_bias = nullptr;  // optional [E_local, R13] fp32
-  const float* w2_bias = nullptr;   // optional [E_local, H] fp32
+  const float* w13_bias = nullptr;     // optional [E_local, R13] fp32
+  const float* w2_bias = nullptr;      // optional [E_local, H] fp32
 
   int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
   // kNvfp4: the global scale of row `row` of expert `e`'s w13 (gate or up half) or w2.

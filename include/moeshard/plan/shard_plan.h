@@ -123,9 +123,9 @@ struct TensorShard {
   // A part of a non-routed linear (weight, scales, zero points, ...): the module's logical
   // [out, in] in elements; empty otherwise.
   std::vector<int64_t> linear_shape;
-  LayerSet layers;  // layer indices on this rank; empty for non-layer tensors
-  int64_t bytes = 0;            // padded bytes, all layers together
-  int64_t padding_bytes = 0;    // bytes spent on padding, all layers together
+  LayerSet layers;            // layer indices on this rank; empty for non-layer tensors
+  int64_t bytes = 0;          // padded bytes, all layers together
+  int64_t padding_bytes = 0;  // bytes spent on padding, all layers together
 
   int64_t count() const { return layers.empty() ? 1 : static_cast<int64_t>(layers.size()); }
 };
@@ -146,11 +146,11 @@ struct ShardPlan {
   PlanOptions options;
   ResolvedTopology topology;
   BackendSpec backend;
-  WeightScheme expert_scheme;  // how the routed experts are stored (the model's quantization)
-  ExpertLayout experts;        // how the family names and lays out its routed experts
-  int64_t num_slots = 0;  // experts + redundant experts
-  DimLayout intermediate;  // routed experts' I
-  DimLayout hidden;        // routed experts' H (latent width for latent MoE)
+  WeightScheme expert_scheme;   // how the routed experts are stored (the model's quantization)
+  ExpertLayout experts;         // how the family names and lays out its routed experts
+  int64_t num_slots = 0;        // experts + redundant experts
+  DimLayout intermediate;       // routed experts' I
+  DimLayout hidden;             // routed experts' H (latent width for latent MoE)
   std::vector<RankPlan> ranks;  // [world]
   std::vector<std::string> notes;
 

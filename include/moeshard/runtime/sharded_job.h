@@ -34,12 +34,12 @@ namespace moeshard {
 
 struct ShardedJobSpec {
   const ShardPlan* plan = nullptr;
-  LoadOptions load;         // weight source; max_moe_layers is set from num_layers
+  LoadOptions load;  // weight source; max_moe_layers is set from num_layers
   // The weights the single-rank reference loads for verification; unset: `load`. A
   // pre-sharded source serves one plan only, so its reference reads the checkpoint (or dummy
   // seed) the directory was made from (PreshardedOrigin).
   std::optional<LoadOptions> reference_load;
-  int64_t num_layers = -1;  // the first N MoE layers of the stage; -1: all
+  int64_t num_layers = -1;                      // the first N MoE layers of the stage; -1: all
   std::vector<int64_t> tokens_per_unit = {16};  // without inputs; cycled over the units
   uint64_t input_seed = 0;
   // Optional explicit inputs (identical on every rank): [T_total, H] fp32, and optional
@@ -55,14 +55,14 @@ struct ShardedJobSpec {
   int iters = 1;
   bool verify = false;
   Tolerance tolerance;
-  int kernel_threads = 1;        // threads of each rank's kernel context
+  int kernel_threads = 1;  // threads of each rank's kernel context
   // CPUs each rank's kernel threads are pinned to, by world rank (empty, or an empty entry:
   // not pinned). See SplitCpus: ranks get disjoint runs of the process's CPUs when they fit, and
   // on several NUMA nodes each rank's from one node (SplitCpusByNode), so the weights its
   // threads load land in that node's memory.
   std::vector<std::vector<int>> rank_cpus;
   std::vector<int> rank_numa_nodes;  // the node of each rank's CPUs (-1: not placed by node)
-  bool collect_outputs = false;  // rank 0 receives every layer's output of every token
+  bool collect_outputs = false;      // rank 0 receives every layer's output of every token
   // bf16 routed experts rewritten into the row-group layout after loading when the kernels run
   // on AVX-512 (UseCpuRowGroupLayout); false keeps them row-major.
   bool cpu_row_groups = true;
