@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/kernels/kernel_bench.h"
 #include "moeshard/kernels/kernel_context.h"
 #include "moeshard/kernels/moe_forward.h"

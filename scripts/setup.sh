@@ -8,7 +8,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libhwy-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
-  clang libclang-rt-14-dev python3
+  clang libclang-rt-14-dev clang-format clang-tidy python3
 )
 
 missing=()

@@ -56,6 +56,12 @@ void CheckFailed(const char* file, int line, const char* condition, const std::s
   std::fflush(stderr);
   std::abort();
 }
+
+void ResultMisuse(const std::string& message) {
+  std::fprintf(stderr, "moeshard: Result misuse: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
 }  // namespace internal
 
 }  // namespace moeshard

@@ -1,5 +1,6 @@
 #include "moeshard/base/status.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace moeshard {

@@ -8,7 +8,7 @@
 #include <sched.h>
 #endif
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/base/math.h"
 
 namespace moeshard {

@@ -1,6 +1,6 @@
 #include "moeshard/base/weight_format.h"
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/base/math.h"
 
 namespace moeshard {

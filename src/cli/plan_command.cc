@@ -11,7 +11,7 @@
 #include "moeshard/base/units.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/plan/advice.h"
-#include "moeshard/plan/plan_json.h"
+#include "plan/plan_json.h"
 
 namespace moeshard::cli {
 namespace {

@@ -18,6 +18,7 @@
 #include "moeshard/config/config_loader.h"
 #include "moeshard/weights/loader.h"
 #include "moeshard/weights/presharded.h"
+#include "weights/presharded_manifest.h"
 
 namespace moeshard::cli {
 namespace {

@@ -1,5 +1,7 @@
 #include "config/config_fields.h"
 
+#include <fmt/format.h>
+
 namespace moeshard {
 
 using nlohmann::json;

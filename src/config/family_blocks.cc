@@ -1,5 +1,6 @@
 #include "config/family_blocks.h"
 
+#include <fmt/format.h>
 #include <functional>
 #include <set>
 

@@ -14,6 +14,7 @@
 #include "moeshard/base/math.h"
 #include "moeshard/kernels/cpu_constraints.h"
 #include "moeshard/kernels/kernel_context.h"
+#include "base/check.h"
 
 namespace moeshard {
 

@@ -2,6 +2,7 @@
 // format, odd sizes, experts without tokens, misaligned pointers, zero padding and bad input.
 #include "moeshard/kernels/expert_gemm.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

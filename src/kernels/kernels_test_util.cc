@@ -1,4 +1,5 @@
 #include "kernels/kernels_test_util.h"
+#include "base/check.h"
 
 #include <fmt/format.h>
 

@@ -3,6 +3,7 @@
 // sums add up to the full layer.
 #include "moeshard/kernels/moe_forward.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>

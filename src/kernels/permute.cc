@@ -10,6 +10,7 @@
 #include "kernels/kernel_scratch.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/kernel_context.h"
+#include "base/check.h"
 
 namespace moeshard {
 

@@ -8,6 +8,7 @@
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/cpu_constraints.h"
 #include "moeshard/kernels/kernel_context.h"
+#include "base/check.h"
 
 namespace moeshard {
 

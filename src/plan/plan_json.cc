@@ -1,4 +1,4 @@
-#include "moeshard/plan/plan_json.h"
+#include "plan/plan_json.h"
 
 namespace moeshard {
 

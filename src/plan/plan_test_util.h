@@ -5,6 +5,7 @@
 
 #include "moeshard/config/config_loader.h"
 #include "moeshard/plan/shard_plan.h"
+#include "base/check.h"
 
 namespace moeshard::testing {
 

@@ -1,6 +1,7 @@
 #include "runtime/dense_ops.h"
 
 #include "moeshard/kernels/reference.h"
+#include "base/check.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,5 @@
 #include "moeshard/runtime/verify.h"
+#include "base/check.h"
 
 #include <fmt/format.h>
 

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/kernels/expert_gemm.h"
 #include "moeshard/plan/shard_plan.h"
 #include "moeshard/weights/rank_weights.h"

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/base/numeric.h"
 
 namespace moeshard {

@@ -13,9 +13,10 @@
 #include <set>
 #include <unordered_set>
 
-#include "moeshard/plan/plan_json.h"
+#include "plan/plan_json.h"
 #include "moeshard/weights/dummy_weights.h"
 #include "moeshard/weights/presharded.h"
+#include "weights/presharded_manifest.h"
 #include "weights/checkpoint_map.h"
 #include "weights/quant_layouts.h"
 

@@ -1,5 +1,6 @@
 // Pre-sharded checkpoints: see moeshard/weights/presharded.h.
 #include "moeshard/weights/presharded.h"
+#include "weights/presharded_manifest.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -8,10 +9,11 @@
 #include <filesystem>
 #include <system_error>
 
-#include "moeshard/plan/plan_json.h"
+#include "plan/plan_json.h"
 #include "moeshard/weights/safetensors_writer.h"
 #include "weights/json_strict.h"
 #include "weights/weights_internal.h"
+#include "base/check.h"
 
 namespace moeshard {
 namespace fs = std::filesystem;

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/base/numeric.h"
 

@@ -3,6 +3,7 @@
 #include <string_view>
 
 #include "weights/checkpoint_map.h"
+#include "base/check.h"
 
 namespace moeshard {
 

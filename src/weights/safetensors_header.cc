@@ -14,6 +14,7 @@
 #include "moeshard/base/math.h"
 #include "moeshard/weights/safetensors.h"
 #include "weights/weights_internal.h"
+#include "base/check.h"
 
 namespace moeshard {
 namespace {

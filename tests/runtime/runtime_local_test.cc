@@ -1,5 +1,6 @@
 // The sharded runtime on local ranks (threads): every case of runtime_cases.h, plus the
 // failing-rank test. Label multirank.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

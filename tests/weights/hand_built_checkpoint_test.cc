@@ -4,6 +4,7 @@
 // and hybrid plans, for bf16 (tiny-qwen3-moe), fp8 block (tiny-deepseek-v3) and MXFP4
 // (tiny-kimi-k3) experts and fused input-major gate-then-up bf16 experts (tiny-llama4) -- and
 // both equal the independent reference slicing.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -5,6 +5,7 @@
 // shared expert and routed experts -- dequantised from the rank's buffers (the rank layout's
 // codes, scales, zero points and global scales) equals the script's dequantised values of the
 // rank's slice, bit for bit.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -1,7 +1,7 @@
 // Status and Result<T>: how every fallible operation in moeshard reports failure.
 //
 // Anything a user's input can cause (a malformed config, an impossible topology, a bad
-// checkpoint) returns a Status or Result<T>; programmer errors use MOESHARD_CHECK (check.h).
+// checkpoint) returns a Status or Result<T>; programmer errors use MOESHARD_CHECK (src/base/check.h).
 // Messages follow STYLE.md: "<operation>: '<subject>': expected X, got Y (<likely fix>)".
 //
 // Thread safety: value types; distinct objects may be used from distinct threads freely.
@@ -12,9 +12,14 @@
 #include <utility>
 #include <variant>
 
-#include "moeshard/base/check.h"
 
 namespace moeshard {
+
+namespace internal {
+// Aborts with the message: a Result used against its contract (a programmer error).
+[[noreturn]] void ResultMisuse(const std::string& message);
+}  // namespace internal
+
 
 enum class StatusCode {
   kOk,
@@ -71,7 +76,7 @@ class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
-    MOESHARD_CHECK(!status_.ok(), "Result constructed from an OK Status without a value");
+    if (status_.ok()) internal::ResultMisuse("Result constructed from an OK Status without a value");
   }
 
   bool ok() const { return value_.has_value(); }
@@ -79,15 +84,15 @@ class [[nodiscard]] Result {
 
   // REQUIRES: ok().
   T& value() & {
-    MOESHARD_CHECK(ok(), "Result::value() on error: {}", status_.ToString());
+    if (!ok()) internal::ResultMisuse("Result::value() on error: " + status_.ToString());
     return *value_;
   }
   const T& value() const& {
-    MOESHARD_CHECK(ok(), "Result::value() on error: {}", status_.ToString());
+    if (!ok()) internal::ResultMisuse("Result::value() on error: " + status_.ToString());
     return *value_;
   }
   T&& value() && {
-    MOESHARD_CHECK(ok(), "Result::value() on error: {}", status_.ToString());
+    if (!ok()) internal::ResultMisuse("Result::value() on error: " + status_.ToString());
     return std::move(*value_);
   }
   T& operator*() & { return value(); }

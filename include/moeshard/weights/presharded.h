@@ -21,8 +21,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -40,25 +38,13 @@ std::string PreshardedRankFileName(int64_t rank, int64_t world);
 // True when `dir` holds a manifest.json (it may still be invalid).
 bool IsPreshardedDir(const std::string& dir);
 
-// Reads and validates manifest.json (format, version, world, files).
-Result<nlohmann::json> ReadPreshardedManifest(const std::string& dir);
-
-struct WritePreshardedOptions {
-  // Extra manifest fields, e.g. {"model": {...}, "topology_flags": {...}}.
-  nlohmann::json extra = nlohmann::json::object();
-  // Called after each rank's file is written.
-  std::function<void(int64_t rank, const LoadStats& stats)> on_rank = {};
-};
-
 // The source the pre-sharded directory was made from (manifest "source": a safetensors
 // checkpoint by absolute path, or dummy weights and their seed), as LoadOptions: what an
 // independent check of the pre-sharded files loads (run --verify's single-rank reference).
 // NotFound when that checkpoint is no longer there.
 Result<LoadOptions> PreshardedOrigin(const std::string& dir);
 
-// Loads every rank through `loader` (one at a time) and writes the directory. REQUIRES: the
-// loader builds every layer (LoadOptions::max_moe_layers < 0).
-Status WritePreshardedCheckpoint(const WeightLoader& loader, const std::string& out_dir,
-                                 const WritePreshardedOptions& options = {});
+// Reading the manifest and writing a directory: src/weights/presharded_manifest.h (they
+// take nlohmann::json, which stays out of the public API).
 
 }  // namespace moeshard

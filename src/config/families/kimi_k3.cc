@@ -17,6 +17,8 @@
 // when TP divides its 12 heads and is replicated otherwise (vLLM falls back to data parallel;
 // SGLang always replicates it); the projector is replicated. Every pipeline stage loads it.
 #include "config/config_fields.h"
+
+#include <fmt/format.h>
 #include "config/family_blocks.h"
 
 namespace moeshard {

@@ -24,6 +24,7 @@
 // the class token, position table and norms replicated; the projector column-parallel over TP
 // whatever the encoder mode (ColumnParallelLinear with gather_output). Every pipeline stage
 // loads it.
+#include <fmt/format.h>
 #include <cmath>
 #include <set>
 

@@ -32,7 +32,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/roofline_avx512.h"
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/kernels/cpu_constraints.h"
 
