@@ -61,7 +61,9 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   app->add_option("--expert-placement-strategy,--expert-placement", f->placement,
                   "linear or round-robin");
   app->add_option("--num-redundant-experts", f->num_redundant_experts,
-                  "EPLB redundant expert slots (slots = experts + redundant)");
+                  "EPLB redundant expert slots (slots = experts + redundant), or auto: the "
+                  "fewest that make the slots divide by the MoE EP size")
+      ->transform(CLI::Transformer({{"auto", std::to_string(kRedundantExpertsAuto)}}));
   app->add_option("--shared-experts", f->shared_experts, "sharded (TP) or replicated");
   app->add_option("--latent-proj", f->latent_proj, "latent MoE projections: replicated or sharded");
 }

@@ -8,6 +8,7 @@
 
 #include "moeshard/base/math.h"
 #include "plan/model_tensors.h"
+#include "base/check.h"
 
 namespace moeshard {
 
@@ -490,12 +491,19 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         backend.name));
   }
 
-  if (options.num_redundant_experts < 0) {
-    return InvalidArgumentError(fmt::format(
-        "plan: '--num-redundant-experts {}': expected >= 0", options.num_redundant_experts));
+  int64_t redundant = options.num_redundant_experts;
+  if (redundant == kRedundantExpertsAuto) {
+    redundant = (t.moe_ep - model.num_experts % t.moe_ep) % t.moe_ep;
+    plan.notes.push_back(fmt::format(
+        "--num-redundant-experts auto: {} redundant experts, {} slots over EP {} ({} per rank)",
+        redundant, model.num_experts + redundant, t.moe_ep,
+        (model.num_experts + redundant) / t.moe_ep));
+  } else if (redundant < 0) {
+    return InvalidArgumentError(
+        fmt::format("plan: '--num-redundant-experts {}': expected a count >= 0 or auto", redundant));
   }
-  plan.num_slots = model.num_experts + options.num_redundant_experts;
-  const bool exact = backend.exact_expert_division || options.num_redundant_experts > 0;
+  plan.num_slots = model.num_experts + redundant;
+  const bool exact = backend.exact_expert_division || redundant > 0;
   if (plan.num_slots % t.moe_ep != 0 && exact) {
     std::vector<int64_t> ok;
     for (int64_t d : Divisors(plan.num_slots)) {
@@ -506,7 +514,7 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         "plan: {} expert slots over EP {}: expected an exact division ({}), got remainder {} "
         "(valid EP sizes: {}; or --num-redundant-experts {})",
         plan.num_slots, t.moe_ep,
-        options.num_redundant_experts > 0 ? "EPLB requires it" : backend.name + " requires it",
+        redundant > 0 ? "EPLB requires it" : backend.name + " requires it",
         plan.num_slots % t.moe_ep, fmt::join(ok, ", "), up));
   }
   if (plan.num_slots % t.moe_ep != 0) {

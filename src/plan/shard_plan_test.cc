@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "moeshard/plan/plan_json.h"
+#include "plan/plan_json.h"
 #include "plan/plan_test_util.h"
 
 namespace moeshard {
@@ -95,6 +95,36 @@ TEST(PlacementTest, LinearRoundRobinUneven) {
       for (int64_t e = 0; e < 128; ++e) EXPECT_EQ(seen.count(e), 1u);
     }
   }
+}
+
+// `--num-redundant-experts auto`: the fewest redundant experts that make the slots divide by
+// the MoE EP size, (ep - E mod ep) mod ep (vLLM issue 30075), for every EP size up to 40.
+TEST(ShardPlanTest, RedundantExpertsAutoIsTheFewestThatDivide) {
+  const ModelConfig m = PresetOrDie("qwen3-30b-a3b");  // 128 experts
+  for (int64_t ep = 1; ep <= 40; ++ep) {
+    PlanOptions o = Opts(/*tp=*/1, /*dp=*/ep, /*ep=*/true);
+    o.num_redundant_experts = kRedundantExpertsAuto;
+    Result<ShardPlan> plan = BuildShardPlan(m, o);
+    ASSERT_TRUE(plan.ok()) << "EP " << ep << ": " << plan.status().ToString();
+    const int64_t redundant = plan->num_slots - 128;
+    EXPECT_EQ(plan->num_slots % ep, 0) << "EP " << ep;
+    EXPECT_GE(redundant, 0);
+    EXPECT_LT(redundant, ep) << "EP " << ep;  // fewer would not divide: the smallest multiple
+    // The same count given explicitly plans the same slots (an EPLB plan needs exact division).
+    o.num_redundant_experts = redundant;
+    if (redundant > 0) {
+      EXPECT_EQ(PlanOrDie(m, o).num_slots, plan->num_slots);
+    }
+  }
+  PlanOptions o = Opts(1, 6, true);
+  o.num_redundant_experts = kRedundantExpertsAuto;
+  const ShardPlan six = PlanOrDie(m, o);
+  EXPECT_EQ(six.num_slots, 132);  // 128 + 4: 22 slots per rank
+  o.num_redundant_experts = -2;
+  Result<ShardPlan> bad = BuildShardPlan(m, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected a count >= 0 or auto"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(ShardPlanTest, RoutedTensorsKimiK3TP32EP) {

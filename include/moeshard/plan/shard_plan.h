@@ -50,12 +50,17 @@ Result<PaddingPolicy> ParsePaddingPolicy(const std::string& name);
 const char* ExpertPlacementName(ExpertPlacement placement);  // "linear", "round-robin"
 Result<ExpertPlacement> ParseExpertPlacement(const std::string& name);
 
+// PlanOptions::num_redundant_experts value asking for the fewest redundant experts that make
+// the slots divide by the MoE EP size: (ep - E mod ep) mod ep (`--num-redundant-experts auto`;
+// vLLM issue 30075 asks for this rule, which vLLM does not apply itself).
+inline constexpr int64_t kRedundantExpertsAuto = -1;
+
 struct PlanOptions {
   Topology topology;
   std::string backend = "auto";
   PaddingPolicy padding = PaddingPolicy::kBackend;
   ExpertPlacement placement = ExpertPlacement::kLinear;
-  int64_t num_redundant_experts = 0;  // EPLB: slots = experts + redundant
+  int64_t num_redundant_experts = 0;  // EPLB: slots = experts + redundant; or kRedundantExpertsAuto
   SharedExpertsMode shared_experts = SharedExpertsMode::kSharded;
   LatentProjMode latent_proj = LatentProjMode::kReplicated;
 };
