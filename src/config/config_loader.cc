@@ -45,18 +45,16 @@ Result<json> ParseJsonStrict(std::string_view text, const std::string& source) {
   try {
     j = json::parse(text.begin(), text.end(), cb);
   } catch (const json::parse_error& e) {
-    return InvalidArgumentError(
-        fmt::format("config: '{}': not valid JSON: {}", source, e.what()));
+    return InvalidArgumentError(fmt::format("config: '{}': not valid JSON: {}", source, e.what()));
   }
   if (!duplicate.empty()) {
-    return InvalidArgumentError(fmt::format(
-        "config: '{}': key '{}' appears twice in one object (which value is meant?)", source,
-        duplicate));
+    return InvalidArgumentError(
+        fmt::format("config: '{}': key '{}' appears twice in one object (which value is meant?)",
+                    source, duplicate));
   }
   if (!j.is_object()) {
-    return InvalidArgumentError(
-        fmt::format("config: '{}': expected a JSON object at the top level, got {}", source,
-                    j.type_name()));
+    return InvalidArgumentError(fmt::format(
+        "config: '{}': expected a JSON object at the top level, got {}", source, j.type_name()));
   }
   return j;
 }
@@ -69,6 +67,51 @@ Status ReadIgnore(const ConfigFields& f, const char* key, QuantizationConfig& ou
     if (!e.is_string()) return f.Error(key, "an array of strings", e.dump());
     out.ignore.push_back(e.get<std::string>());
   }
+  return Status::Ok();
+}
+
+// `text` as a regex matching itself literally.
+std::string EscapeRegex(const std::string& text) {
+  std::string re;
+  for (char ch : text) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos) re += '\\';
+    re += ch;
+  }
+  return re;
+}
+
+// GPTQ's `modules_in_block_to_quantize` (optimum / transformers GPTQConfig, written by Qwen's
+// GPTQ releases): lists of module names inside a decoder layer; a layer module whose name ends
+// with none of them stays unquantized (optimum gptq/quantizer.py `name.endswith(layer)`). It
+// becomes one ignore regex. moeshard stores every routed expert in the checkpoint's scheme, so
+// a list without them would be misread: it is refused.
+Status ReadModulesInBlock(const ConfigFields& f, QuantizationConfig& out) {
+  const char* key = "modules_in_block_to_quantize";
+  if (!f.Has(key)) return Status::Ok();
+  if (!f.Raw(key).is_array()) return f.Error(key, "lists of module names", f.Raw(key).dump());
+  std::vector<std::string> names;
+  for (const json& e : f.Raw(key)) {
+    const json items = e.is_array() ? e : json::array({e});
+    for (const json& n : items) {
+      if (!n.is_string()) return f.Error(key, "lists of module names", n.dump());
+      names.push_back(n.get<std::string>());
+    }
+  }
+  if (names.empty()) return Status::Ok();
+  const bool experts = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n.find("experts.") != std::string::npos && n.find("shared_expert") == std::string::npos;
+  });
+  if (!experts) {
+    return f.Error(key,
+                   "the routed experts among the quantized modules (moeshard stores them "
+                   "in the checkpoint's scheme)",
+                   "no routed expert module",
+                   "GPTQ checkpoints with unquantized routed experts are not supported");
+  }
+  std::string alternatives;
+  for (const std::string& n : names)
+    alternatives += (alternatives.empty() ? "" : "|") + EscapeRegex(n);
+  out.ignore.push_back("re:(?:.*\\.)?layers\\.[0-9]+\\.(?!(?:.*\\.)?(?:" + alternatives + ")$)");
   return Status::Ok();
 }
 
@@ -125,14 +168,8 @@ Status ParseAwq(const ConfigFields& f, QuantizationConfig& out) {
   // of its name: each entry becomes a regex matching it anywhere.
   const size_t first = out.ignore.size();
   MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "modules_to_not_convert", out));
-  for (size_t i = first; i < out.ignore.size(); ++i) {
-    std::string re = "re:.*";
-    for (char ch : out.ignore[i]) {
-      if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos) re += '\\';
-      re += ch;
-    }
-    out.ignore[i] = re;
-  }
+  for (size_t i = first; i < out.ignore.size(); ++i)
+    out.ignore[i] = "re:.*" + EscapeRegex(out.ignore[i]);
   return Status::Ok();
 }
 
@@ -148,8 +185,10 @@ Status ParseGptq(const ConfigFields& f, QuantizationConfig& out) {
   if (bits != 4) return f.Error("bits", "4 (moeshard reads 4-bit GPTQ)", std::to_string(bits));
   MOESHARD_RETURN_IF_ERROR(CheckInt4Group(f, "group_size", group));
   if (desc_act) {
-    return f.Error("desc_act", "false (moeshard's int4 kernels take groups of consecutive input "
-                   "channels)", "true", "act-order GPTQ checkpoints are not supported yet");
+    return f.Error("desc_act",
+                   "false (moeshard's int4 kernels take groups of consecutive input "
+                   "channels)",
+                   "true", "act-order GPTQ checkpoints are not supported yet");
   }
   out.scheme = WeightScheme{WeightFormat::kInt4Zp, group, 1,
                             format == "gptq_v2" ? QuantLayout::kGptqV2 : QuantLayout::kGptq};
@@ -179,6 +218,7 @@ Status ParseGptq(const ConfigFields& f, QuantizationConfig& out) {
       }
     }
   }
+  MOESHARD_RETURN_IF_ERROR(ReadModulesInBlock(f, out));
   return ReadIgnore(f, "modules_to_not_convert", out);
 }
 
@@ -202,7 +242,8 @@ Status ParseModelOpt(const ConfigFields& top, QuantizationConfig& out) {
                    "moeshard reads ModelOpt NVFP4 and per-tensor FP8");
   }
   MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.Int("group_size", 16, 1));
-  if (group != 16) return f.Error("group_size", "16 (NVFP4: one E4M3 scale per 16)", std::to_string(group));
+  if (group != 16)
+    return f.Error("group_size", "16 (NVFP4: one E4M3 scale per 16)", std::to_string(group));
   out.scheme = WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kModelOpt, true};
   MOESHARD_RETURN_IF_ERROR(ReadIgnore(f, "exclude_modules", out));
   return ReadIgnore(top, "ignore", out);
@@ -216,13 +257,13 @@ Status ParseCtFp8(const ConfigFields& f, const ConfigFields& w, const std::strin
     return f.Error("format", "\"float-quantized\" for fp8 weights", "\"" + out.format + "\"");
   }
   if (strategy == "channel") {
-    out.scheme = WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1,
-                              QuantLayout::kFp8PerChannel};
+    out.scheme =
+        WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1, QuantLayout::kFp8PerChannel};
     return Status::Ok();
   }
   if (strategy == "tensor") {
-    out.scheme = WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1,
-                              QuantLayout::kFp8PerTensor};
+    out.scheme =
+        WeightScheme{WeightFormat::kFp8Block, kFp8RowUniformGroup, 1, QuantLayout::kFp8PerTensor};
     return Status::Ok();
   }
   if (strategy == "block") {
@@ -263,7 +304,8 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
   // Static activation scales are stored per linear (NVFP4's global one always, with
   // activations quantized at all).
   const bool acts = group.contains("input_activations") && group["input_activations"].is_object();
-  const bool static_acts = acts && group["input_activations"].value("dynamic", nlohmann::json(true)) == false;
+  const bool static_acts =
+      acts && group["input_activations"].value("dynamic", nlohmann::json(true)) == false;
   MOESHARD_ASSIGN_OR_RETURN(int64_t bits, w.Int("num_bits"));
   MOESHARD_ASSIGN_OR_RETURN(std::string type, w.String("type", "int"));
   MOESHARD_ASSIGN_OR_RETURN(std::string strategy, w.String("strategy", "group"));
@@ -319,11 +361,21 @@ Status ParseCompressedTensors(const ConfigFields& f, QuantizationConfig& out) {
   return Status::Ok();
 }
 
+// `q` is a quantization_config object, or the content of ModelOpt's hf_quant_config.json;
+// `prefix` names its fields in errors ("quantization_config.", or "" for that file).
 Result<QuantizationConfig> ParseQuantization(const json& q, const std::string& source,
                                              const std::string& prefix) {
   QuantizationConfig out;
-  ConfigFields f(q, source, prefix + "quantization_config.");
-  MOESHARD_ASSIGN_OR_RETURN(out.quant_method, f.String("quant_method", std::nullopt));
+  ConfigFields f(q, source, prefix);
+  // hf_quant_config.json names no method, only its producer; vLLM (config.py
+  // _parse_quant_hf_config) reads producer "modelopt" as quant_method modelopt.
+  const bool modelopt_producer = q.contains("producer") && q["producer"].is_object() &&
+                                 q["producer"].value("name", json("")) == "modelopt";
+  if (!f.Has("quant_method") && modelopt_producer) {
+    out.quant_method = "modelopt";
+  } else {
+    MOESHARD_ASSIGN_OR_RETURN(out.quant_method, f.String("quant_method", std::nullopt));
+  }
   const std::string& m = out.quant_method;
   Status s;
   if (m == "fp8") {
@@ -352,7 +404,8 @@ Result<QuantizationConfig> ParseQuantization(const json& q, const std::string& s
 // Cross-field consistency checks shared by every family.
 Status Validate(const ModelConfig& c, const ConfigFields& f) {
   if (c.num_experts_per_tok > c.num_experts) {
-    return f.Error("num_experts_per_tok", fmt::format("<= the number of experts ({})", c.num_experts),
+    return f.Error("num_experts_per_tok",
+                   fmt::format("<= the number of experts ({})", c.num_experts),
                    std::to_string(c.num_experts_per_tok));
   }
   if (c.num_attention_heads % c.num_kv_heads != 0) {
@@ -363,7 +416,8 @@ Status Validate(const ModelConfig& c, const ConfigFields& f) {
   if (c.routing == RoutingMethod::kSigmoidGroupedTopK ||
       c.routing == RoutingMethod::kSoftmaxGroupedTopK) {
     if (c.num_experts % c.n_group != 0) {
-      return f.Error("n_group", fmt::format("a divisor of the number of experts ({})", c.num_experts),
+      return f.Error("n_group",
+                     fmt::format("a divisor of the number of experts ({})", c.num_experts),
                      std::to_string(c.n_group));
     }
     if (c.topk_group > c.n_group) {
@@ -410,11 +464,15 @@ Status Validate(const ModelConfig& c, const ConfigFields& f) {
   return Status::Ok();
 }
 
-}  // namespace
+// ModelOpt 0.29 and earlier keep the quantization in hf_quant_config.json beside config.json;
+// vLLM (transformers_utils/config.py get_config) uses it when config.json has none.
+struct HfQuantConfig {
+  json config;
+  std::string source;
+};
 
-Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::string& source,
-                                     const std::string& name) {
-  MOESHARD_ASSIGN_OR_RETURN(json root, ParseJsonStrict(json_text, source));
+Result<ModelConfig> ParseRoot(const json& root, const std::string& source, const std::string& name,
+                              const HfQuantConfig* hf_quant) {
   ModelConfig c;
   c.name = name;
   c.source = source;
@@ -449,8 +507,8 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
                      "moeshard does not support this architecture yet");
   }
   if (c.family->nested_text_config && prefix.empty()) {
-    return top.Error("text_config", fmt::format("the language model's config ({} nests it)",
-                                                c.family->name),
+    return top.Error("text_config",
+                     fmt::format("the language model's config ({} nests it)", c.family->name),
                      "nothing");
   }
   MOESHARD_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size", std::nullopt, 1));
@@ -473,7 +531,8 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
   } else if (dtype_name == "float32") {
     c.dtype = DType::kF32;
   } else {
-    return f.Error("torch_dtype", "\"bfloat16\", \"float16\" or \"float32\"", "\"" + dtype_name + "\"");
+    return f.Error("torch_dtype", "\"bfloat16\", \"float16\" or \"float32\"",
+                   "\"" + dtype_name + "\"");
   }
 
   // quantization_config may sit at the top level or inside text_config.
@@ -492,7 +551,10 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
   }
   if (q) {
     if (!q->is_object()) return top.Error("quantization_config", "an object", q->dump());
-    MOESHARD_ASSIGN_OR_RETURN(c.quant, ParseQuantization(*q, source, q_nested ? prefix : ""));
+    MOESHARD_ASSIGN_OR_RETURN(
+        c.quant, ParseQuantization(*q, source, (q_nested ? prefix : "") + "quantization_config."));
+  } else if (hf_quant != nullptr) {
+    MOESHARD_ASSIGN_OR_RETURN(c.quant, ParseQuantization(hf_quant->config, hf_quant->source, ""));
   }
 
   MOESHARD_RETURN_IF_ERROR(c.family->parse(f, top, c));
@@ -504,14 +566,36 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
   return c;
 }
 
-Result<ModelConfig> LoadModelConfigFile(const std::string& path) {
+Result<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return NotFoundError(fmt::format("config: '{}': cannot open the file", path));
-  }
+  if (!in) return NotFoundError(fmt::format("config: '{}': cannot open the file", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseModelConfig(ss.str(), path, path);
+  return ss.str();
+}
+
+}  // namespace
+
+Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::string& source,
+                                     const std::string& name) {
+  MOESHARD_ASSIGN_OR_RETURN(json root, ParseJsonStrict(json_text, source));
+  return ParseRoot(root, source, name, nullptr);
+}
+
+Result<ModelConfig> LoadModelConfigFile(const std::string& path) {
+  namespace fs = std::filesystem;
+  MOESHARD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  MOESHARD_ASSIGN_OR_RETURN(json root, ParseJsonStrict(text, path));
+  // A checkpoint's config.json reads with the hf_quant_config.json beside it (ModelOpt).
+  std::error_code ec;
+  const fs::path hf_path = fs::path(path).parent_path() / "hf_quant_config.json";
+  if (fs::path(path).filename() != "config.json" || !fs::is_regular_file(hf_path, ec)) {
+    return ParseRoot(root, path, path, nullptr);
+  }
+  MOESHARD_ASSIGN_OR_RETURN(std::string hf_text, ReadFile(hf_path.string()));
+  HfQuantConfig hf{json(), hf_path.string()};
+  MOESHARD_ASSIGN_OR_RETURN(hf.config, ParseJsonStrict(hf_text, hf.source));
+  return ParseRoot(root, path, path, &hf);
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& spec) {

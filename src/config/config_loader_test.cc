@@ -2,11 +2,10 @@
 
 #include <gtest/gtest.h>
 
-#include <tuple>
-
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 namespace moeshard {
 namespace {
@@ -71,9 +70,9 @@ TEST(ConfigTest, Transformers5SpellingsReadTheSame) {
 // Qwen2MoeConfig and Qwen3MoeConfig, true for Qwen3NextConfig (tests/runtime/hf_reference_test.py
 // found Qwen3-Next read as false).
 TEST(ConfigTest, NormTopkProbDefaultsPerFamily) {
-  for (const auto& [preset, expected] : {std::pair{"qwen1.5-moe-a2.7b", false},
-                                         std::pair{"qwen3-30b-a3b", false},
-                                         std::pair{"qwen3-next-80b-a3b", true}}) {
+  for (const auto& [preset, expected] :
+       {std::pair{"qwen1.5-moe-a2.7b", false}, std::pair{"qwen3-30b-a3b", false},
+        std::pair{"qwen3-next-80b-a3b", true}}) {
     SCOPED_TRACE(preset);
     nlohmann::json j = PresetJson(preset);
     j.erase("norm_topk_prob");
@@ -133,14 +132,16 @@ TEST(ConfigTest, KimiK3) {
   EXPECT_EQ(c.min_moe_intermediate_per_partition, 256);
   EXPECT_EQ(c.quant.scheme.format, WeightFormat::kMxfp4);
   EXPECT_EQ(c.quant.scheme.group, 32);
-  EXPECT_TRUE(c.quant.IsIgnored("language_model.model.layers.3.block_sparse_moe.shared_experts.down_proj"));
+  EXPECT_TRUE(
+      c.quant.IsIgnored("language_model.model.layers.3.block_sparse_moe.shared_experts.down_proj"));
   EXPECT_TRUE(c.quant.IsIgnored("language_model.lm_head"));
   EXPECT_FALSE(c.quant.IsIgnored("language_model.model.layers.3.block_sparse_moe.experts.7.w2"));
 }
 
 TEST(ConfigErrorTest, KimiK3ReleaseSpellingsContradict) {
   // moe_renormalize and norm_topk_prob name the same quantity.
-  std::string e = ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"]["norm_topk_prob"] = false; });
+  std::string e =
+      ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"]["norm_topk_prob"] = false; });
   EXPECT_NE(e.find("'text_config.norm_topk_prob'"), std::string::npos) << e;
   EXPECT_NE(e.find("moe_renormalize"), std::string::npos) << e;
   // A family that nests its language model needs text_config.
@@ -210,7 +211,8 @@ TEST(ConfigTest, QwenMixtralGptOss) {
 }
 
 TEST(ConfigErrorTest, NamesFieldAndFile) {
-  std::string e = ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j.erase("moe_intermediate_size"); });
+  std::string e =
+      ErrorAfterEdit("qwen3-30b-a3b", [](auto& j) { j.erase("moe_intermediate_size"); });
   EXPECT_NE(e.find("'moe_intermediate_size'"), std::string::npos) << e;
   EXPECT_NE(e.find("edited.json"), std::string::npos) << e;
   EXPECT_NE(e.find("missing"), std::string::npos) << e;
@@ -252,7 +254,8 @@ TEST(ConfigErrorTest, Contradictions) {
   });
   EXPECT_NE(e.find("listed twice"), std::string::npos) << e;
 
-  e = ErrorAfterEdit("kimi-k3", [](auto& j) { j["text_config"]["routed_expert_hidden_size"] = 9000; });
+  e = ErrorAfterEdit("kimi-k3",
+                     [](auto& j) { j["text_config"]["routed_expert_hidden_size"] = 9000; });
   EXPECT_NE(e.find("'text_config.routed_expert_hidden_size'"), std::string::npos) << e;
 
   e = ErrorAfterEdit("gpt-oss-20b", [](auto& j) { j["layer_types"].erase(0); });
@@ -295,9 +298,8 @@ TEST(ConfigErrorTest, VisionConfigs) {
 }
 
 TEST(ConfigErrorTest, Quantization) {
-  std::string e = ErrorAfterEdit("deepseek-v3", [](auto& j) {
-    j["quantization_config"].erase("weight_block_size");
-  });
+  std::string e = ErrorAfterEdit(
+      "deepseek-v3", [](auto& j) { j["quantization_config"].erase("weight_block_size"); });
   EXPECT_NE(e.find("weight_block_size"), std::string::npos) << e;
   e = ErrorAfterEdit("kimi-k2", [](auto& j) { j["quantization_config"]["quant_method"] = "gguf"; });
   EXPECT_NE(e.find("'quantization_config.quant_method'"), std::string::npos) << e;
@@ -319,18 +321,23 @@ TEST(ConfigTest, QuantizationMethods) {
     int64_t group;
     QuantLayout layout;
   };
-  for (const Case& c : {Case{"tiny-qwen2-moe-awq", WeightFormat::kInt4Zp, 32, QuantLayout::kAwq},
-                        Case{"tiny-qwen2-moe-gptq", WeightFormat::kInt4Zp, 32, QuantLayout::kGptq},
-                        Case{"tiny-qwen2-moe-w4a16-asym", WeightFormat::kInt4Zp, 32,
-                             QuantLayout::kCompressedTensors},
-                        Case{"tiny-qwen2-moe-nvfp4", WeightFormat::kNvfp4, 16,
-                             QuantLayout::kCompressedTensors},
-                        Case{"tiny-qwen2-moe-modelopt-nvfp4", WeightFormat::kNvfp4, 16,
-                             QuantLayout::kModelOpt},
-                        Case{"tiny-qwen2-moe-fp8-dynamic", WeightFormat::kFp8Block,
-                             kFp8RowUniformGroup, QuantLayout::kFp8PerChannel},
-                        Case{"tiny-qwen2-moe-modelopt-fp8", WeightFormat::kFp8Block,
-                             kFp8RowUniformGroup, QuantLayout::kFp8PerTensor}}) {
+  for (const Case& c :
+       {Case{"tiny-qwen2-moe-awq", WeightFormat::kInt4Zp, 32, QuantLayout::kAwq},
+        Case{"tiny-qwen2-moe-gptq", WeightFormat::kInt4Zp, 32, QuantLayout::kGptq},
+        Case{"tiny-qwen2-moe-w4a16-asym", WeightFormat::kInt4Zp, 32,
+             QuantLayout::kCompressedTensors},
+        Case{"tiny-qwen2-moe-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kCompressedTensors},
+        Case{"tiny-qwen2-moe-modelopt-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kModelOpt},
+        Case{"tiny-qwen2-moe-fp8-dynamic", WeightFormat::kFp8Block, kFp8RowUniformGroup,
+             QuantLayout::kFp8PerChannel},
+        Case{"tiny-qwen2-moe-modelopt-fp8", WeightFormat::kFp8Block, kFp8RowUniformGroup,
+             QuantLayout::kFp8PerTensor},
+        // The released checkpoints' config.json files (models/README.md).
+        Case{"qwen1.5-moe-a2.7b-chat-gptq-int4", WeightFormat::kInt4Zp, 128, QuantLayout::kGptq},
+        Case{"mixtral-8x7b-instruct-v0.1-awq", WeightFormat::kInt4Zp, 128, QuantLayout::kAwq},
+        Case{"kimi-k2.5", WeightFormat::kInt4, 32, QuantLayout::kNative},
+        Case{"qwen3-235b-a22b-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kModelOpt},
+        Case{"minimax-m2.5-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kModelOpt}}) {
     SCOPED_TRACE(c.preset);
     const ModelConfig m = Preset(c.preset);
     EXPECT_EQ(m.quant.scheme.format, c.format);
@@ -373,21 +380,21 @@ TEST(ConfigTest, QuantizationMethods) {
   EXPECT_FALSE(q.IsIgnored("model.layers.0.mlp.experts.3.up_proj"));
   // ModelOpt with quant_algo at the top (config.json's quantization_config), modelopt_fp4.
   q = edited("tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) {
-    j = {{"quant_method", "modelopt_fp4"}, {"quant_algo", "NVFP4"}, {"group_size", 16},
+    j = {{"quant_method", "modelopt_fp4"},
+         {"quant_algo", "NVFP4"},
+         {"group_size", 16},
          {"exclude_modules", {"lm_head", "model.layers.0.mlp.shared_expert"}}};
   });
   EXPECT_EQ(q.scheme.format, WeightFormat::kNvfp4);
   EXPECT_TRUE(q.IsIgnored("model.layers.0.mlp.shared_expert.up_proj"));
   EXPECT_FALSE(q.IsIgnored("model.layers.1.mlp.shared_expert.up_proj"));
   // compressed-tensors symmetric int4 stays the symmetric format.
-  q = edited("tiny-qwen2-moe-w4a16-asym", [](auto& j) {
-    j["config_groups"]["group_0"]["weights"]["symmetric"] = true;
-  });
+  q = edited("tiny-qwen2-moe-w4a16-asym",
+             [](auto& j) { j["config_groups"]["group_0"]["weights"]["symmetric"] = true; });
   EXPECT_EQ(q.scheme, (WeightScheme{WeightFormat::kInt4, 32, 1}));
   // compressed-tensors fp8 per tensor and per block.
-  q = edited("tiny-qwen2-moe-fp8-dynamic", [](auto& j) {
-    j["config_groups"]["group_0"]["weights"]["strategy"] = "tensor";
-  });
+  q = edited("tiny-qwen2-moe-fp8-dynamic",
+             [](auto& j) { j["config_groups"]["group_0"]["weights"]["strategy"] = "tensor"; });
   EXPECT_EQ(q.scheme.layout, QuantLayout::kFp8PerTensor);
   q = edited("tiny-qwen2-moe-fp8-dynamic", [](auto& j) {
     j["config_groups"]["group_0"]["weights"]["strategy"] = "block";
@@ -398,6 +405,44 @@ TEST(ConfigTest, QuantizationMethods) {
   EXPECT_EQ(CheckpointLeaves(q.scheme).scale, "weight_scale");
 }
 
+// Which linears each released quantized config leaves unquantized, in the spelling the release
+// uses: GPTQ's modules_in_block_to_quantize (the routers are not listed), AWQ's
+// modules_to_not_convert substring, compressed-tensors `re:` regexes, ModelOpt's module names
+// (hf_quant_config.json's exclude_modules) and globs (config.json's ignore).
+TEST(ConfigTest, ReleasedQuantizationIgnoreLists) {
+  struct Case {
+    const char* preset;
+    std::vector<const char*> quantized, unquantized;
+  };
+  const std::vector<Case> cases = {
+      {"qwen1.5-moe-a2.7b-chat-gptq-int4",
+       {"model.layers.0.self_attn.q_proj", "model.layers.23.self_attn.o_proj",
+        "model.layers.0.mlp.shared_expert.down_proj", "model.layers.5.mlp.experts.59.gate_proj"},
+       {"model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate"}},
+      {"mixtral-8x7b-instruct-v0.1-awq",
+       {"model.layers.0.self_attn.q_proj", "model.layers.0.block_sparse_moe.experts.0.w1"},
+       {"model.layers.0.block_sparse_moe.gate"}},
+      {"kimi-k2.5",
+       {"language_model.model.layers.1.mlp.experts.0.gate_proj"},
+       {"language_model.model.layers.1.self_attn.q_a_proj",
+        "language_model.model.layers.1.mlp.shared_experts.down_proj",
+        "language_model.model.layers.0.mlp.gate_proj"}},
+      {"qwen3-235b-a22b-nvfp4",
+       {"model.layers.0.self_attn.q_proj", "model.layers.93.self_attn.o_proj"},
+       {"model.layers.0.mlp.gate", "model.layers.93.mlp.gate", "lm_head"}},
+      {"minimax-m2.5-nvfp4",
+       {"model.layers.0.block_sparse_moe.experts.0.w1"},
+       {"model.layers.0.self_attn.q_proj", "model.layers.61.self_attn.o_proj",
+        "model.layers.3.block_sparse_moe.gate"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.preset);
+    const ModelConfig m = Preset(c.preset);
+    for (const char* n : c.quantized) EXPECT_FALSE(m.quant.IsIgnored(n)) << n;
+    for (const char* n : c.unquantized) EXPECT_TRUE(m.quant.IsIgnored(n)) << n;
+  }
+}
+
 TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
   struct Case {
     const char* preset;
@@ -405,28 +450,40 @@ TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
     std::vector<const char*> want;  // substrings of the message
   };
   const std::vector<Case> cases = {
-      {"tiny-qwen2-moe-gptq", [](auto& j) { j["desc_act"] = true; },
+      {"tiny-qwen2-moe-gptq",
+       [](auto& j) { j["desc_act"] = true; },
        {"'quantization_config.desc_act'", "expected false", "got true", "act-order"}},
-      {"tiny-qwen2-moe-gptq", [](auto& j) { j["bits"] = 8; },
+      {"tiny-qwen2-moe-gptq",
+       [](auto& j) { j["bits"] = 8; },
        {"'quantization_config.bits'", "expected 4", "got 8"}},
-      {"tiny-qwen2-moe-gptq", [](auto& j) { j["group_size"] = -1; },
+      {"tiny-qwen2-moe-gptq",
+       [](auto& j) { j["group_size"] = -1; },
        {"'quantization_config.group_size'", "multiple of 32", "got -1", "per-channel"}},
       {"tiny-qwen2-moe-gptq",
-       [](auto& j) { j["dynamic"] = {{"+:.*down_proj.*", {{"bits", 8}}}}; },
-       {"'quantization_config.dynamic'", "+:.*down_proj.*", "bits to 8", "expected the "
-        "checkpoint-wide 4", "overrides are not supported"}},
-      {"tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "marlin"; },
+       [](auto& j) {
+         j["dynamic"] = {{"+:.*down_proj.*", {{"bits", 8}}}};
+       },
+       {"'quantization_config.dynamic'", "+:.*down_proj.*", "bits to 8",
+        "expected the "
+        "checkpoint-wide 4",
+        "overrides are not supported"}},
+      {"tiny-qwen2-moe-gptq",
+       [](auto& j) { j["checkpoint_format"] = "marlin"; },
        {"'quantization_config.checkpoint_format'", "gptq_v2", "marlin"}},
-      {"tiny-qwen2-moe-awq", [](auto& j) { j["version"] = "gemv"; },
+      {"tiny-qwen2-moe-awq",
+       [](auto& j) { j["version"] = "gemv"; },
        {"'quantization_config.version'", "\"gemm\"", "\"gemv\""}},
-      {"tiny-qwen2-moe-awq", [](auto& j) { j["zero_point"] = false; },
+      {"tiny-qwen2-moe-awq",
+       [](auto& j) { j["zero_point"] = false; },
        {"'quantization_config.zero_point'", "expected true"}},
-      {"tiny-qwen2-moe-modelopt-nvfp4", [](auto& j) { j["quantization"]["quant_algo"] = "W4A8_AWQ"; },
+      {"tiny-qwen2-moe-modelopt-nvfp4",
+       [](auto& j) { j["quantization"]["quant_algo"] = "W4A8_AWQ"; },
        {"'quantization_config.quantization.quant_algo'", "\"NVFP4\"", "\"FP8\"", "W4A8_AWQ"}},
       {"tiny-qwen2-moe-fp8-dynamic",
        [](auto& j) { j["config_groups"]["group_0"]["weights"]["strategy"] = "token"; },
        {"group_0.weights.strategy'", "\"channel\"", "\"block\"", "\"token\""}},
-      {"tiny-qwen2-moe-fp8-dynamic", [](auto& j) { j["format"] = "pack-quantized"; },
+      {"tiny-qwen2-moe-fp8-dynamic",
+       [](auto& j) { j["format"] = "pack-quantized"; },
        {"'quantization_config.format'", "float-quantized", "pack-quantized"}},
       {"tiny-qwen2-moe-nvfp4",
        [](auto& j) { j["config_groups"]["group_0"]["weights"]["group_size"] = 32; },
@@ -437,12 +494,26 @@ TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
       {"tiny-qwen2-moe-w4a16-asym",
        [](auto& j) { j["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
        {"num_bits'", "expected 4", "got 8", "int8"}},
-      {"tiny-qwen2-moe-awq", [](auto& j) { j["quant_method"] = "bitsandbytes"; },
+      {"qwen1.5-moe-a2.7b-chat-gptq-int4",
+       [](auto& j) {
+         j["modules_in_block_to_quantize"] = {{"self_attn.q_proj"}, {"mlp.shared_expert.up_proj"}};
+       },
+       {"'quantization_config.modules_in_block_to_quantize'", "routed experts",
+        "no routed expert module", "unquantized routed experts are not supported"}},
+      {"qwen1.5-moe-a2.7b-chat-gptq-int4",
+       [](auto& j) {
+         j["modules_in_block_to_quantize"] =
+             nlohmann::json::array({nlohmann::json::array({"self_attn.q_proj", 3})});
+       },
+       {"'quantization_config.modules_in_block_to_quantize'", "lists of module names", "got 3"}},
+      {"tiny-qwen2-moe-awq",
+       [](auto& j) { j["quant_method"] = "bitsandbytes"; },
        {"'quantization_config.quant_method'", "\"awq\"", "\"gptq\"", "\"modelopt\"",
         "\"bitsandbytes\""}},
   };
   for (const Case& c : cases) {
-    const std::string e = ErrorAfterEdit(c.preset, [&](nlohmann::json& j) { c.edit(j["quantization_config"]); });
+    const std::string e =
+        ErrorAfterEdit(c.preset, [&](nlohmann::json& j) { c.edit(j["quantization_config"]); });
     for (const char* w : c.want) EXPECT_NE(e.find(w), std::string::npos) << w << " in: " << e;
   }
   // The architecture is checked before the quantization: an unknown family with an unknown
@@ -494,6 +565,52 @@ TEST(ConfigLoaderTest, FileDirectoryAndUnknown) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
   EXPECT_NE(unknown.status().message().find("kimi-k3"), std::string::npos);  // lists presets
+}
+
+// ModelOpt 0.29 and earlier write the quantization to hf_quant_config.json, beside a config.json
+// without quantization_config (nvidia/Qwen3-235B-A22B-NVFP4). A checkpoint directory and its
+// config.json read with it, as vLLM does; a quantization_config in config.json wins; an error in
+// the file names the file and the field.
+TEST(ConfigLoaderTest, HfQuantConfigBesideConfig) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("moeshard_hfq_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  nlohmann::json config = PresetJson("qwen3-235b-a22b-nvfp4");
+  nlohmann::json hf = config["quantization_config"];
+  config.erase("quantization_config");
+  auto write = [&](const char* file, const nlohmann::json& j) {
+    std::ofstream out(dir / file);
+    out << j.dump(2);
+  };
+  write("config.json", config);
+  Result<ModelConfig> bf16 = LoadModelConfig(dir.string());
+  ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
+  EXPECT_FALSE(bf16->quant.enabled());
+  write("hf_quant_config.json", hf);
+  for (const std::string& spec : {dir.string(), (dir / "config.json").string()}) {
+    Result<ModelConfig> q = LoadModelConfig(spec);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    EXPECT_EQ(q->quant.quant_method, "modelopt");
+    EXPECT_EQ(q->quant.scheme,
+              (WeightScheme{WeightFormat::kNvfp4, 16, 1, QuantLayout::kModelOpt, true}));
+    EXPECT_TRUE(q->quant.IsIgnored("model.layers.7.mlp.gate"));
+    EXPECT_FALSE(q->quant.IsIgnored("model.layers.7.self_attn.q_proj"));
+  }
+  hf["quantization"]["quant_algo"] = "W4A8_AWQ";
+  write("hf_quant_config.json", hf);
+  Result<ModelConfig> bad = LoadModelConfig(dir.string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'quantization.quant_algo' in " +
+                                        (dir / "hf_quant_config.json").string()),
+            std::string::npos)
+      << bad.status().message();
+  // config.json's own quantization_config (ModelOpt 0.31 and later; nvidia/MiniMax-M2.5-NVFP4
+  // ships both files) is the one read.
+  write("config.json", PresetJson("minimax-m2.5-nvfp4"));
+  Result<ModelConfig> inline_q = LoadModelConfig(dir.string());
+  ASSERT_TRUE(inline_q.ok()) << inline_q.status().ToString();
+  EXPECT_EQ(inline_q->quant.scheme.format, WeightFormat::kNvfp4);
+  fs::remove_all(dir);
 }
 
 }  // namespace

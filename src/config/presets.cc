@@ -19,6 +19,14 @@ std::string PresetDescription(const std::string& name) {
       {"llama-4-scout-17b-16e", "Llama-4-Scout: 109B MoE, 16 experts top-1 + shared, bf16, ViT"},
       {"llama-4-maverick-17b-128e",
        "Llama-4-Maverick: 400B MoE, 128 experts top-1 + shared every 2nd layer, bf16, ViT"},
+      // Quantized releases' config.json (models/README.md).
+      {"kimi-k2.5", "Kimi-K2.5: 1T MoE, 384 experts top-8, compressed-tensors int4 g32, ViT"},
+      {"qwen3-235b-a22b-nvfp4", "nvidia/Qwen3-235B-A22B-NVFP4: ModelOpt NVFP4 (hf_quant_config)"},
+      {"minimax-m2.5-nvfp4", "nvidia/MiniMax-M2.5-NVFP4: 256 experts top-8, ModelOpt NVFP4"},
+      {"qwen1.5-moe-a2.7b-chat-gptq-int4",
+       "Qwen1.5-MoE-A2.7B-Chat-GPTQ-Int4: 60 experts top-4 + shared, GPTQ int4 g128"},
+      {"mixtral-8x7b-instruct-v0.1-awq",
+       "Mixtral-8x7B-Instruct-v0.1-AWQ (TheBloke): 8 experts top-2, AWQ int4 g128"},
   };
   auto it = kDescriptions.find(name);
   if (it != kDescriptions.end()) return it->second;

@@ -27,7 +27,8 @@ TEST(PresetNumbersTest, DeepseekV3Fp8Tp8Ep) {
 
 TEST(PresetNumbersTest, KimiK2Int4Tp8Ep) {
   // 384 experts / 8 = 48 per rank; 60 MoE layers; int4 = half a byte, bf16 scale per 32:
-  //   gate_up [4096, 7168]: 4096 * 3584 + 4096 * 224 * 2;  down [7168, 2048]: 7168 * 1024 + 7168 * 64 * 2
+  //   gate_up [4096, 7168]: 4096 * 3584 + 4096 * 224 * 2;  down [7168, 2048]: 7168 * 1024 + 7168 *
+  //   64 * 2
   // plus compressed-tensors' weight_shape, I64 [2], for each of gate, up and down: 3 * 16 B.
   const int64_t per_expert =
       4096LL * 3584 + 4096 * 224 * 2 + 7168LL * 1024 + 7168 * 64 * 2 + 3 * 16;
@@ -146,6 +147,89 @@ TEST(PresetNumbersTest, Qwen35VisionTp4) {
       Hv * 3 * 2 * 16 * 16 + Hv + 2304 * Hv + 2 * Hv + (M * M + M) / 4 + 2048 * M / 4 + 2048;
   const ShardPlan p = PlanOrDie(PresetOrDie("qwen3.5-35b-a3b"), Opts(4));
   EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kVision), 2 * (27 * per_block + rest));
+}
+
+// The presets copied from quantized releases' config.json (models/README.md): per-rank routed
+// bytes in the format each config is read as, and the TP / EP layouts each one plans on.
+
+TEST(PresetNumbersTest, KimiK25Int4MatchesTheReleasesTensorBytes) {
+  // 384 experts / EP 8 = 48 per rank on 60 MoE layers; int4 with a bf16 scale per 32 as
+  // Kimi-K2, but compressed-tensors' weight_shape is I32 [2] here: 3 x 8 B per expert.
+  const int64_t per_expert = 4096LL * 3584 + 4096 * 224 * 2 + 7168LL * 1024 + 7168 * 64 * 2 + 3 * 8;
+  EXPECT_EQ(Routed("kimi-k2.5", Opts(8, 1, true)), 48 * 60 * per_expert);
+  // At TP 1 one rank holds every tensor of the release: 595,148,192,736 bytes, the total of
+  // the header-exact copy (tests/checkpoints; the public header dump says 554.27 GiB).
+  EXPECT_EQ(PlanOrDie(PresetOrDie("kimi-k2.5"), Opts(1)).ranks[0].WeightBytes(), 595'148'192'736);
+}
+
+TEST(PresetNumbersTest, ModelOptNvfp4ReleasesTp8Ep) {
+  // NVFP4: half a byte per value, one E4M3 byte per 16, F32 weight_scale_2 and input_scale per
+  // linear (gate and up kept apart: 2 + 2 in w13, 1 + 1 in w2).
+  // Qwen3-235B-A22B: 128 experts / 8 = 16 per rank on 94 layers; w13 [3072, 4096], w2 [4096, 1536].
+  const int64_t qwen = 3072LL * 2048 + 3072 * 256 + 4 * 4 + 4096LL * 768 + 4096 * 96 + 2 * 4;
+  EXPECT_EQ(qwen, 10'616'856);
+  EXPECT_EQ(Routed("qwen3-235b-a22b-nvfp4", Opts(8, 1, true)), 16 * 94 * qwen);
+  // MiniMax-M2.5: 256 experts / 8 = 32 per rank on 62 layers; w13 [3072, 3072], w2 [3072, 1536].
+  const int64_t minimax = 3072LL * 1536 + 3072 * 192 + 4 * 4 + 3072LL * 768 + 3072 * 96 + 2 * 4;
+  EXPECT_EQ(Routed("minimax-m2.5-nvfp4", Opts(8, 1, true)), 32 * 62 * minimax);
+}
+
+TEST(PresetNumbersTest, MixtralAwqTp2) {
+  // AWQ int4 with zero points (as moeshard holds it: U8 codes, F16 scales, U8 zero points per
+  // 128): each of the 8 experts' 14336 columns split in two on 32 layers.
+  //   w13 [2 x 7168, 4096]: 14336 * 2048 + 14336 * 32 * (2 + 1);  w2 [4096, 7168]: 4096 * 3584 +
+  //   4096 * 56 * 3
+  const int64_t per_expert = 14336LL * 2048 + 14336 * 32 * 3 + 4096LL * 3584 + 4096 * 56 * 3;
+  EXPECT_EQ(Routed("mixtral-8x7b-instruct-v0.1-awq", Opts(2), 1), 8 * 32 * per_expert);
+  // casper-hansen (vLLM issue 2243) loads the same quantization of this model "in ~24 GB
+  // VRAM": the plan's weights on one GPU are 24.8 GB (23.13 GiB).
+  const double gb =
+      PlanOrDie(PresetOrDie("mixtral-8x7b-instruct-v0.1-awq"), Opts(1)).ranks[0].WeightBytes() /
+      1e9;
+  EXPECT_NEAR(gb, 24.8, 0.1);
+}
+
+TEST(PresetNumbersTest, QwenMoeGptqGroupsOfTheRelease) {
+  // GPTQ int4, group 128, g_idx I32 per input channel: per expert w13 [2816, 2048] and w2
+  // [2048, 1408], 60 experts on 24 layers at TP 1.
+  const int64_t per_expert =
+      2816LL * 1024 + 2816 * 16 * 3 + 2 * 2048 * 4 + 2048LL * 704 + 2048 * 11 * 3 + 1408 * 4;
+  EXPECT_EQ(Routed("qwen1.5-moe-a2.7b-chat-gptq-int4", Opts(1)), 60 * 24 * per_expert);
+  // moe_intermediate_size 1408 is 11 groups of 128: no MoE TP but 11 keeps groups whole, so TP
+  // needs EP; the shared expert's 5632 (44 groups) splits over TP 2 and 4, not 8.
+  const ModelConfig m = PresetOrDie("qwen1.5-moe-a2.7b-chat-gptq-int4");
+  Result<ShardPlan> tp2 = BuildShardPlan(m, Opts(2));
+  ASSERT_FALSE(tp2.ok());
+  EXPECT_NE(tp2.status().message().find("valid MoE TP sizes: 1, 11; or use -ep"), std::string::npos)
+      << tp2.status().message();
+  EXPECT_TRUE(BuildShardPlan(m, Opts(2, 1, true)).ok());
+  EXPECT_TRUE(BuildShardPlan(m, Opts(4, 2, true)).ok());
+  EXPECT_TRUE(BuildShardPlan(m, Opts(1, 8, true)).ok());
+  Result<ShardPlan> tp8 = BuildShardPlan(m, Opts(8, 1, true));
+  ASSERT_FALSE(tp8.ok());
+  EXPECT_NE(tp8.status().message().find("TP sizes that keep it whole: 1, 2, 4"), std::string::npos)
+      << tp8.status().message();
+}
+
+TEST(PresetNumbersTest, QuantizedReleasesPlanOnTpAndEpLayouts) {
+  struct Layout {
+    int64_t tp, dp;
+    bool ep;
+  };
+  const std::vector<Layout> layouts = {{1, 1, false}, {2, 1, false}, {4, 1, false},
+                                       {8, 1, false}, {8, 1, true},  {1, 8, true}};
+  for (const char* preset : {"kimi-k2.5", "qwen3-235b-a22b-nvfp4", "minimax-m2.5-nvfp4",
+                             "mixtral-8x7b-instruct-v0.1-awq"}) {
+    const ModelConfig m = PresetOrDie(preset);
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(std::string(preset) + " tp " + std::to_string(l.tp) + " dp " +
+                   std::to_string(l.dp) + (l.ep ? " ep" : ""));
+      Result<ShardPlan> r = BuildShardPlan(m, Opts(l.tp, l.dp, l.ep));
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->expert_scheme, m.expert_scheme());
+      EXPECT_TRUE(m.expert_scheme().quantized());
+    }
+  }
 }
 
 }  // namespace
