@@ -47,7 +47,7 @@ struct TensorSourceFormat;
 }  // namespace internal
 
 // A rank's weights come from one TensorSource, named as `--load-format` names it. The sources
-// (src/weights/tensor_source.h lists them; each is one class):
+// (each one class, listed in src/weights/tensor_source.cc; docs/backends.md):
 //   "dummy"        layout-invariant hashed weights (no checkpoint)
 //   "safetensors"  a Hugging Face safetensors checkpoint (single file, directory or index)
 //   "presharded"   a directory written by `moeshard shard` (manifest.json + one file per rank)
