@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -15,8 +14,7 @@
 #include "cli/command.h"
 #include "moeshard/base/numa.h"
 #include "moeshard/base/numeric.h"
-#include "moeshard/comm/local_comm.h"
-#include "moeshard/comm/mpi_comm.h"
+#include "moeshard/comm/launcher.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/sharded_job.h"
@@ -31,10 +29,10 @@ namespace {
 struct RunFlags {
   PlanFlags plan;
   std::string checkpoint;
-  std::string load_format;  // "" = dummy without --checkpoint, else safetensors
+  std::string load_format = "auto";
   std::vector<int64_t> tokens = {16};
   int64_t layers = -1;
-  std::string comm;  // "" = mpi under mpirun, else local
+  std::string comm = "auto";  // mpi under mpirun, else local
   bool verify = false;
   int iters = 3;
   int warmup = 1;
@@ -145,17 +143,17 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
   fmt::print("moeshard run: {} on {} (world {}), backend {}, comm {}\n", plan.model.name,
              plan.topology.Label(), plan.topology.world, plan.backend.name, comm);
   if (!spec.rank_cpus.empty() && !spec.rank_cpus[0].empty()) {
-    fmt::print("  kernel threads pinned: rank 0 on CPUs [{}]{}\n",
-               fmt::join(spec.rank_cpus[0], ", "),
-               spec.rank_cpus.size() > 1
-                   ? fmt::format(", rank {} on [{}]", spec.rank_cpus.size() - 1,
-                                 fmt::join(spec.rank_cpus.back(), ", "))
-                   : std::string());
+    fmt::print(
+        "  kernel threads pinned: rank 0 on CPUs [{}]{}\n", fmt::join(spec.rank_cpus[0], ", "),
+        spec.rank_cpus.size() > 1 ? fmt::format(", rank {} on [{}]", spec.rank_cpus.size() - 1,
+                                                fmt::join(spec.rank_cpus.back(), ", "))
+                                  : std::string());
   }
   if (std::any_of(spec.rank_numa_nodes.begin(), spec.rank_numa_nodes.end(),
                   [](int n) { return n >= 0; })) {
-    fmt::print("  ranks on NUMA nodes [{}] (each rank's weights first touched by its node's CPUs)\n",
-               fmt::join(spec.rank_numa_nodes, ", "));
+    fmt::print(
+        "  ranks on NUMA nodes [{}] (each rank's weights first touched by its node's CPUs)\n",
+        fmt::join(spec.rank_numa_nodes, ", "));
   }
   fmt::print(
       "  MoE layers [{}], {} tokens in all ({} DP ranks holding [{}]), {} warm-up + {} timed "
@@ -326,15 +324,20 @@ int RunRun(const RunFlags& f) {
     }
   }
 
-  const bool under_mpi = LaunchedUnderMpi();
-  const std::string comm = f.comm.empty() ? (under_mpi ? "mpi" : "local") : f.comm;
-  const int world = static_cast<int>(plan->topology.world);
-  const int hw = std::max(1u, std::thread::hardware_concurrency());
-  bool report_ok = true;
-  auto per_rank = [&](Communicator& w) -> Status {
+  // Local threads, or this process's rank of an mpirun job: the factory reads the environment.
+  auto launcher = CreateLauncher({.comm = f.comm,
+                                  .world = static_cast<int>(plan->topology.world),
+                                  .job = plan->topology.Label(),
+                                  .command = "moeshard run ..."});
+  if (!launcher.ok()) return fail(launcher.status().WithContext("run"));
+  spec.kernel_threads = f.threads > 0 ? f.threads : (*launcher)->DefaultThreadsPerRank();
+  // Each rank's kernel threads on CPUs of their own, when the ranks do not oversubscribe them.
+  if (!f.no_pin) spec.rank_cpus = (*launcher)->RankCpus(spec.kernel_threads, &spec.rank_numa_nodes);
+  bool report_ok = true;  // rank 0's report held (only rank 0 prints it)
+  const Status s = (*launcher)->Run([&](Communicator& w) -> Status {
     MOESHARD_ASSIGN_OR_RETURN(ShardedJobResult r, RunShardedJob(spec, w));
     if (w.rank() != 0) return Status::Ok();
-    report_ok = PrintReport(*plan, spec, r, comm);
+    report_ok = PrintReport(*plan, spec, r, (*launcher)->name());
     if (!f.output.empty()) {
       MOESHARD_RETURN_IF_ERROR(WriteOutputs(f.output, *plan, r));
       fmt::print("wrote {} ({} layers x [{}, {}] F32)\n", f.output, r.layers.size(), r.total_tokens,
@@ -342,43 +345,7 @@ int RunRun(const RunFlags& f) {
     }
     std::fflush(stdout);
     return Status::Ok();
-  };
-  if (comm == "mpi") {
-    if (!under_mpi) {
-      return fail(FailedPreconditionError(fmt::format(
-          "run: '--comm mpi': expected to run under mpirun (mpirun -np {} moeshard run ...)",
-          world)));
-    }
-    auto session = MpiSession::Init(nullptr, nullptr);
-    if (!session.ok()) return fail(session.status());
-    if ((*session)->world_size() != world) {
-      return fail(InvalidArgumentError(
-          fmt::format("run: 'mpirun -np': expected {} processes for {}, got {}", world,
-                      plan->topology.Label(), (*session)->world_size())));
-    }
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int per_node = local != nullptr ? std::max(1, std::atoi(local)) : world;
-    spec.kernel_threads = f.threads > 0 ? f.threads : std::max(1, hw / per_node);
-    if (!f.no_pin) {
-      // This process's rank on its own CPUs (mpirun may have bound the process already).
-      const std::vector<std::vector<int>> mine = SplitCpus(AllowedCpus(), 1, spec.kernel_threads);
-      if (!mine.empty()) spec.rank_cpus.assign(static_cast<size_t>(world), mine[0]);
-    }
-    MpiCommOptions mo;
-    RunMpiRank(**session, mo, per_rank);
-    // Every rank learns whether rank 0's report held (exit codes agree).
-    return (*session)->world_rank() == 0 && !report_ok ? 1 : 0;
-  }
-  if (comm != "local") {
-    return fail(InvalidArgumentError(fmt::format("run: '--comm {}': expected local or mpi", comm)));
-  }
-  spec.kernel_threads = f.threads > 0 ? f.threads : std::max(1, hw / world);
-  // Each rank's kernel threads on CPUs of their own, when the ranks do not oversubscribe them.
-  if (!f.no_pin) {
-    spec.rank_cpus = SplitCpusByNode(AllowedCpus(), NumaNodes(), world, spec.kernel_threads,
-                                     &spec.rank_numa_nodes);
-  }
-  const Status s = RunLocalRanks(world, LocalCommOptions{}, per_rank);
+  });
   if (!s.ok()) return fail(s);
   return report_ok ? 0 : 1;
 }
@@ -451,8 +418,10 @@ Result<double> BenchOne(const ModelConfig& model, const Topology& topology, cons
   if (world != nullptr) {
     MOESHARD_RETURN_IF_ERROR(body(*world));
   } else {
-    MOESHARD_RETURN_IF_ERROR(
-        RunLocalRanks(static_cast<int>(plan.topology.world), LocalCommOptions{}, body));
+    MOESHARD_ASSIGN_OR_RETURN(
+        auto local,
+        CreateLauncher({.comm = "local", .world = static_cast<int>(plan.topology.world)}));
+    MOESHARD_RETURN_IF_ERROR(local->Run(body));
   }
   return seconds;
 }
@@ -516,7 +485,8 @@ Status ReportBench(const BenchRunFlags& f, const std::string& comm, const BenchR
 Status RunBenchRun(const BenchRunFlags& f) {
   MOESHARD_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(f.model));
   const int hw = std::max(1u, std::thread::hardware_concurrency());
-  if (!LaunchedUnderMpi()) {
+  MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<Launcher> launcher, CreateLauncher({}));
+  if (launcher->in_process()) {
     BenchRow base{"1 rank", 1, "TP1", hw, 0};
     MOESHARD_ASSIGN_OR_RETURN(base.seconds, BenchOne(model, Topology{}, f, hw, nullptr));
     // The same single rank on one core: separates the kernels' own thread scaling from the
@@ -534,15 +504,13 @@ Status RunBenchRun(const BenchRunFlags& f) {
         rows.push_back(row);
       }
     }
-    return ReportBench(f, "local", base, rows);
+    return ReportBench(f, launcher->name(), base, rows);
   }
   // Under mpirun: the baseline on rank 0 alone (the others wait in a sleeping barrier), then
   // every mode at the job's size.
-  MOESHARD_ASSIGN_OR_RETURN(auto session, MpiSession::Init(nullptr, nullptr));
-  RunMpiRank(*session, MpiCommOptions{}, [&](Communicator& world) -> Status {
+  const int threads = launcher->DefaultThreadsPerRank();
+  return launcher->Run([&](Communicator& world) -> Status {
     const int n = world.size();
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    const int per_node = local != nullptr ? std::max(1, std::atoi(local)) : n;
     MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(world.rank(), 0));
     BenchRow base{"1 rank", 1, "TP1", hw, 0};
     if (world.rank() == 0) {
@@ -557,15 +525,15 @@ Status RunBenchRun(const BenchRunFlags& f) {
     for (const std::string& mode : f.modes) {
       MOESHARD_ASSIGN_OR_RETURN(Topology t, BenchTopology(mode, n));
       MOESHARD_ASSIGN_OR_RETURN(ResolvedTopology rt, ResolveTopology(t, model));
-      const int threads = std::max(1, hw / per_node);
       BenchRow row{mode, n, rt.Label(), threads, 0};
       MOESHARD_ASSIGN_OR_RETURN(row.seconds, BenchOne(model, t, f, threads, &world));
       rows.push_back(row);
     }
-    if (world.rank() == 0) return ReportBench(f, fmt::format("mpi ({} processes)", n), base, rows);
+    if (world.rank() == 0) {
+      return ReportBench(f, fmt::format("{} ({} processes)", launcher->name(), n), base, rows);
+    }
     return Status::Ok();
   });
-  return Status::Ok();
 }
 
 }  // namespace
@@ -614,16 +582,14 @@ MOESHARD_REGISTER_COMMAND(
                AddPlanFlags(sub, &f->plan);
                sub->add_option("--checkpoint", f->checkpoint,
                                "checkpoint directory (safetensors, or presharded)");
-               sub->add_option("--load-format", f->load_format,
-                               "auto (default: dummy without --checkpoint, presharded for a "
-                               "directory written by `moeshard shard`, else safetensors), dummy, "
-                               "safetensors, presharded");
+               sub->add_option("--load-format", f->load_format, LoadFormatHelp());
                sub->add_option("--tokens", f->tokens,
                                "tokens per DP rank (one value, or one per DP rank, cycled)")
                    ->delimiter(',');
                sub->add_option("--layers", f->layers, "run the first N MoE layers (default all)");
                sub->add_option("--comm", f->comm,
-                               "local (threads, default) or mpi (default under mpirun)");
+                               "auto (default: mpi under mpirun, else local), local (threads) or "
+                               "mpi");
                sub->add_flag("--verify", f->verify,
                              "compare with the single-rank reference; exit 1 when it fails");
                sub->add_option("--iters", f->iters, "timed iterations (default 3)");

@@ -51,11 +51,11 @@ nlohmann::json ModelConfigJson(const std::string& spec, const ModelConfig& m) {
 
 int RunShard(const ShardFlags& f) {
   const char* cmd = "shard";
-  Result<LoadOptions::Source> parsed =
-      ParseLoadFormat(f.load_format, f.checkpoint,
-                      {LoadOptions::Source::kDummy, LoadOptions::Source::kCheckpoint});
+  // A pre-sharded directory holds one plan's ranks: it is not sharded again.
+  Result<std::string> parsed =
+      ParseLoadFormat(f.load_format, f.checkpoint, LoadFormatScope::kCheckpointTensors);
   if (!parsed.ok()) return ReportError(cmd, parsed.status());
-  const LoadOptions::Source source = *parsed;
+  const std::string source = *parsed;
   Result<ModelConfig> model = LoadModelConfig(f.plan.model);
   if (!model.ok()) return ReportError(cmd, model.status());
   Result<PlanOptions> plan_options = ToPlanOptions(f.plan);
@@ -97,7 +97,7 @@ int RunShard(const ShardFlags& f) {
   // Where the weights came from, absolute, so `run --verify` can check the shards against it.
   std::error_code ec;
   wo.extra["source"] = {
-      {"load_format", LoadSourceName(source)},
+      {"load_format", source},
       {"checkpoint",
        f.checkpoint.empty() ? std::string() : std::filesystem::absolute(f.checkpoint, ec).string()},
       {"seed", f.seed}};
@@ -143,8 +143,7 @@ MOESHARD_REGISTER_COMMAND(
           sub->add_option("--checkpoint", f->checkpoint,
                           "the Hugging Face checkpoint to shard (directory, index or file)");
           sub->add_option("--load-format", f->load_format,
-                          "auto (default), safetensors, or dummy (shard layout-invariant dummy "
-                          "weights, for tests)");
+                          LoadFormatHelp(LoadFormatScope::kCheckpointTensors));
           sub->add_option("--seed", f->seed, "dummy weights seed");
           sub->add_option("--out", f->out, "output directory (must not exist or be empty)")
               ->required();

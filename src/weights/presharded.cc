@@ -6,12 +6,14 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
 #include "plan/plan_json.h"
 #include "moeshard/weights/safetensors_writer.h"
 #include "weights/json_strict.h"
+#include "weights/tensor_source.h"
 #include "weights/weights_internal.h"
 #include "base/check.h"
 
@@ -92,20 +94,20 @@ Result<LoadOptions> PreshardedOrigin(const std::string& dir) {
         "{} (written by an older moeshard shard? shard it again)",
         path, src.dump()));
   }
+  // The source it was made from, through the registry (a source of whole checkpoint tensors).
+  const std::string name = src["load_format"].get<std::string>();
+  const internal::TensorSourceFormat* format = internal::FindTensorSourceFormat(name);
+  const std::vector<const internal::TensorSourceFormat*> origins =
+      internal::TensorSourceFormatsIn(LoadFormatScope::kCheckpointTensors);
+  if (std::find(origins.begin(), origins.end(), format) == origins.end()) {
+    return DataLossError(
+        fmt::format("pre-sharded manifest '{}': 'source.load_format': expected {}, got \"{}\"",
+                    path, internal::FormatNames(origins), name));
+  }
   LoadOptions o;
-  const std::string format = src["load_format"].get<std::string>();
-  if (format == "dummy") {
-    o.source = LoadOptions::Source::kDummy;
-    o.seed = src.value("seed", uint64_t{0});
-    return o;
-  }
-  if (format != "safetensors") {
-    return DataLossError(fmt::format(
-        "pre-sharded manifest '{}': 'source.load_format': expected dummy or safetensors, got "
-        "\"{}\"",
-        path, format));
-  }
-  o.source = LoadOptions::Source::kCheckpoint;
+  o.source = format->name;
+  o.seed = src.value("seed", uint64_t{0});
+  if (!format->reads_checkpoint) return o;
   o.checkpoint_dir = src.value("checkpoint", std::string());
   std::error_code ec;
   if (o.checkpoint_dir.empty() || !fs::exists(o.checkpoint_dir, ec)) {

@@ -30,9 +30,8 @@ TEST_P(RuntimeMpiTest, MatchesOneRank) {
 
 std::vector<std::string> CaseNames() {
   std::vector<std::string> names;
-  int size = 0;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_SIZE")) size = std::atoi(s);
-  if (const char* s = std::getenv("PMI_SIZE"); s != nullptr && size == 0) size = std::atoi(s);
+  // Before MPI is initialised (the test list is made first): what the launcher told us.
+  const int size = ReadMpiLaunchInfo(ProcessLaunchEnv()).world_size;
   for (const runtime_test::RuntimeCase& c : runtime_test::AllRuntimeCases()) {
     if (c.world == size) names.push_back(c.name);
   }
@@ -52,6 +51,6 @@ TEST(RuntimeMpiJobTest, RunsEveryCaseOfItsSize) {
 }  // namespace moeshard
 
 int main(int argc, char** argv) {
-  return moeshard::testing::RunMpiGtest(argc, argv, std::chrono::seconds(120),
-                                        &moeshard::g_session, &moeshard::g_world);
+  return moeshard::testing::RunMpiGtest(argc, argv, std::chrono::seconds(120), &moeshard::g_session,
+                                        &moeshard::g_world);
 }

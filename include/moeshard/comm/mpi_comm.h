@@ -1,9 +1,10 @@
 // MPI communicator: one process per rank under mpirun (OpenMPI), multi-process and multi-node.
 // This header does not include <mpi.h>; only src/comm/mpi/ does.
 //
-// Use from main():
+// Programs usually start it through the launcher factory (launcher.h: CreateLauncher picks mpi
+// under mpirun); used directly, from main():
 //
-//   if (LaunchedUnderMpi()) {                      // e.g. the CLI picks `--comm mpi` by default
+//   if (LaunchedUnderMpi()) {
 //     auto session = MpiSession::Init(&argc, &argv);       // MPI_Init_thread
 //     if (!session.ok()) { print; return 1; }
 //     RunMpiRank(**session, MpiCommOptions{}, [&](Communicator& world) -> Status { ... });
@@ -32,6 +33,7 @@
 
 #include "moeshard/base/status.h"
 #include "moeshard/comm/communicator.h"
+#include "moeshard/comm/launch_env.h"
 
 namespace moeshard {
 
@@ -46,8 +48,17 @@ struct MpiCommOptions {
 // True when moeshard was built with the MPI backend.
 bool MpiAvailable();
 
-// True when this process was started by mpirun/mpiexec (OpenMPI, MPICH/Hydra, PMIx or Slurm
-// PMI environment variables are set), so a program can choose the MPI backend by itself.
+// What mpirun / mpiexec / srun told this process through the launch environment.
+struct MpiLaunchInfo {
+  // Started by one: OMPI_COMM_WORLD_SIZE (OpenMPI), PMIX_RANK (PMIx: OpenMPI 5, Slurm), PMI_SIZE
+  // or PMI_RANK (MPICH / Intel MPI Hydra, Slurm PMI) is set.
+  bool launched = false;
+  int world_size = 0;  // OMPI_COMM_WORLD_SIZE, else PMI_SIZE; 0 when neither says
+  int local_size = 0;  // OMPI_COMM_WORLD_LOCAL_SIZE: the job's processes on this node; 0 unknown
+};
+MpiLaunchInfo ReadMpiLaunchInfo(const LaunchEnv& env);
+
+// ReadMpiLaunchInfo(ProcessLaunchEnv()).launched: a program can choose the MPI backend by itself.
 bool LaunchedUnderMpi();
 
 // Owns MPI initialisation for the process: MPI_Init_thread on Init, MPI_Finalize on

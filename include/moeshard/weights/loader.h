@@ -1,6 +1,6 @@
 // Per-rank weight loading: fills the RankWeights of one rank of a ShardPlan from layout-invariant
 // dummy weights, a Hugging Face checkpoint, or a pre-sharded checkpoint written by `moeshard
-// shard`.
+// shard` -- each a TensorSource (src/weights/tensor_source.h), named by LoadOptions::source.
 //
 // Every rank tensor is filled through the same mapping (src/weights/checkpoint_map.h): a list
 // of 2-D windows of checkpoint tensors, each copied into the rank's padded buffer at offsets
@@ -28,7 +28,6 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,17 +41,28 @@
 #include "moeshard/weights/rank_weights.h"
 
 namespace moeshard {
+namespace internal {
+class TensorSource;  // src/weights/tensor_source.h
+struct TensorSourceFormat;
+}  // namespace internal
 
+// A rank's weights come from one TensorSource, named as `--load-format` names it. The sources
+// (each one class, listed in src/weights/tensor_source.cc; docs/backends.md):
+//   "dummy"        layout-invariant hashed weights (no checkpoint)
+//   "safetensors"  a Hugging Face safetensors checkpoint (single file, directory or index)
+//   "presharded"   a directory written by `moeshard shard` (manifest.json + one file per rank)
 struct LoadOptions {
-  enum class Source {
-    kDummy,       // layout-invariant hashed weights (--load-format dummy)
-    kCheckpoint,  // a Hugging Face safetensors checkpoint (single file, directory or index)
-    kPresharded,  // a directory written by `moeshard shard` (manifest.json + one file per rank)
+  // The built-in sources' names, for code that picks one (LoadOptions{.source =
+  // LoadOptions::Source::kCheckpoint}); ParseLoadFormat accepts every registered name.
+  struct Source {
+    static constexpr const char kDummy[] = "dummy";
+    static constexpr const char kCheckpoint[] = "safetensors";
+    static constexpr const char kPresharded[] = "presharded";
   };
-  Source source = Source::kDummy;
-  uint64_t seed = 0;                // kDummy
-  std::string checkpoint_dir = {};  // kCheckpoint, kPresharded
-  // kCheckpoint: an already open checkpoint (e.g. over in-memory files); used instead of
+  std::string source = Source::kDummy;
+  uint64_t seed = 0;                // dummy
+  std::string checkpoint_dir = {};  // sources that read a checkpoint (safetensors, presharded)
+  // safetensors: an already open checkpoint (e.g. over in-memory files); used instead of
   // opening checkpoint_dir. Must outlive the loader.
   const Checkpoint* checkpoint = nullptr;
   // Build only the first N MoE layers of the rank's pipeline stage (and the dense layers
@@ -81,18 +91,27 @@ struct LoadStats {
   std::map<TensorCategory, int64_t> bytes_by_category;  // allocated, per category
 };
 
-// `--load-format` as every command spells it: auto (dummy without a checkpoint, a pre-sharded
-// directory when it holds manifest.json, else safetensors), dummy, safetensors, presharded.
-// `allowed` lists the sources a command can take (shard cannot read a pre-sharded directory).
-// Errors name the flag and the expected values: "'--load-format x': expected auto, dummy,
-// safetensors or presharded".
-Result<LoadOptions::Source> ParseLoadFormat(
-    const std::string& load_format, const std::string& checkpoint,
-    std::initializer_list<LoadOptions::Source> allowed = {LoadOptions::Source::kDummy,
-                                                          LoadOptions::Source::kCheckpoint,
-                                                          LoadOptions::Source::kPresharded});
-// "dummy", "safetensors", "presharded".
-const char* LoadSourceName(LoadOptions::Source source);
+// The sources a command can take.
+enum class LoadFormatScope {
+  kAny,                // every registered source
+  kCheckpointTensors,  // sources of whole checkpoint tensors, which can be sharded (`moeshard
+                       // shard`'s input): not a pre-sharded directory, which holds one plan's ranks
+};
+
+// `--load-format`, the one parser every command uses: "auto" or "" (the source the --checkpoint
+// value names: dummy without one, presharded for a directory with manifest.json, else
+// safetensors) or a registered source's name (dummy, safetensors, presharded). Returns the
+// source's name. Checks the combination with --checkpoint (`checkpoint`, "" when not given):
+// refused are an unknown value, a source outside `scope`, a checkpoint given to a source that
+// reads none and none given to one that does. Errors name the flag, the expected values and the
+// fix: "'--load-format x': expected auto, dummy, safetensors, presharded".
+Result<std::string> ParseLoadFormat(const std::string& load_format, const std::string& checkpoint,
+                                    LoadFormatScope scope = LoadFormatScope::kAny);
+// --load-format's help text for `scope`: the auto rule and every value.
+std::string LoadFormatHelp(LoadFormatScope scope = LoadFormatScope::kAny);
+// The source of `options` as a report names it: "dummy weights (seed 3)", "checkpoint DIR",
+// "pre-sharded checkpoint DIR".
+std::string DescribeLoadSource(const LoadOptions& options);
 
 // How a checkpoint tensor's bytes become the rank layout's (base/weight_format.h QuantLayout).
 enum class SourceEncoding {
@@ -120,7 +139,10 @@ struct SourceTensorSpec {
   SourceTensorSpec() = default;
   SourceTensorSpec(std::string n, DType d, std::vector<int64_t> s, DummyKind kind,
                    std::vector<int64_t> known = {})
-      : name(std::move(n)), dtype(d), shape(std::move(s)), dummy_kind(kind),
+      : name(std::move(n)),
+        dtype(d),
+        shape(std::move(s)),
+        dummy_kind(kind),
         values(std::move(known)) {}
 
   std::string name;  // e.g. "model.layers.3.mlp.experts.17.up_proj.weight"
@@ -165,21 +187,20 @@ class WeightLoader {
   Result<RankWeights> Load(int64_t rank, LoadStats* stats = nullptr) const;
 
   // Checkpoint tensors no rank of the plan reads and the model does not explain, sorted.
-  const std::vector<std::string>& unplaced_tensors() const { return unplaced_; }
+  const std::vector<std::string>& unplaced_tensors() const;
   // Tensors of the multi-token-prediction layers (DeepSeek-V3 `model.layers.61.*`): not read,
   // because engines load them only for speculative decoding.
-  const std::vector<std::string>& mtp_tensors() const { return mtp_; }
+  const std::vector<std::string>& mtp_tensors() const;
   const ShardPlan& plan() const { return plan_; }
   const LoadOptions& options() const { return options_; }
 
  private:
-  WeightLoader(const ShardPlan& plan, const LoadOptions& options);
+  WeightLoader(const ShardPlan& plan, const LoadOptions& options,
+               const internal::TensorSourceFormat& format);
   const ShardPlan& plan_;
   LoadOptions options_;
-  std::unique_ptr<Checkpoint> owned_checkpoint_;
-  const Checkpoint* checkpoint_ = nullptr;
-  std::vector<std::string> unplaced_;
-  std::vector<std::string> mtp_;
+  const internal::TensorSourceFormat& format_;
+  std::unique_ptr<internal::TensorSource> source_;
 };
 
 // One-shot convenience: WeightLoader::Create(plan, options) then Load(rank).
