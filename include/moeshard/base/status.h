@@ -121,7 +121,10 @@ class [[nodiscard]] Result {
 // `lhs = value of expr`, or returns its Status. lhs may be a declaration: `auto x`.
 #define MOESHARD_ASSIGN_OR_RETURN(lhs, expr) \
   MOESHARD_ASSIGN_OR_RETURN_IMPL_(MOESHARD_CONCAT_(moeshard_result_, __LINE__), lhs, expr)
+// `tmp` names a variable and `lhs` may be a declaration: neither can take parentheses.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define MOESHARD_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                    \
   if (!tmp.ok()) return tmp.status();                   \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
