@@ -158,15 +158,8 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
   fmt::print(
       "  MoE layers [{}], {} tokens in all ({} DP ranks holding [{}]), {} warm-up + {} timed "
       "iterations\n",
-      fmt::join(r.layers, ", "), r.total_tokens, plan.topology.dp * plan.topology.pcp,
-      [&] {
-        std::vector<int64_t> t;
-        for (const RankReport& rr : r.ranks) {
-          if (plan.ranks[rr.rank].coords.tp_rank == 0) t.push_back(rr.num_tokens);
-        }
-        return fmt::format("{}", fmt::join(t, ", "));
-      }(),
-      spec.warmup, spec.iters);
+      fmt::join(r.layers, ", "), r.total_tokens, r.unit_tokens.size(),
+      fmt::join(r.unit_tokens, ", "), spec.warmup, spec.iters);
   if (r.row_group_layers > 0) {
     fmt::print("  bf16 experts in the CPU row-group layout ({} layers on rank 0; same bytes)\n",
                r.row_group_layers);

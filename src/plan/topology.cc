@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "moeshard/base/check.h"
 #include "moeshard/base/math.h"
 
 namespace moeshard {
@@ -21,6 +22,8 @@ std::string ResolvedTopology::Label() const {
 }
 
 RankCoords CoordsOf(const ResolvedTopology& t, int64_t rank) {
+  MOESHARD_CHECK(rank >= 0 && rank < t.world, "CoordsOf: rank {} outside the world of {} ({})",
+                 rank, t.world, t.Label());
   RankCoords c;
   c.rank = rank;
   c.pp_stage = rank / t.group;
@@ -31,6 +34,96 @@ RankCoords CoordsOf(const ResolvedTopology& t, int64_t rank) {
   c.moe_tp_rank = c.group_rank % t.moe_tp;
   c.moe_ep_rank = c.group_rank / t.moe_tp;
   return c;
+}
+
+int64_t RankOf(const ResolvedTopology& t, const RankCoords& c) {
+  MOESHARD_CHECK(c.pp_stage >= 0 && c.pp_stage < t.pp && c.dp_rank >= 0 && c.dp_rank < t.dp &&
+                     c.pcp_rank >= 0 && c.pcp_rank < t.pcp && c.tp_rank >= 0 && c.tp_rank < t.tp,
+                 "RankOf: coordinates (stage {}, dp {}, pcp {}, tp {}) outside {}", c.pp_stage,
+                 c.dp_rank, c.pcp_rank, c.tp_rank, t.Label());
+  return c.pp_stage * t.group + (c.dp_rank * t.pcp + c.pcp_rank) * t.tp + c.tp_rank;
+}
+
+int64_t UnitOf(const ResolvedTopology& t, int64_t rank) { return (rank % t.group) / t.tp; }
+
+const char* RankGroupName(RankGroup group) {
+  switch (group) {
+    case RankGroup::kTp: return "attention TP";
+    case RankGroup::kPcp: return "PCP";
+    case RankGroup::kDp: return "DP";
+    case RankGroup::kMoeTp: return "MoE TP";
+    case RankGroup::kMoeEp: return "MoE EP";
+    case RankGroup::kStage: return "pipeline stage";
+    case RankGroup::kPipeline: return "pipeline";
+  }
+  return "?";
+}
+
+int64_t GroupSize(const ResolvedTopology& t, RankGroup group) {
+  switch (group) {
+    case RankGroup::kTp: return t.tp;
+    case RankGroup::kPcp: return t.pcp;
+    case RankGroup::kDp: return t.dp;
+    case RankGroup::kMoeTp: return t.moe_tp;
+    case RankGroup::kMoeEp: return t.moe_ep;
+    case RankGroup::kStage: return t.group;
+    case RankGroup::kPipeline: return t.pp;
+  }
+  return 1;
+}
+
+int64_t GroupIndexOf(const ResolvedTopology& t, RankGroup group, int64_t rank) {
+  const RankCoords c = CoordsOf(t, rank);
+  switch (group) {
+    case RankGroup::kTp: return rank / t.tp;
+    case RankGroup::kPcp: return (c.pp_stage * t.dp + c.dp_rank) * t.tp + c.tp_rank;
+    case RankGroup::kDp: return (c.pp_stage * t.pcp + c.pcp_rank) * t.tp + c.tp_rank;
+    case RankGroup::kMoeTp: return c.pp_stage * t.moe_ep + c.moe_ep_rank;
+    case RankGroup::kMoeEp: return c.pp_stage * t.moe_tp + c.moe_tp_rank;
+    case RankGroup::kStage: return c.pp_stage;
+    case RankGroup::kPipeline: return c.group_rank;
+  }
+  return 0;
+}
+
+int64_t RankInGroup(const ResolvedTopology& t, RankGroup group, int64_t rank) {
+  const RankCoords c = CoordsOf(t, rank);
+  switch (group) {
+    case RankGroup::kTp: return c.tp_rank;
+    case RankGroup::kPcp: return c.pcp_rank;
+    case RankGroup::kDp: return c.dp_rank;
+    case RankGroup::kMoeTp: return c.moe_tp_rank;
+    case RankGroup::kMoeEp: return c.moe_ep_rank;
+    case RankGroup::kStage: return c.group_rank;
+    case RankGroup::kPipeline: return c.pp_stage;
+  }
+  return 0;
+}
+
+int64_t PeerRank(const ResolvedTopology& t, RankGroup group, int64_t rank, int64_t position) {
+  MOESHARD_CHECK(position >= 0 && position < GroupSize(t, group),
+                 "PeerRank: position {} outside the {} group of {} ranks ({})", position,
+                 RankGroupName(group), GroupSize(t, group), t.Label());
+  RankCoords c = CoordsOf(t, rank);
+  const int64_t stage_base = c.pp_stage * t.group;
+  switch (group) {
+    case RankGroup::kTp: c.tp_rank = position; break;
+    case RankGroup::kPcp: c.pcp_rank = position; break;
+    case RankGroup::kDp: c.dp_rank = position; break;
+    case RankGroup::kMoeTp: return stage_base + c.moe_ep_rank * t.moe_tp + position;
+    case RankGroup::kMoeEp: return stage_base + position * t.moe_tp + c.moe_tp_rank;
+    case RankGroup::kStage: return stage_base + position;
+    case RankGroup::kPipeline: return position * t.group + c.group_rank;
+  }
+  return RankOf(t, c);
+}
+
+std::vector<int64_t> GroupPeers(const ResolvedTopology& t, RankGroup group, int64_t rank) {
+  std::vector<int64_t> peers(static_cast<size_t>(GroupSize(t, group)));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    peers[i] = PeerRank(t, group, rank, static_cast<int64_t>(i));
+  }
+  return peers;
 }
 
 namespace {
@@ -102,9 +195,9 @@ Result<ResolvedTopology> ResolveTopology(const Topology& in, const ModelConfig& 
   MOESHARD_RETURN_IF_ERROR(positive("--pipeline-parallel-size", in.pp));
   MOESHARD_RETURN_IF_ERROR(positive("--pcp", in.pcp));
   if (in.moe_tp < 0 || in.moe_ep < 0) {
-    return InvalidArgumentError(fmt::format(
-        "topology: '--moe-tp/--moe-ep': expected positive integers, got {} and {}", in.moe_tp,
-        in.moe_ep));
+    return InvalidArgumentError(
+        fmt::format("topology: '--moe-tp/--moe-ep': expected positive integers, got {} and {}",
+                    in.moe_tp, in.moe_ep));
   }
 
   ResolvedTopology t;
@@ -162,8 +255,8 @@ Result<ResolvedTopology> ResolveTopology(const Topology& in, const ModelConfig& 
     return InvalidArgumentError(fmt::format(
         "topology: MoE TP {} (dp*pcp*tp{}): moe_intermediate_size {} of {} does not split {} ways "
         "(valid MoE TP sizes: {}; or enable expert parallelism with -ep)",
-        t.moe_tp, hybrid ? ", --moe-tp" : " without -ep", m.moe_intermediate_size, m.name,
-        t.moe_tp, Values(ok)));
+        t.moe_tp, hybrid ? ", --moe-tp" : " without -ep", m.moe_intermediate_size, m.name, t.moe_tp,
+        Values(ok)));
   }
   if (t.moe_ep > m.num_experts) {
     return InvalidArgumentError(fmt::format(
@@ -172,9 +265,9 @@ Result<ResolvedTopology> ResolveTopology(const Topology& in, const ModelConfig& 
         t.moe_ep, m.num_experts, t.moe_ep));
   }
   if (in.pp > m.num_layers) {
-    return InvalidArgumentError(fmt::format(
-        "topology: '-pp {}': expected at most num_hidden_layers ({}) stages, got {}", in.pp,
-        m.num_layers, in.pp));
+    return InvalidArgumentError(
+        fmt::format("topology: '-pp {}': expected at most num_hidden_layers ({}) stages, got {}",
+                    in.pp, m.num_layers, in.pp));
   }
   return t;
 }

@@ -1,6 +1,12 @@
 #include "moeshard/plan/topology.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "plan/plan_test_util.h"
 
@@ -39,7 +45,8 @@ TEST(TopologyTest, VllmSemantics) {
 }
 
 TEST(TopologyTest, RankCoordinates) {
-  ResolvedTopology t{.tp = 2, .dp = 2, .pp = 2, .pcp = 1, .group = 4, .moe_tp = 2, .moe_ep = 2, .world = 8};
+  ResolvedTopology t{
+      .tp = 2, .dp = 2, .pp = 2, .pcp = 1, .group = 4, .moe_tp = 2, .moe_ep = 2, .world = 8};
   // world rank = stage * group + group_rank; group_rank = dp * pcp * tp + pcp * tp + tp.
   RankCoords c = CoordsOf(t, 7);
   EXPECT_EQ(c.pp_stage, 1);
@@ -53,6 +60,167 @@ TEST(TopologyTest, RankCoordinates) {
   EXPECT_EQ(c.tp_rank, 0);
   EXPECT_EQ(c.moe_ep_rank, 1);
   EXPECT_EQ(c.moe_tp_rank, 0);
+}
+
+// Every topology with tp <= 4, dp <= 3, pcp <= 2, pp <= 3 and each moe_tp x moe_ep split of
+// its group (model divisibility aside: the rank queries only read the sizes).
+std::vector<ResolvedTopology> TopologyGrid() {
+  std::vector<ResolvedTopology> grid;
+  for (int64_t tp = 1; tp <= 4; ++tp) {
+    for (int64_t dp = 1; dp <= 3; ++dp) {
+      for (int64_t pcp = 1; pcp <= 2; ++pcp) {
+        for (int64_t pp = 1; pp <= 3; ++pp) {
+          const int64_t group = dp * pcp * tp;
+          for (int64_t moe_tp = 1; moe_tp <= group; ++moe_tp) {
+            if (group % moe_tp != 0) continue;
+            grid.push_back({.tp = tp,
+                            .dp = dp,
+                            .pp = pp,
+                            .pcp = pcp,
+                            .group = group,
+                            .moe_tp = moe_tp,
+                            .moe_ep = group / moe_tp,
+                            .world = group * pp});
+          }
+        }
+      }
+    }
+  }
+  return grid;
+}
+
+// The coordinates of every rank by enumeration in the documented order (stage slowest, then
+// dp, pcp, tp), with the MoE split of the group rank counted the same way (moe_ep slowest).
+std::vector<RankCoords> EnumerateCoords(const ResolvedTopology& t) {
+  std::vector<RankCoords> all;
+  for (int64_t s = 0; s < t.pp; ++s) {
+    int64_t group_rank = 0;
+    for (int64_t d = 0; d < t.dp; ++d) {
+      for (int64_t c = 0; c < t.pcp; ++c) {
+        for (int64_t r = 0; r < t.tp; ++r, ++group_rank) {
+          all.push_back({.rank = static_cast<int64_t>(all.size()),
+                         .pp_stage = s,
+                         .group_rank = group_rank,
+                         .dp_rank = d,
+                         .pcp_rank = c,
+                         .tp_rank = r});
+        }
+      }
+    }
+  }
+  for (RankCoords& c : all) {
+    int64_t q = 0;
+    for (int64_t e = 0; e < t.moe_ep; ++e) {
+      for (int64_t m = 0; m < t.moe_tp; ++m, ++q) {
+        if (q == c.group_rank) c.moe_ep_rank = e, c.moe_tp_rank = m;
+      }
+    }
+  }
+  return all;
+}
+
+// What defines a group by its description in topology.h: the coordinates its ranks share, and
+// the one that orders them.
+struct GroupRule {
+  RankGroup group;
+  std::vector<int64_t> (*key)(const RankCoords&);
+  int64_t (*position)(const RankCoords&);
+};
+
+const std::vector<GroupRule>& GroupRules() {
+  static const std::vector<GroupRule> rules = {
+      {RankGroup::kTp,
+       [](const RankCoords& c) {
+         return std::vector<int64_t>{c.pp_stage, c.dp_rank, c.pcp_rank};
+       },
+       [](const RankCoords& c) { return c.tp_rank; }},
+      {RankGroup::kPcp,
+       [](const RankCoords& c) {
+         return std::vector<int64_t>{c.pp_stage, c.dp_rank, c.tp_rank};
+       },
+       [](const RankCoords& c) { return c.pcp_rank; }},
+      {RankGroup::kDp,
+       [](const RankCoords& c) {
+         return std::vector<int64_t>{c.pp_stage, c.pcp_rank, c.tp_rank};
+       },
+       [](const RankCoords& c) { return c.dp_rank; }},
+      {RankGroup::kMoeTp,
+       [](const RankCoords& c) {
+         return std::vector<int64_t>{c.pp_stage, c.moe_ep_rank};
+       },
+       [](const RankCoords& c) { return c.moe_tp_rank; }},
+      {RankGroup::kMoeEp,
+       [](const RankCoords& c) {
+         return std::vector<int64_t>{c.pp_stage, c.moe_tp_rank};
+       },
+       [](const RankCoords& c) { return c.moe_ep_rank; }},
+      {RankGroup::kStage, [](const RankCoords& c) { return std::vector<int64_t>{c.pp_stage}; },
+       [](const RankCoords& c) { return c.group_rank; }},
+      {RankGroup::kPipeline, [](const RankCoords& c) { return std::vector<int64_t>{c.group_rank}; },
+       [](const RankCoords& c) { return c.pp_stage; }},
+  };
+  return rules;
+}
+
+bool SameCoords(const RankCoords& a, const RankCoords& b) {
+  return a.rank == b.rank && a.pp_stage == b.pp_stage && a.group_rank == b.group_rank &&
+         a.dp_rank == b.dp_rank && a.pcp_rank == b.pcp_rank && a.tp_rank == b.tp_rank &&
+         a.moe_tp_rank == b.moe_tp_rank && a.moe_ep_rank == b.moe_ep_rank;
+}
+
+TEST(TopologyTest, CoordsRankOfAndUnitMatchEnumeration) {
+  int64_t checked = 0;
+  for (const ResolvedTopology& t : TopologyGrid()) {
+    const std::vector<RankCoords> all = EnumerateCoords(t);
+    ASSERT_EQ(static_cast<int64_t>(all.size()), t.world);
+    for (const RankCoords& want : all) {
+      const RankCoords got = CoordsOf(t, want.rank);
+      ASSERT_TRUE(SameCoords(got, want)) << t.Label() << " rank " << want.rank;
+      ASSERT_EQ(RankOf(t, want), want.rank) << t.Label();
+      ASSERT_EQ(UnitOf(t, want.rank), want.dp_rank * t.pcp + want.pcp_rank) << t.Label();
+      ASSERT_LT(UnitOf(t, want.rank), t.num_units());
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+TEST(TopologyTest, GroupQueriesMatchEnumeration) {
+  for (const ResolvedTopology& t : TopologyGrid()) {
+    const std::vector<RankCoords> all = EnumerateCoords(t);
+    for (const GroupRule& rule : GroupRules()) {
+      const std::string what =
+          fmt::format("{} group of {} (moe {}x{}, pp {})", RankGroupName(rule.group), t.Label(),
+                      t.moe_tp, t.moe_ep, t.pp);
+      const int64_t size = GroupSize(t, rule.group);
+      std::set<int64_t> indices;
+      for (const RankCoords& me : all) {
+        // Brute force: every rank sharing my key, ordered by position.
+        std::vector<int64_t> want;
+        for (const RankCoords& other : all) {
+          if (rule.key(other) == rule.key(me)) want.push_back(other.rank);
+        }
+        std::sort(want.begin(), want.end(), [&](int64_t a, int64_t b) {
+          return rule.position(all[a]) < rule.position(all[b]);
+        });
+        ASSERT_EQ(static_cast<int64_t>(want.size()), size) << what;
+        ASSERT_EQ(GroupPeers(t, rule.group, me.rank), want) << what << ", rank " << me.rank;
+        ASSERT_EQ(RankInGroup(t, rule.group, me.rank), rule.position(me)) << what;
+        for (int64_t p = 0; p < size; ++p) {
+          ASSERT_EQ(PeerRank(t, rule.group, me.rank, p), want[p]) << what;
+          // Same group, same index; positions are each peer's own.
+          ASSERT_EQ(GroupIndexOf(t, rule.group, want[p]), GroupIndexOf(t, rule.group, me.rank))
+              << what;
+          ASSERT_EQ(RankInGroup(t, rule.group, want[p]), p) << what;
+        }
+        indices.insert(GroupIndexOf(t, rule.group, me.rank));
+      }
+      // One index per group, dense from 0: ranks of different groups never share one.
+      ASSERT_EQ(static_cast<int64_t>(indices.size()), t.world / size) << what;
+      ASSERT_EQ(*indices.begin(), 0) << what;
+      ASSERT_EQ(*indices.rbegin(), t.world / size - 1) << what;
+    }
+  }
 }
 
 TEST(TopologyTest, ErrorsListValidValues) {
@@ -100,8 +268,8 @@ TEST(TopologyTest, ErrorsListValidValues) {
 }
 
 TEST(TopologyTest, KvHeadsReplicateBeyondTheirCount) {
-  const ModelConfig q = PresetOrDie("qwen3-235b-a22b");  // 4 KV heads
-  EXPECT_TRUE(ResolveTopology(Topology{.tp = 8}, q).ok());   // each KV head on 2 ranks
+  const ModelConfig q = PresetOrDie("qwen3-235b-a22b");     // 4 KV heads
+  EXPECT_TRUE(ResolveTopology(Topology{.tp = 8}, q).ok());  // each KV head on 2 ranks
   EXPECT_TRUE(ResolveTopology(Topology{.tp = 16}, q).ok());
   const std::vector<int64_t> valid = ValidAttentionTp(q, 64);
   EXPECT_EQ(valid, (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64}));

@@ -3,17 +3,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <span>
+#include <type_traits>
 
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/kernel_context.h"
+#include "moeshard/plan/topology.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/weight_views.h"
 
 namespace moeshard {
 namespace {
-
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -49,82 +53,225 @@ Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Co
   return Status::Ok();
 }
 
-}  // namespace
+// How the job's tokens fall on the units, and this rank's unit's inputs as Forward takes them.
+struct UnitInputs {
+  std::vector<int64_t> unit_tokens;     // [num_units] T of each unit
+  std::vector<int64_t> unit_offset;     // [num_units + 1] first row of each unit in the job's rows
+  int64_t unit = 0;                     // this rank's unit
+  std::vector<float> x32;               // [T, H] fp32
+  std::vector<bf16_t> x16;              // [T, H] bf16 (io_dtype BF16)
+  std::vector<int32_t> token_ids;       // [T] or empty (no hash-routed layers, no ids given)
+  const int32_t* topk_ids = nullptr;    // [T, k] routing bypass, or null
+  const float* topk_weights = nullptr;  // [T, k], with topk_ids
 
-Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator& world) {
-  if (spec.plan == nullptr) return InvalidArgumentError("run: 'plan': expected a plan");
-  const ShardPlan& plan = *spec.plan;
-  const ResolvedTopology& topo = plan.topology;
-  const int64_t rank = world.rank();
-  const int64_t H = plan.model.hidden_size;
-  const int64_t k = plan.model.num_experts_per_tok;
-  if (spec.iters < 1 || spec.warmup < 0) {
-    return InvalidArgumentError(
-        fmt::format("run: '--iters': expected >= 1 timed iterations, got {} (warm-up {})",
-                    spec.iters, spec.warmup));
-  }
-  const RankCoords& rc = plan.ranks.at(rank).coords;
-  const int64_t units = topo.dp * topo.pcp;
-  const int64_t unit = rc.group_rank / topo.tp;
+  int64_t num_tokens() const { return unit_tokens[unit]; }
+  int64_t total_tokens() const { return unit_offset.back(); }
+  int64_t max_tokens() const { return *std::max_element(unit_tokens.begin(), unit_tokens.end()); }
+  const void* x() const { return x16.empty() ? static_cast<const void*>(x32.data()) : x16.data(); }
+};
 
-  // This unit's tokens.
-  std::vector<int64_t> unit_tokens(units), unit_offset(units + 1, 0);
+// Tokens per unit: the explicit inputs split in order, or the counts cycled over the units.
+Status SplitTokens(const ShardedJobSpec& spec, int64_t units, int64_t H, UnitInputs* in) {
+  in->unit_tokens.assign(units, 0);
   if (spec.inputs != nullptr) {
     const int64_t total = static_cast<int64_t>(spec.inputs->size()) / H;
-    for (int64_t u = 0; u < units; ++u) unit_tokens[u] = TokenChunk(total, units, u).size();
+    for (int64_t u = 0; u < units; ++u) in->unit_tokens[u] = TokenChunk(total, units, u).size();
   } else {
     if (spec.tokens_per_unit.empty()) {
       return InvalidArgumentError("run: '--tokens': expected at least one count");
     }
     for (int64_t u = 0; u < units; ++u) {
-      unit_tokens[u] = spec.tokens_per_unit[u % spec.tokens_per_unit.size()];
-      if (unit_tokens[u] < 0) {
+      in->unit_tokens[u] = spec.tokens_per_unit[u % spec.tokens_per_unit.size()];
+      if (in->unit_tokens[u] < 0) {
         return InvalidArgumentError(
-            fmt::format("run: '--tokens': expected >= 0, got {}", unit_tokens[u]));
+            fmt::format("run: '--tokens': expected >= 0, got {}", in->unit_tokens[u]));
       }
     }
   }
-  for (int64_t u = 0; u < units; ++u) unit_offset[u + 1] = unit_offset[u] + unit_tokens[u];
-  const int64_t T = unit_tokens[unit];
-  const int64_t max_tokens = *std::max_element(unit_tokens.begin(), unit_tokens.end());
-  std::vector<float> x32(T * H);
+  in->unit_offset.assign(units + 1, 0);
+  for (int64_t u = 0; u < units; ++u) {
+    in->unit_offset[u + 1] = in->unit_offset[u] + in->unit_tokens[u];
+  }
+  return Status::Ok();
+}
+
+Result<UnitInputs> PrepareInputs(const ShardedJobSpec& spec, int64_t rank) {
+  const ShardPlan& plan = *spec.plan;
+  const int64_t H = plan.model.hidden_size;
+  const int64_t k = plan.model.num_experts_per_tok;
+  UnitInputs in;
+  MOESHARD_RETURN_IF_ERROR(SplitTokens(spec, plan.topology.num_units(), H, &in));
+  in.unit = UnitOf(plan.topology, rank);
+  const int64_t T = in.num_tokens(), first = in.unit_offset[in.unit];
+  in.x32.resize(T * H);
   if (spec.inputs != nullptr) {
-    std::copy(spec.inputs->begin() + unit_offset[unit] * H,
-              spec.inputs->begin() + unit_offset[unit + 1] * H, x32.begin());
+    std::copy(spec.inputs->begin() + first * H, spec.inputs->begin() + (first + T) * H,
+              in.x32.begin());
   } else {
-    DummyHiddenStates(spec.input_seed, unit, T, H, x32.data());
+    DummyHiddenStates(spec.input_seed, in.unit, T, H, in.x32.data());
   }
   // Token ids, for layers that route by them.
-  std::vector<int32_t> tokens;
   if (spec.token_ids != nullptr) {
-    if (static_cast<int64_t>(spec.token_ids->size()) != unit_offset[units]) {
+    if (static_cast<int64_t>(spec.token_ids->size()) != in.total_tokens()) {
       return InvalidArgumentError(
           fmt::format("run: 'token_ids': expected one per input row ({}), got {}",
-                      unit_offset[units], spec.token_ids->size()));
+                      in.total_tokens(), spec.token_ids->size()));
     }
-    tokens.assign(spec.token_ids->begin() + unit_offset[unit],
-                  spec.token_ids->begin() + unit_offset[unit + 1]);
+    in.token_ids.assign(spec.token_ids->begin() + first, spec.token_ids->begin() + first + T);
   } else if (plan.model.num_hash_layers() > 0) {
-    tokens.resize(static_cast<size_t>(T));
-    DummyTokenIds(spec.input_seed, unit, T, plan.model.vocab_size, tokens.data());
+    in.token_ids.resize(static_cast<size_t>(T));
+    DummyTokenIds(spec.input_seed, in.unit, T, plan.model.vocab_size, in.token_ids.data());
   }
-  const int32_t* ids = nullptr;
-  const float* wts = nullptr;
   if (spec.topk_ids != nullptr && spec.topk_weights != nullptr) {
-    ids = spec.topk_ids->data() + unit_offset[unit] * k;
-    wts = spec.topk_weights->data() + unit_offset[unit] * k;
+    in.topk_ids = spec.topk_ids->data() + first * k;
+    in.topk_weights = spec.topk_weights->data() + first * k;
   }
   // The hidden states as Forward receives them.
-  std::vector<bf16_t> x16;
-  const void* x = x32.data();
   if (spec.io_dtype == DType::kBF16) {
-    x16.resize(x32.size());
-    for (size_t i = 0; i < x32.size(); ++i) x16[i] = FloatToBf16(x32[i]);
-    x = x16.data();
+    in.x16.resize(in.x32.size());
+    for (size_t i = 0; i < in.x32.size(); ++i) in.x16[i] = FloatToBf16(in.x32[i]);
   } else if (spec.io_dtype != DType::kF32) {
     return InvalidArgumentError(
         fmt::format("run: 'dtype': expected BF16 or F32, got {}", DTypeName(spec.io_dtype)));
   }
+  return in;
+}
+
+// The single-rank reference of this unit's tokens, on this rank alone (COLLECTIVE over `world`
+// for the split), compared with the sharded run's last layer `last_layer` ([T, H] fp32).
+Result<ErrorStats> VerifyAgainstReference(const ShardedJobSpec& spec, Communicator& world,
+                                          KernelContext& ctx, const ForwardArgs& args,
+                                          std::span<const float> last_layer, int64_t num_layers) {
+  const ShardPlan& plan = *spec.plan;
+  const int64_t T = args.num_tokens, H = plan.model.hidden_size;
+  MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(static_cast<int>(world.rank()), 0));
+  MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1,
+                            BuildShardPlan(plan.model, SingleRankPlanOptions(plan.options)));
+  // The reference keeps bf16 experts row-major, so verification also crosses the layouts.
+  ShardedJobSpec ref_spec = spec;
+  ref_spec.cpu_row_groups = false;
+  if (spec.reference_load) ref_spec.load = *spec.reference_load;
+  Instance ref;
+  MOESHARD_RETURN_IF_ERROR(Build(plan1, 0, ref_spec, *solo, ctx, std::max<int64_t>(T, 1), &ref)
+                               .WithContext("run: single-rank reference"));
+  std::vector<uint8_t> ref_bytes(T * H * 4);
+  std::vector<float> ref_layers(num_layers * T * H);
+  ForwardArgs ra = args;
+  ra.out = ref_bytes.data();
+  ra.layer_outputs = ref_layers.data();
+  ra.layer_seconds = nullptr;
+  MOESHARD_RETURN_IF_ERROR(ref.runtime->Forward(ra).WithContext("run: single-rank reference"));
+  if (num_layers == 0) return ErrorStats{};
+  const size_t off = static_cast<size_t>((num_layers - 1) * T * H);
+  return CompareOutputs(last_layer, {ref_layers.data() + off, static_cast<size_t>(T * H)});
+}
+
+// One rank's report as it travels to every rank: a fixed-size, trivially copyable record
+// (the per-layer times follow separately, num_layers doubles per rank).
+struct RankRecord {
+  int64_t rank = 0;
+  int64_t num_tokens = 0;
+  int64_t workspace_bytes = 0;
+  double iter_seconds = 0;
+  double load_seconds = 0;
+  std::array<int64_t, kNumCategories> measured_bytes{};  // by kAllCategories order
+  std::array<int64_t, kNumCategories> planned_bytes{};
+  ErrorStats error;
+};
+static_assert(std::is_trivially_copyable_v<RankRecord>);
+
+std::array<int64_t, kNumCategories> ByCategory(const std::map<TensorCategory, int64_t>& bytes) {
+  std::array<int64_t, kNumCategories> out{};
+  for (size_t i = 0; i < kNumCategories; ++i) {
+    auto it = bytes.find(kAllCategories[i]);
+    out[i] = it == bytes.end() ? 0 : it->second;
+  }
+  return out;
+}
+
+std::map<TensorCategory, int64_t> FromCategories(const std::array<int64_t, kNumCategories>& a) {
+  std::map<TensorCategory, int64_t> out;
+  for (size_t i = 0; i < kNumCategories; ++i) out[kAllCategories[i]] = a[i];
+  return out;
+}
+
+// COLLECTIVE over `world`: every rank's report, by world rank. Every category appears in the
+// byte maps (0 where a rank has none).
+Result<std::vector<RankReport>> GatherReports(Communicator& world, const RankReport& me) {
+  RankRecord mine{.rank = me.rank,
+                  .num_tokens = me.num_tokens,
+                  .workspace_bytes = me.workspace_bytes,
+                  .iter_seconds = me.iter_seconds,
+                  .load_seconds = me.load_seconds,
+                  .measured_bytes = ByCategory(me.measured_bytes),
+                  .planned_bytes = ByCategory(me.planned_bytes),
+                  .error = me.error};
+  // An index into one rank's output means nothing on another.
+  mine.error.worst_index = -1;
+  const size_t n = static_cast<size_t>(world.size()), nl = me.layer_seconds.size();
+  std::vector<RankRecord> all(n);
+  std::vector<double> layer_seconds(n * nl);
+  MOESHARD_RETURN_IF_ERROR(world.AllGather(&mine, all.data(), sizeof(RankRecord)));
+  if (nl > 0) {  // the same on every rank: the MoE layers of the one stage
+    MOESHARD_RETURN_IF_ERROR(
+        world.AllGather(me.layer_seconds.data(), layer_seconds.data(), nl * sizeof(double)));
+  }
+  std::vector<RankReport> reports(n);
+  for (size_t r = 0; r < n; ++r) {
+    const RankRecord& d = all[r];
+    RankReport& rr = reports[r];
+    rr.rank = d.rank;
+    rr.num_tokens = d.num_tokens;
+    rr.workspace_bytes = d.workspace_bytes;
+    rr.iter_seconds = d.iter_seconds;
+    rr.load_seconds = d.load_seconds;
+    rr.measured_bytes = FromCategories(d.measured_bytes);
+    rr.planned_bytes = FromCategories(d.planned_bytes);
+    rr.error = d.error;
+    rr.layer_seconds.assign(layer_seconds.begin() + r * nl, layer_seconds.begin() + (r + 1) * nl);
+  }
+  return reports;
+}
+
+// COLLECTIVE over `world`: rank 0 receives every layer's output of every token, units in order
+// (attention-TP rank 0 of each unit sends its unit's rows). layer_out: [num_layers, T, H].
+Status CollectOutputs(const ShardPlan& plan, const UnitInputs& in, Communicator& world,
+                      const std::vector<float>& layer_out, int64_t num_layers,
+                      std::vector<float>* outputs) {
+  const ResolvedTopology& topo = plan.topology;
+  const int64_t H = plan.model.hidden_size, T = in.num_tokens(), total = in.total_tokens();
+  const auto sends = [&](int64_t r) { return RankInGroup(topo, RankGroup::kTp, r) == 0; };
+  std::vector<size_t> counts(world.size(), 0);
+  for (int r = 0; r < world.size(); ++r) {
+    if (sends(r)) counts[r] = static_cast<size_t>(in.unit_tokens[UnitOf(topo, r)]);
+  }
+  std::vector<float> gathered(total * H);
+  if (world.rank() == 0) outputs->resize(num_layers * total * H);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const size_t send = sends(world.rank()) ? static_cast<size_t>(T) : 0;
+    MOESHARD_RETURN_IF_ERROR(world.AllGatherV(layer_out.data() + l * T * H, send, gathered.data(),
+                                              counts, {}, H * sizeof(float)));
+    if (world.rank() == 0) {
+      std::copy(gathered.begin(), gathered.end(), outputs->begin() + l * total * H);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator& world) {
+  if (spec.plan == nullptr) return InvalidArgumentError("run: 'plan': expected a plan");
+  const ShardPlan& plan = *spec.plan;
+  const int64_t rank = world.rank();
+  const int64_t H = plan.model.hidden_size;
+  if (spec.iters < 1 || spec.warmup < 0) {
+    return InvalidArgumentError(
+        fmt::format("run: '--iters': expected >= 1 timed iterations, got {} (warm-up {})",
+                    spec.iters, spec.warmup));
+  }
+  MOESHARD_ASSIGN_OR_RETURN(const UnitInputs in, PrepareInputs(spec, rank));
+  const int64_t T = in.num_tokens();
 
   MOESHARD_ASSIGN_OR_RETURN(
       KernelContext ctx,
@@ -137,7 +284,7 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   ctx.pool().ParallelFor(1, 1, [](int64_t, int64_t, int) {});
   Instance inst;
   const auto load_start = std::chrono::steady_clock::now();
-  MOESHARD_RETURN_IF_ERROR(Build(plan, rank, spec, world, ctx, max_tokens, &inst));
+  MOESHARD_RETURN_IF_ERROR(Build(plan, rank, spec, world, ctx, in.max_tokens(), &inst));
   const double load_seconds = Seconds(load_start);
   MoeRuntime& rt = *inst.runtime;
   const int64_t nl = rt.num_layers();
@@ -146,12 +293,12 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   std::vector<float> layer_out(nl * T * H);
   std::vector<double> seconds(nl), seconds_sum(nl, 0.0);
   ForwardArgs args;
-  args.x = x;
+  args.x = in.x();
   args.x_dtype = spec.io_dtype;
   args.num_tokens = T;
-  args.topk_ids = ids;
-  args.topk_weights = wts;
-  args.token_ids = tokens.empty() ? nullptr : tokens.data();
+  args.topk_ids = in.topk_ids;
+  args.topk_weights = in.topk_weights;
+  args.token_ids = in.token_ids.empty() ? nullptr : in.token_ids.data();
   args.out = out_bytes.data();
   args.layer_outputs = layer_out.data();
   args.layer_seconds = seconds.data();
@@ -175,103 +322,25 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   me.iter_seconds = iter_sum / spec.iters;
   me.load_seconds = load_seconds;
   for (int64_t l = 0; l < nl; ++l) me.layer_seconds.push_back(seconds_sum[l] / spec.iters);
-
   if (spec.verify) {
-    // The single-rank reference of this unit's tokens, on this rank alone.
-    MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(static_cast<int>(rank), 0));
-    MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1,
-                              BuildShardPlan(plan.model, SingleRankPlanOptions(plan.options)));
-    // The reference keeps bf16 experts row-major, so verification also crosses the layouts.
-    ShardedJobSpec ref_spec = spec;
-    ref_spec.cpu_row_groups = false;
-    if (spec.reference_load) ref_spec.load = *spec.reference_load;
-    Instance ref;
-    MOESHARD_RETURN_IF_ERROR(Build(plan1, 0, ref_spec, *solo, ctx, std::max<int64_t>(T, 1), &ref)
-                                 .WithContext("run: single-rank reference"));
-    std::vector<uint8_t> ref_bytes(T * H * 4);
-    std::vector<float> ref_layers(nl * T * H);
-    ForwardArgs ra = args;
-    ra.out = ref_bytes.data();
-    ra.layer_outputs = ref_layers.data();
-    ra.layer_seconds = nullptr;
-    MOESHARD_RETURN_IF_ERROR(ref.runtime->Forward(ra).WithContext("run: single-rank reference"));
-    if (nl > 0) {
-      const size_t off = static_cast<size_t>((nl - 1) * T * H);
-      me.error = CompareOutputs({layer_out.data() + off, static_cast<size_t>(T * H)},
-                                {ref_layers.data() + off, static_cast<size_t>(T * H)});
-    }
+    const std::span<const float> last =
+        nl > 0 ? std::span<const float>(layer_out).subspan((nl - 1) * T * H, T * H)
+               : std::span<const float>();
+    MOESHARD_ASSIGN_OR_RETURN(me.error, VerifyAgainstReference(spec, world, ctx, args, last, nl));
   }
 
-  // Every rank's report to every rank, as a fixed-size record of doubles.
-  const size_t rec = 5 + 2 * kNumCategories + 5 + static_cast<size_t>(nl);
-  std::vector<double> mine(rec, 0.0), all(rec * world.size());
-  {
-    size_t i = 0;
-    mine[i++] = static_cast<double>(me.rank);
-    mine[i++] = static_cast<double>(me.num_tokens);
-    mine[i++] = static_cast<double>(me.workspace_bytes);
-    mine[i++] = me.iter_seconds;
-    mine[i++] = me.load_seconds;
-    for (TensorCategory c : kAllCategories) {
-      auto m = me.measured_bytes.find(c);
-      mine[i++] = m == me.measured_bytes.end() ? 0.0 : static_cast<double>(m->second);
-    }
-    for (TensorCategory c : kAllCategories) {
-      auto p = me.planned_bytes.find(c);
-      mine[i++] = p == me.planned_bytes.end() ? 0.0 : static_cast<double>(p->second);
-    }
-    mine[i++] = static_cast<double>(me.error.count);
-    mine[i++] = me.error.max_abs_err;
-    mine[i++] = me.error.sum_abs_err;
-    mine[i++] = me.error.max_abs_ref;
-    mine[i++] = static_cast<double>(me.error.num_nonfinite);
-    for (int64_t l = 0; l < nl; ++l) mine[i++] = me.layer_seconds[l];
-  }
-  MOESHARD_RETURN_IF_ERROR(world.AllGather(mine.data(), all.data(), rec * sizeof(double)));
   ShardedJobResult result;
   result.layers = rt.layers();
-  result.total_tokens = unit_offset[units];
+  result.total_tokens = in.total_tokens();
+  result.unit_tokens = in.unit_tokens;
   result.row_group_layers = inst.row_group_layers;
-  for (int r = 0; r < world.size(); ++r) {
-    const double* d = all.data() + r * rec;
-    RankReport rr;
-    size_t i = 0;
-    rr.rank = static_cast<int64_t>(d[i++]);
-    rr.num_tokens = static_cast<int64_t>(d[i++]);
-    rr.workspace_bytes = static_cast<int64_t>(d[i++]);
-    rr.iter_seconds = d[i++];
-    rr.load_seconds = d[i++];
-    for (TensorCategory c : kAllCategories) rr.measured_bytes[c] = static_cast<int64_t>(d[i++]);
-    for (TensorCategory c : kAllCategories) rr.planned_bytes[c] = static_cast<int64_t>(d[i++]);
-    rr.error.count = static_cast<int64_t>(d[i++]);
-    rr.error.max_abs_err = d[i++];
-    rr.error.sum_abs_err = d[i++];
-    rr.error.max_abs_ref = d[i++];
-    rr.error.num_nonfinite = static_cast<int64_t>(d[i++]);
-    for (int64_t l = 0; l < nl; ++l) rr.layer_seconds.push_back(d[i++]);
+  MOESHARD_ASSIGN_OR_RETURN(result.ranks, GatherReports(world, me));
+  for (const RankReport& rr : result.ranks) {
     result.iter_seconds = std::max(result.iter_seconds, rr.iter_seconds);
     result.error.Merge(rr.error);
-    result.ranks.push_back(std::move(rr));
   }
-
   if (spec.collect_outputs) {
-    // Attention-TP rank 0 of each unit sends its unit's rows; units arrive in order.
-    std::vector<size_t> counts(world.size(), 0);
-    for (int r = 0; r < world.size(); ++r) {
-      const RankCoords& c = plan.ranks[r].coords;
-      if (c.tp_rank == 0) counts[r] = static_cast<size_t>(unit_tokens[c.group_rank / topo.tp]);
-    }
-    const int64_t total = result.total_tokens;
-    std::vector<float> gathered(total * H);
-    if (rank == 0) result.outputs.resize(nl * total * H);
-    for (int64_t l = 0; l < nl; ++l) {
-      const size_t send = rc.tp_rank == 0 ? static_cast<size_t>(T) : 0;
-      MOESHARD_RETURN_IF_ERROR(world.AllGatherV(layer_out.data() + l * T * H, send, gathered.data(),
-                                                counts, {}, H * sizeof(float)));
-      if (rank == 0) {
-        std::copy(gathered.begin(), gathered.end(), result.outputs.begin() + l * total * H);
-      }
-    }
+    MOESHARD_RETURN_IF_ERROR(CollectOutputs(plan, in, world, layer_out, nl, &result.outputs));
   }
   return result;
 }

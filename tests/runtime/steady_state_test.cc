@@ -38,10 +38,10 @@ std::map<std::string, int64_t>* g_other_sites = nullptr;
 // The runtime layer's functions (namespaces and classes of include/moeshard/runtime and
 // src/runtime).
 bool IsRuntimeFunction(const std::string& name) {
-  for (const char* prefix :
-       {"moeshard::MoeRuntime", "moeshard::ExpertDispatcher", "moeshard::internal::Linear",
-        "moeshard::internal::RmsNorm", "moeshard::internal::GatedMlp",
-        "moeshard::internal::Dequantize", "moeshard::TokenChunk"}) {
+  for (const char* prefix : {"moeshard::MoeRuntime", "moeshard::ExpertDispatcher",
+                             "moeshard::internal::Linear", "moeshard::internal::RmsNorm",
+                             "moeshard::internal::GatedMlp", "moeshard::internal::Dequantize",
+                             "moeshard::internal::LayerSteps", "moeshard::TokenChunk"}) {
     if (name.rfind(prefix, 0) == 0) return true;
   }
   return false;
@@ -161,7 +161,8 @@ Counts CountForwardAllocations(const std::string& preset, Topology topology) {
 
 TEST(RuntimeSteadyStateTest, ExpertParallelForwardAllocatesNothing) {
   // Neither the runtime nor the kernels and communicators it calls allocate once warm.
-  const auto counts = CountForwardAllocations("tiny-kimi-k3", {.tp = 2, .dp = 2, .enable_ep = true});
+  const auto counts =
+      CountForwardAllocations("tiny-kimi-k3", {.tp = 2, .dp = 2, .enable_ep = true});
   EXPECT_EQ(counts.runtime, 0);
   EXPECT_EQ(counts.other, 0);
 }

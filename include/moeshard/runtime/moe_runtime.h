@@ -110,9 +110,8 @@ class MoeRuntime {
   // Bytes of the runtime's own buffers (activations, dispatch, converted biases).
   int64_t WorkspaceBytes() const;
 
-  struct Impl;
-
  private:
+  struct Impl;  // src/runtime/moe_runtime.cc: the runtime's parts
   explicit MoeRuntime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -81,12 +81,13 @@ struct RankReport {
 };
 
 struct ShardedJobResult {
-  std::vector<int64_t> layers;    // the MoE layers run
-  int64_t total_tokens = 0;       // over all units
-  int64_t row_group_layers = 0;   // this rank's layers with bf16 experts in row-group layout
-  std::vector<RankReport> ranks;  // every rank's report (all ranks receive all)
-  double iter_seconds = 0;        // slowest rank's mean forward time
-  ErrorStats error;               // merged over ranks
+  std::vector<int64_t> layers;       // the MoE layers run
+  int64_t total_tokens = 0;          // over all units
+  std::vector<int64_t> unit_tokens;  // [dp * pcp] tokens of each unit, in order
+  int64_t row_group_layers = 0;      // this rank's layers with bf16 experts in row-group layout
+  std::vector<RankReport> ranks;     // every rank's report (all ranks receive all)
+  double iter_seconds = 0;           // slowest rank's mean forward time
+  ErrorStats error;                  // merged over ranks
   // collect_outputs, rank 0 only: [num_layers, total_tokens, H] fp32, units in order.
   std::vector<float> outputs;
 };
