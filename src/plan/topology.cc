@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "moeshard/base/check.h"
+#include "base/check.h"
 #include "moeshard/base/math.h"
 
 namespace moeshard {
