@@ -462,6 +462,7 @@ std::vector<Segment> CountDifferences(const std::vector<std::pair<const Holding*
     if (!out.empty() && out.back().end == s.begin && out.back().expected == s.expected &&
         out.back().actual == s.actual && out.back().actual_ranks == s.actual_ranks) {
       out.back().end = s.end;
+      out.back().expected_ranks.insert(s.expected_ranks.begin(), s.expected_ranks.end());
     } else {
       out.push_back(std::move(s));
     }
