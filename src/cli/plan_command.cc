@@ -11,6 +11,7 @@
 #include "moeshard/base/units.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/plan/advice.h"
+#include "plan/ownership.h"
 #include "plan/plan_json.h"
 
 namespace moeshard::cli {
@@ -22,6 +23,7 @@ struct PlanCommandFlags {
   std::string format = "table";
   bool tensors = false;
   int64_t rank = -1;
+  std::string ownership;  // --ownership FILE: the ownership map (docs/ownership.md)
 };
 
 int RunPlan(const PlanCommandFlags& f) {
@@ -38,10 +40,15 @@ int RunPlan(const PlanCommandFlags& f) {
                                    "'--rank {}': expected a rank below the world size {}", f.rank,
                                    plan->topology.world)));
   }
+  if (!f.ownership.empty()) {
+    const Status written = WriteFileAtomic(f.ownership, OwnershipMapJson(*plan));
+    if (!written.ok()) return ReportError("plan", written);
+  }
   ApplyCheckpointSizing(*plan, *in);
   const MemoryPlan memory = PlanMemory(*plan, in->memory_options);
   std::string advice;
-  if (!memory.fits) advice = SmallestChangeThatFits(in->model, in->plan_options, in->memory_options);
+  if (!memory.fits)
+    advice = SmallestChangeThatFits(in->model, in->plan_options, in->memory_options);
 
   if (f.format == "json") {
     nlohmann::json j = ShardPlanToJson(*plan, f.tensors);
@@ -59,26 +66,32 @@ int RunPlan(const PlanCommandFlags& f) {
     std::fputs(RenderPlanReport(*plan, memory, *in, ro).c_str(), stdout);
   }
   if (!memory.fits) {
-    std::fprintf(stderr, "moeshard plan: does not fit: %s%s\n", memory.failure.c_str(),
-                 advice.empty() ? "" : fmt::format("; smallest change that fits: {}", advice).c_str());
+    std::fprintf(
+        stderr, "moeshard plan: does not fit: %s%s\n", memory.failure.c_str(),
+        advice.empty() ? "" : fmt::format("; smallest change that fits: {}", advice).c_str());
     return 3;
   }
   return 0;
 }
 
-MOESHARD_REGISTER_COMMAND(plan, CommandSpec{
-    .name = "plan",
-    .description = "show the ShardPlan of one topology: per-rank tensors, padding, memory, fit",
-    .order = 10,
-    .setup = [](CLI::App* sub) -> CommandRunner {
-      auto f = std::make_shared<PlanCommandFlags>();
-      AddPlanFlags(sub, &f->plan);
-      AddMemoryFlags(sub, &f->memory);
-      sub->add_option("--format", f->format, "table (default), json or markdown");
-      sub->add_flag("--tensors", f->tensors, "list every tensor of each rank kind");
-      sub->add_option("--rank", f->rank, "show this rank's tensors");
-      return [f] { return RunPlan(*f); };
-    }});
+MOESHARD_REGISTER_COMMAND(
+    plan,
+    CommandSpec{
+        .name = "plan",
+        .description = "show the ShardPlan of one topology: per-rank tensors, padding, memory, fit",
+        .order = 10,
+        .setup = [](CLI::App* sub) -> CommandRunner {
+          auto f = std::make_shared<PlanCommandFlags>();
+          AddPlanFlags(sub, &f->plan);
+          AddMemoryFlags(sub, &f->memory);
+          sub->add_option("--format", f->format, "table (default), json or markdown");
+          sub->add_flag("--tensors", f->tensors, "list every tensor of each rank kind");
+          sub->add_option("--rank", f->rank, "show this rank's tensors");
+          sub->add_option("--ownership", f->ownership,
+                          "write the ownership map (every rank's tensors, slices, shapes, padding) "
+                          "as JSON to FILE (docs/ownership.md)");
+          return [f] { return RunPlan(*f); };
+        }});
 
 }  // namespace
 }  // namespace moeshard::cli
