@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev clang-format clang-tidy python3
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-pip python3-setuptools python3-wheel
 )
 
 missing=()

@@ -3,14 +3,12 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <map>
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "cli/plan_api.h"
 #include "cli/plan_report.h"
 #include "moeshard/base/units.h"
-#include "moeshard/config/config_loader.h"
-#include "moeshard/plan/advice.h"
 #include "plan/ownership.h"
 #include "plan/plan_json.h"
 
@@ -31,39 +29,29 @@ int RunPlan(const PlanCommandFlags& f) {
     return ReportError("plan", InvalidArgumentError(fmt::format(
                                    "'--format {}': expected table, json or markdown", f.format)));
   }
-  Result<PlanInputs> in = LoadPlanInputs(f.plan, f.memory);
-  if (!in.ok()) return ReportError("plan", in.status());
-  Result<ShardPlan> plan = BuildShardPlan(in->model, in->plan_options);
-  if (!plan.ok()) return ReportError("plan", plan.status());
-  if (f.rank >= plan->topology.world) {
+  Result<PlanOutcome> outcome = ComputePlan(f.plan, f.memory);
+  if (!outcome.ok()) return ReportError("plan", outcome.status());
+  const ShardPlan& plan = outcome->plan;
+  if (f.rank >= plan.topology.world) {
     return ReportError("plan", InvalidArgumentError(fmt::format(
                                    "'--rank {}': expected a rank below the world size {}", f.rank,
-                                   plan->topology.world)));
+                                   plan.topology.world)));
   }
   if (!f.ownership.empty()) {
-    const Status written = WriteFileAtomic(f.ownership, OwnershipMapJson(*plan));
+    const Status written = WriteFileAtomic(f.ownership, OwnershipMapJson(plan));
     if (!written.ok()) return ReportError("plan", written);
   }
-  ApplyCheckpointSizing(*plan, *in);
-  const MemoryPlan memory = PlanMemory(*plan, in->memory_options);
-  std::string advice;
-  if (!memory.fits)
-    advice = SmallestChangeThatFits(in->model, in->plan_options, in->memory_options);
+  const MemoryPlan& memory = outcome->memory;
+  const std::string& advice = outcome->advice;
 
   if (f.format == "json") {
-    nlohmann::json j = ShardPlanToJson(*plan, f.tensors);
-    AddMemoryToJson(memory, j);
-    const ParamCounts p = CountParams(*plan);
-    j["params"] = {{"total", p.total}, {"active", p.active}};
-    j["advice"] = advice;
-    if (!in->checkpoint.empty()) j["checkpoint"] = in->checkpoint_json;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", PlanOutcomeToJson(*outcome, f.tensors).dump(2).c_str());
   } else {
     ReportOptions ro;
     ro.markdown = f.format == "markdown";
     ro.all_tensors = f.tensors;
     ro.rank = f.rank;
-    std::fputs(RenderPlanReport(*plan, memory, *in, ro).c_str(), stdout);
+    std::fputs(RenderPlanReport(plan, memory, outcome->inputs, ro).c_str(), stdout);
   }
   if (!memory.fits) {
     std::fprintf(

@@ -11,6 +11,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "cli/plan_api.h"
 #include "moeshard/base/units.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/plan/invariants.h"
@@ -22,47 +23,12 @@ namespace {
 struct SweepFlags {
   PlanFlags plan;
   MemoryFlags memory;
-  std::string gpus = "8,16,32,64";
-  bool pp = false;
-  bool fits_only = false;
-  std::string strategy;
-  std::string sort = "gpus";
+  SweepOptions sweep;
   std::string format = "table";
   std::string svg;
 };
 
-struct Row {
-  std::string strategy;
-  std::string label;
-  int64_t gpus = 0;
-  int64_t weights = 0;  // max over ranks
-  int64_t routed = 0;
-  int64_t waste = 0;  // routed padding bytes on that rank
-  int64_t kv_tokens = 0;  // min over ranks
-  int64_t max_model_len = 0;
-  bool fits = false;
-  std::string backend;
-  int64_t i_raw = 0, i_padded = 0;
-};
-
-Result<std::vector<int64_t>> ParseGpuList(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 65536) {
-      return InvalidArgumentError(fmt::format(
-          "sweep: '--gpus {}': expected a comma-separated list of GPU counts like 8,16,32,64, "
-          "got '{}'",
-          s, item));
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) return InvalidArgumentError("sweep: '--gpus': expected at least one GPU count");
-  return out;
-}
+using Row = SweepRow;
 
 std::string Svg(const std::vector<Row>& rows, const std::string& title, double budget_gib) {
   // Weight memory per GPU (GiB, y) against GPU count (log2, x); one polyline per strategy.
@@ -78,7 +44,9 @@ std::string Svg(const std::vector<Row>& rows, const std::string& title, double b
   }
   ymax *= 1.1;
   const double lx0 = std::log2(double(gmin)), lx1 = std::max(lx0 + 1, std::log2(double(gmax)));
-  auto X = [&](int64_t g) { return left + (std::log2(double(g)) - lx0) / (lx1 - lx0) * (W - left - right); };
+  auto X = [&](int64_t g) {
+    return left + (std::log2(double(g)) - lx0) / (lx1 - lx0) * (W - left - right);
+  };
   auto Y = [&](double gib) { return H - bottom - gib / ymax * (H - top - bottom); };
   static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939",
@@ -94,140 +62,102 @@ std::string Svg(const std::vector<Row>& rows, const std::string& title, double b
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left,
                    top, H - bottom);
   for (int64_t g = gmin; g <= gmax; g *= 2) {
-    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X(g), H - bottom + 18, g);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", X(g),
+                     H - bottom + 18, g);
   }
   const double step = ymax > 400 ? 100 : ymax > 200 ? 50 : ymax > 80 ? 20 : 10;
   for (double y = 0; y <= ymax; y += step) {
-    s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", left,
-                     Y(y), W - right, Y(y));
-    s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:g}</text>\n", left - 6, Y(y) + 4, y);
+    s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n",
+                     left, Y(y), W - right, Y(y));
+    s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:g}</text>\n", left - 6,
+                     Y(y) + 4, y);
   }
   s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GPUs</text>\n",
                    (left + W - right) / 2, H - 15);
-  s += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">weights "
-                   "per GPU (GiB)</text>\n",
-                   (top + H - bottom) / 2);
+  s += fmt::format(
+      "<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">weights "
+      "per GPU (GiB)</text>\n",
+      (top + H - bottom) / 2);
   if (budget_gib > 0) {
-    s += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"red\" "
-                     "stroke-dasharray=\"6,4\"/>\n<text x=\"{}\" y=\"{:.1f}\" fill=\"red\">GPU "
-                     "budget {:.0f} GiB</text>\n",
-                     left, Y(budget_gib), W - right, Y(budget_gib), left + 6, Y(budget_gib) - 5, budget_gib);
+    s += fmt::format(
+        "<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"red\" "
+        "stroke-dasharray=\"6,4\"/>\n<text x=\"{}\" y=\"{:.1f}\" fill=\"red\">GPU "
+        "budget {:.0f} GiB</text>\n",
+        left, Y(budget_gib), W - right, Y(budget_gib), left + 6, Y(budget_gib) - 5, budget_gib);
   }
   int i = 0;
   for (const auto& [name, pts] : lines) {
     const char* color = kColors[i % 16];
     std::string path;
-    for (const Row* r : pts) path += fmt::format("{:.1f},{:.1f} ", X(r->gpus), Y(r->weights / double(kGiB)));
-    s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n", color, path);
+    for (const Row* r : pts)
+      path += fmt::format("{:.1f},{:.1f} ", X(r->gpus), Y(r->weights / double(kGiB)));
+    s += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
+                     color, path);
     for (const Row* r : pts) {
-      s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"><title>{}: {} GiB "
-                       "per GPU</title></circle>\n",
-                       X(r->gpus), Y(r->weights / double(kGiB)), color, r->label, FormatGiB(r->weights));
+      s += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"><title>{}: {} GiB "
+          "per GPU</title></circle>\n",
+          X(r->gpus), Y(r->weights / double(kGiB)), color, r->label, FormatGiB(r->weights));
     }
     const double ly = top + 10 + 18 * i;
-    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"/>"
-                     "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
-                     W - right + 15, ly, W - right + 40, color, W - right + 46, ly + 4, name);
+    s += fmt::format(
+        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"3\"/>"
+        "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
+        W - right + 15, ly, W - right + 40, color, W - right + 46, ly + 4, name);
     ++i;
   }
   return s + "</svg>\n";
 }
 
 int RunSweep(const SweepFlags& f) {
-  Result<ModelConfig> model = LoadModelConfig(f.plan.model);
-  if (!model.ok()) return ReportError("sweep", model.status());
-  Result<PlanOptions> base = ToPlanOptions(f.plan);
-  if (!base.ok()) return ReportError("sweep", base.status());
-  Result<MemoryOptions> mem = ToMemoryOptions(f.memory);
-  if (!mem.ok()) return ReportError("sweep", mem.status());
-  Result<std::vector<int64_t>> gpus = ParseGpuList(f.gpus);
-  if (!gpus.ok()) return ReportError("sweep", gpus.status());
-  static const char* kSorts[] = {"gpus", "weights", "kv", "waste"};
-  if (std::find(std::begin(kSorts), std::end(kSorts), f.sort) == std::end(kSorts)) {
-    return ReportError("sweep", InvalidArgumentError(fmt::format(
-                                    "'--sort {}': expected gpus, weights, kv or waste", f.sort)));
-  }
+  Result<SweepSetup> setup = PrepareSweep(f.plan, f.memory, f.sweep);
+  if (!setup.ok()) return ReportError("sweep", setup.status());
   if (f.format != "table" && f.format != "json" && f.format != "markdown" && f.format != "csv") {
-    return ReportError("sweep", InvalidArgumentError(fmt::format(
-                                    "'--format {}': expected table, json, markdown or csv", f.format)));
+    return ReportError("sweep",
+                       InvalidArgumentError(fmt::format(
+                           "'--format {}': expected table, json, markdown or csv", f.format)));
   }
-
-  GridOptions g;
-  g.base = *base;
-  g.gpu_counts = *gpus;
-  g.include_pp = f.pp;
-  std::vector<Row> rows;
-  for (const GridPoint& p : BuildGrid(*model, g)) {
-    if (!f.strategy.empty() && p.strategy.find(f.strategy) == std::string::npos) continue;
-    const MemoryPlan mp = PlanMemory(p.plan, *mem);
-    Row r;
-    r.strategy = p.strategy;
-    r.label = p.plan.topology.Label();
-    r.gpus = p.gpus;
-    r.backend = p.plan.backend.name;
-    r.kv_tokens = INT64_MAX;
-    for (const RankPlan& rank : p.plan.ranks) {
-      if (rank.WeightBytes() > r.weights) {
-        r.weights = rank.WeightBytes();
-        r.routed = rank.BytesOf(TensorCategory::kRoutedExperts);
-        r.waste = rank.PaddingBytesOf(TensorCategory::kRoutedExperts);
-      }
-    }
-    for (const RankMemory& rm : mp.ranks) r.kv_tokens = std::min(r.kv_tokens, rm.kv_tokens);
-    r.max_model_len = mp.max_model_len;
-    r.fits = mp.fits;
-    r.i_raw = p.plan.intermediate.raw_local;
-    r.i_padded = p.plan.intermediate.padded_local;
-    if (f.fits_only && !r.fits) continue;
-    rows.push_back(r);
-  }
-  std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
-    if (f.sort == "weights") return a.weights < b.weights;
-    if (f.sort == "kv") return a.kv_tokens > b.kv_tokens;
-    if (f.sort == "waste") return a.waste < b.waste;
-    if (a.gpus != b.gpus) return a.gpus < b.gpus;
-    return a.weights < b.weights;
-  });
+  const ModelConfig* model = &setup->model;
+  const MemoryOptions* mem = &setup->memory;
+  const std::vector<Row> rows = ComputeSweepRows(*setup, f.sweep);
 
   if (f.format == "json") {
-    nlohmann::json j = nlohmann::json::array();
-    for (const Row& r : rows) {
-      j.push_back({{"strategy", r.strategy}, {"topology", r.label}, {"gpus", r.gpus},
-                   {"backend", r.backend}, {"weights_per_gpu", r.weights},
-                   {"routed_per_gpu", r.routed}, {"routed_padding_per_gpu", r.waste},
-                   {"intermediate_raw_local", r.i_raw}, {"intermediate_padded_local", r.i_padded},
-                   {"kv_tokens", r.kv_tokens}, {"max_model_len", r.max_model_len}, {"fits", r.fits}});
-    }
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", SweepRowsToJson(rows).dump(2).c_str());
   } else {
     Table t({"GPUs", "topology", "strategy", "I raw->padded", "weights/GPU", "routed/GPU",
              "padding/GPU", "KV tokens", "fits"},
             {false, true, true});
     for (const Row& r : rows) {
-      t.Row({std::to_string(r.gpus), r.label, r.strategy, fmt::format("{}->{}", r.i_raw, r.i_padded),
-             FormatBytes(r.weights), FormatBytes(r.routed), FormatBytes(r.waste),
-             FormatCount(r.kv_tokens), r.fits ? "yes" : "no"});
+      t.Row({std::to_string(r.gpus), r.label, r.strategy,
+             fmt::format("{}->{}", r.i_raw, r.i_padded), FormatBytes(r.weights),
+             FormatBytes(r.routed), FormatBytes(r.waste), FormatCount(r.kv_tokens),
+             r.fits ? "yes" : "no"});
     }
     if (f.format == "csv") {
-      std::printf("gpus,topology,strategy,i_raw,i_padded,weights_per_gpu,routed_per_gpu,padding_per_gpu,kv_tokens,fits\n");
+      std::printf(
+          "gpus,topology,strategy,i_raw,i_padded,weights_per_gpu,routed_per_gpu,padding_per_gpu,kv_"
+          "tokens,fits\n");
       for (const Row& r : rows) {
-        std::printf("%lld,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d\n", (long long)r.gpus, r.label.c_str(),
-                    r.strategy.c_str(), (long long)r.i_raw, (long long)r.i_padded, (long long)r.weights,
-                    (long long)r.routed, (long long)r.waste, (long long)r.kv_tokens, r.fits ? 1 : 0);
+        std::printf("%lld,%s,%s,%lld,%lld,%lld,%lld,%lld,%lld,%d\n", (long long)r.gpus,
+                    r.label.c_str(), r.strategy.c_str(), (long long)r.i_raw, (long long)r.i_padded,
+                    (long long)r.weights, (long long)r.routed, (long long)r.waste,
+                    (long long)r.kv_tokens, r.fits ? 1 : 0);
       }
     } else {
-      std::printf("%s%s on %s: %zu topologies (GPU counts %s; KV tokens at %s KV cache, %g%% "
-                  "utilization)\n\n",
-                  f.format == "markdown" ? "### " : "", model->name.c_str(),
-                  mem->gpu.description.c_str(), rows.size(), f.gpus.c_str(),
-                  f.memory.kv_cache_dtype.c_str(), mem->gpu_memory_utilization * 100);
+      std::printf(
+          "%s%s on %s: %zu topologies (GPU counts %s; KV tokens at %s KV cache, %g%% "
+          "utilization)\n\n",
+          f.format == "markdown" ? "### " : "", model->name.c_str(), mem->gpu.description.c_str(),
+          rows.size(), f.sweep.gpus.c_str(), f.memory.kv_cache_dtype.c_str(),
+          mem->gpu_memory_utilization * 100);
       std::fputs(f.format == "markdown" ? t.Markdown().c_str() : t.Text().c_str(), stdout);
     }
   }
   if (!f.svg.empty()) {
     const double budget = mem->gpu.bytes * mem->gpu_memory_utilization / double(kGiB);
-    const std::string title = fmt::format("{}: weight memory per GPU ({}, {})", model->name,
-                                          WeightFormatName(model->quant.scheme.format), mem->gpu.description);
+    const std::string title =
+        fmt::format("{}: weight memory per GPU ({}, {})", model->name,
+                    WeightFormatName(model->quant.scheme.format), mem->gpu.description);
     Status s = WriteFileAtomic(f.svg, Svg(rows, title, budget));
     if (!s.ok()) return ReportError("sweep", s);
     std::fprintf(stderr, "wrote %s\n", f.svg.c_str());
@@ -235,23 +165,28 @@ int RunSweep(const SweepFlags& f) {
   return 0;
 }
 
-MOESHARD_REGISTER_COMMAND(sweep, CommandSpec{
-    .name = "sweep",
-    .description = "every valid topology for some GPU counts: weights, KV tokens, padding, fit",
-    .order = 20,
-    .setup = [](CLI::App* sub) -> CommandRunner {
-      auto f = std::make_shared<SweepFlags>();
-      AddPlanFlags(sub, &f->plan);
-      AddMemoryFlags(sub, &f->memory);
-      sub->add_option("--gpus", f->gpus, "GPU counts, comma-separated (default 8,16,32,64)");
-      sub->add_flag("--with-pp", f->pp, "include pipeline-parallel topologies");
-      sub->add_flag("--fits-only", f->fits_only, "only topologies that fit");
-      sub->add_option("--strategy", f->strategy, "only strategies whose name contains this");
-      sub->add_option("--sort", f->sort, "gpus (default), weights, kv or waste");
-      sub->add_option("--format", f->format, "table (default), json, markdown or csv");
-      sub->add_option("--svg", f->svg, "write a plot of weight memory per GPU to this SVG file");
-      return [f] { return RunSweep(*f); };
-    }});
+MOESHARD_REGISTER_COMMAND(
+    sweep,
+    CommandSpec{
+        .name = "sweep",
+        .description = "every valid topology for some GPU counts: weights, KV tokens, padding, fit",
+        .order = 20,
+        .setup = [](CLI::App* sub) -> CommandRunner {
+          auto f = std::make_shared<SweepFlags>();
+          AddPlanFlags(sub, &f->plan);
+          AddMemoryFlags(sub, &f->memory);
+          sub->add_option("--gpus", f->sweep.gpus,
+                          "GPU counts, comma-separated (default 8,16,32,64)");
+          sub->add_flag("--with-pp", f->sweep.pp, "include pipeline-parallel topologies");
+          sub->add_flag("--fits-only", f->sweep.fits_only, "only topologies that fit");
+          sub->add_option("--strategy", f->sweep.strategy,
+                          "only strategies whose name contains this");
+          sub->add_option("--sort", f->sweep.sort, "gpus (default), weights, kv or waste");
+          sub->add_option("--format", f->format, "table (default), json, markdown or csv");
+          sub->add_option("--svg", f->svg,
+                          "write a plot of weight memory per GPU to this SVG file");
+          return [f] { return RunSweep(*f); };
+        }});
 
 }  // namespace
 }  // namespace moeshard::cli

@@ -1,0 +1,172 @@
+// moeshard._core: the planner behind `moeshard plan`, `sweep` and `check`, callable from Python.
+//
+// Each entry point fills the CLI's flag structs from keyword arguments, calls the same library
+// functions as the CLI (src/cli/plan_api.h) and returns the CLI's JSON document as a string (the
+// package, python/moeshard/__init__.py, turns it into objects). A moeshard Status error becomes
+// moeshard.Error (a ValueError) with the message the CLI prints after "error: "; every other C++
+// exception is turned into a Python exception by pybind11, so none reaches std::terminate.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cli/plan_api.h"
+
+namespace py = pybind11;
+
+namespace moeshard::python {
+namespace {
+
+// Thrown for a moeshard Status error; registered as moeshard._core.Error(ValueError).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw Error(status.message());
+}
+
+template <typename T>
+T ValueOrThrow(Result<T> result) {
+  ThrowIfError(result.status());
+  return std::move(result).value();
+}
+
+// num_redundant_experts: an int or "auto".
+int64_t RedundantExperts(const py::object& value) {
+  if (py::isinstance<py::str>(value)) {
+    const std::string s = value.cast<std::string>();
+    if (s == "auto") return kRedundantExpertsAuto;
+    throw Error("'--num-redundant-experts " + s + "': expected a non-negative integer or auto");
+  }
+  return value.cast<int64_t>();
+}
+
+// max_model_len: None (the model's maximum), an int, or a string the CLI accepts ("128k", "auto").
+std::string MaxModelLen(const py::object& value) {
+  if (value.is_none()) return "";
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  return std::to_string(value.cast<int64_t>());
+}
+
+cli::PlanFlags PlanFlagsOf(const std::string& model, const py::kwargs& kw) {
+  cli::PlanFlags f;
+  f.model = model;
+  auto get = [&](const char* key, auto& out) {
+    if (kw.contains(key) && !kw[key].is_none()) out = kw[key].cast<std::decay_t<decltype(out)>>();
+  };
+  get("tp", f.tp);
+  get("dp", f.dp);
+  get("pp", f.pp);
+  get("pcp", f.pcp);
+  get("ep", f.ep);
+  get("moe_tp", f.moe_tp);
+  get("moe_ep", f.moe_ep);
+  get("backend", f.backend);
+  get("padding_policy", f.padding);
+  get("expert_placement", f.placement);
+  if (kw.contains("num_redundant_experts")) {
+    f.num_redundant_experts = RedundantExperts(kw["num_redundant_experts"]);
+  }
+  get("shared_experts", f.shared_experts);
+  get("latent_proj", f.latent_proj);
+  ThrowIfError(cli::ValidatePlanFlags(f));
+  return f;
+}
+
+cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
+  cli::MemoryFlags f;
+  auto get = [&](const char* key, auto& out) {
+    if (kw.contains(key) && !kw[key].is_none()) out = kw[key].cast<std::decay_t<decltype(out)>>();
+  };
+  get("gpu", f.gpu);
+  get("gpu_memory", f.gpu_memory_gib);
+  get("gpu_memory_utilization", f.utilization);
+  get("kv_cache_dtype", f.kv_cache_dtype);
+  if (kw.contains("max_model_len")) f.max_model_len = MaxModelLen(kw["max_model_len"]);
+  get("max_num_seqs", f.max_num_seqs);
+  get("max_num_batched_tokens", f.max_num_batched_tokens);
+  get("overhead_gib", f.overhead_gib);
+  ThrowIfError(cli::ValidateMemoryFlags(f));
+  return f;
+}
+
+// Keyword arguments each entry point accepts; anything else is a TypeError naming it.
+void RejectUnknown(const py::kwargs& kw, std::initializer_list<const char*> groups_allowed,
+                   const char* function) {
+  for (const auto& item : kw) {
+    const std::string key = item.first.cast<std::string>();
+    bool known = false;
+    for (const char* allowed : groups_allowed) known = known || key == allowed;
+    if (!known) {
+      throw py::type_error(std::string(function) + "() got an unexpected keyword argument '" + key +
+                           "'");
+    }
+  }
+}
+
+#define MOESHARD_PLAN_KEYS                                                        \
+  "tp", "dp", "pp", "pcp", "ep", "moe_tp", "moe_ep", "backend", "padding_policy", \
+      "expert_placement", "num_redundant_experts", "shared_experts", "latent_proj"
+#define MOESHARD_MEMORY_KEYS                                                        \
+  "gpu", "gpu_memory", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len", \
+      "max_num_seqs", "max_num_batched_tokens", "overhead_gib"
+
+std::string PlanJson(const std::string& model, bool tensors, const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS}, "plan");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  const cli::MemoryFlags memory = MemoryFlagsOf(kw);
+  py::gil_scoped_release release;
+  const cli::PlanOutcome outcome = ValueOrThrow(cli::ComputePlan(plan, memory));
+  return cli::PlanOutcomeToJson(outcome, tensors).dump();
+}
+
+std::string SweepJson(const std::string& model, const std::string& gpus, const py::kwargs& kw) {
+  RejectUnknown(
+      kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS, "with_pp", "fits_only", "strategy", "sort"},
+      "sweep");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  const cli::MemoryFlags memory = MemoryFlagsOf(kw);
+  cli::SweepOptions options;
+  options.gpus = gpus;
+  if (kw.contains("with_pp")) options.pp = kw["with_pp"].cast<bool>();
+  if (kw.contains("fits_only")) options.fits_only = kw["fits_only"].cast<bool>();
+  if (kw.contains("strategy") && !kw["strategy"].is_none()) {
+    options.strategy = kw["strategy"].cast<std::string>();
+  }
+  if (kw.contains("sort")) options.sort = kw["sort"].cast<std::string>();
+  py::gil_scoped_release release;
+  const cli::SweepSetup setup = ValueOrThrow(cli::PrepareSweep(plan, memory, options));
+  return cli::SweepRowsToJson(cli::ComputeSweepRows(setup, options)).dump();
+}
+
+std::string CheckJson(const std::string& model, int64_t max_gpus, bool with_pp,
+                      const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, "check");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  py::gil_scoped_release release;
+  const cli::CheckOutcome outcome = ValueOrThrow(cli::ComputeCheck(plan, max_gpus, with_pp));
+  nlohmann::json j = nlohmann::json::array();
+  for (const Violation& v : outcome.violations) {
+    j.push_back({{"invariant", v.invariant}, {"topology", v.topology}, {"detail", v.detail}});
+  }
+  return j.dump();
+}
+
+}  // namespace
+}  // namespace moeshard::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace moeshard::python;
+  m.doc() = "moeshard's planner (the C++ behind `moeshard plan`, `sweep` and `check`)";
+  py::register_exception<Error>(m, "Error", PyExc_ValueError);
+  m.def("plan_json", &PlanJson, py::arg("model"), py::arg("tensors") = false,
+        "`moeshard plan --format json` for the keyword arguments, as a JSON string");
+  m.def("sweep_json", &SweepJson, py::arg("model"), py::arg("gpus") = "8,16,32,64",
+        "`moeshard sweep --format json` for the keyword arguments, as a JSON string");
+  m.def("check_json", &CheckJson, py::arg("model"), py::arg("max_gpus") = 64,
+        py::arg("with_pp") = false,
+        "the violations `moeshard check` lists, as a JSON array of {invariant, topology, detail}");
+}
