@@ -18,8 +18,8 @@ AlignedBuffer::AlignedBuffer(size_t num_bytes) : size_(num_bytes) {
   if (num_bytes >= kHugePageBytes) {
     // Over-map by one huge page so a 2 MiB aligned start exists inside the mapping.
     raw_bytes_ = num_bytes + kHugePageBytes;
-    void* p = ::mmap(nullptr, raw_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
+    void* p =
+        ::mmap(nullptr, raw_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     raw_ = p;
     mapped_ = true;

@@ -15,12 +15,11 @@ namespace moeshard::internal {
                               const std::string& message);
 }  // namespace moeshard::internal
 
-#define MOESHARD_CHECK(cond, ...)                                                        \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
-      ::moeshard::internal::CheckFailed(__FILE__, __LINE__, #cond,                       \
-                                        ::fmt::format(__VA_ARGS__));                     \
-    }                                                                                    \
+#define MOESHARD_CHECK(cond, ...)                                                               \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]] {                                                                 \
+      ::moeshard::internal::CheckFailed(__FILE__, __LINE__, #cond, ::fmt::format(__VA_ARGS__)); \
+    }                                                                                           \
   } while (0)
 
 #define MOESHARD_CHECK_EQ(a, b) \

@@ -57,7 +57,7 @@ fp16_t FloatToHalf(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return fp16_t{static_cast<uint16_t>(sign | 0x7e00u)};  // quiet NaN
+  if (abs > 0x7f800000u) return fp16_t{static_cast<uint16_t>(sign | 0x7e00u)};   // quiet NaN
   if (abs >= 0x47800000u) return fp16_t{static_cast<uint16_t>(sign | 0x7c00u)};  // >= 2^16: inf
   if (abs < 0x38800000u) {  // below 2^-14: subnormal (or zero), in units of 2^-24, RNE
     const float units = std::bit_cast<float>(abs) * 16777216.0f;  // exact (power of two)

@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
-#include <thread>
-#include <array>
 #include <cstdlib>
 #include <new>
 #include <numeric>
+#include <thread>
 
 namespace moeshard {
 namespace {
@@ -39,7 +39,8 @@ TEST(ThreadPoolTest, SpinWindowsHandOverEveryCall) {
     ThreadPool pool(2, spin_us);
     EXPECT_EQ(pool.spin_us(), spin_us);
     for (int call = 0; call < 200; ++call) {
-      if (call % 50 == 49) std::this_thread::sleep_for(std::chrono::microseconds(2 * spin_us + 100));
+      if (call % 50 == 49)
+        std::this_thread::sleep_for(std::chrono::microseconds(2 * spin_us + 100));
       std::atomic<int64_t> total{0};
       pool.ParallelFor(16, 1, [&](int64_t b, int64_t e, int) { total += e - b; });
       ASSERT_EQ(total.load(), 16) << "spin " << spin_us << " call " << call;
@@ -92,12 +93,12 @@ TEST(ThreadPoolTest, ParallelForDoesNotAllocate) {
   ThreadPool pool(2);
   std::array<int64_t, 8> big_capture{};  // larger than std::function's inline buffer
   std::atomic<int64_t> sum{0};
-  pool.ParallelFor(64, 1, [&, big_capture](int64_t b, int64_t e, int) { sum += e - b + big_capture[0]; });
+  pool.ParallelFor(64, 1,
+                   [&, big_capture](int64_t b, int64_t e, int) { sum += e - b + big_capture[0]; });
   const int64_t before = g_allocations.load();
   for (int i = 0; i < 100; ++i) {
-    pool.ParallelFor(64, 1, [&, big_capture](int64_t b, int64_t e, int) {
-      sum += e - b + big_capture[1];
-    });
+    pool.ParallelFor(
+        64, 1, [&, big_capture](int64_t b, int64_t e, int) { sum += e - b + big_capture[1]; });
   }
   EXPECT_EQ(g_allocations.load() - before, 0);
   EXPECT_EQ(sum.load(), 101 * 64);
@@ -105,4 +106,3 @@ TEST(ThreadPoolTest, ParallelForDoesNotAllocate) {
 
 }  // namespace
 }  // namespace moeshard
-

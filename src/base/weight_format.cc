@@ -136,15 +136,15 @@ int64_t WeightScheme::ZeroBytes(int64_t rows, int64_t cols) const {
   return ScaleRows(rows) * ScaleCols(cols) * DTypeBits(spec().zero_dtype) / 8;
 }
 
-std::pair<int64_t, int64_t> WeightScheme::WeightSlice(bool rows, int64_t begin,
-                                                      int64_t end) const {
+std::pair<int64_t, int64_t> WeightScheme::WeightSlice(bool rows, int64_t begin, int64_t end) const {
   if (rows) return {begin, end};
   return {WeightShape(1, begin)[1], WeightShape(1, end)[1]};
 }
 
 std::pair<int64_t, int64_t> WeightScheme::ScaleSlice(bool rows, int64_t begin, int64_t end) const {
   if (!rows && RowUniform()) return {0, ScaleCols(end - begin)};  // any block holds the row's scale
-  const int64_t unit = rows ? (spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1) : group;
+  const int64_t unit =
+      rows ? (spec().scale_layout == ScaleLayout::kBlock2D ? block_rows : 1) : group;
   return {begin / unit, CeilDiv(end, unit)};
 }
 

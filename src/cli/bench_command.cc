@@ -7,21 +7,20 @@
 // for the sharded runtime) is one more function and one more line in kSuites.
 #include <fmt/format.h>
 
-#include <optional>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
 #include "moeshard/kernels/kernel_bench.h"
-#include "moeshard/kernels/roofline.h"
 #include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/roofline.h"
 
 namespace moeshard::cli {
 namespace {
@@ -57,13 +56,11 @@ std::string CpuModel() {
 }
 
 Result<WeightFormat> ParseFormat(const std::string& s) {
-  static const std::map<std::string, WeightFormat> kFormats = {{"bf16", WeightFormat::kBf16},
-                                                               {"bf16-rg", WeightFormat::kBf16},
-                                                               {"fp8", WeightFormat::kFp8Block},
-                                                               {"mxfp4", WeightFormat::kMxfp4},
-                                                               {"int4", WeightFormat::kInt4},
-                                                               {"int4-zp", WeightFormat::kInt4Zp},
-                                                               {"nvfp4", WeightFormat::kNvfp4}};
+  static const std::map<std::string, WeightFormat> kFormats = {
+      {"bf16", WeightFormat::kBf16},    {"bf16-rg", WeightFormat::kBf16},
+      {"fp8", WeightFormat::kFp8Block}, {"mxfp4", WeightFormat::kMxfp4},
+      {"int4", WeightFormat::kInt4},    {"int4-zp", WeightFormat::kInt4Zp},
+      {"nvfp4", WeightFormat::kNvfp4}};
   auto it = kFormats.find(s);
   if (it == kFormats.end()) {
     return InvalidArgumentError(fmt::format(
@@ -162,14 +159,14 @@ Status RunKernels(const KernelsFlags& f) {
       "average after: {}\n\n",
       roof.read_bytes_per_s / 1e9, roof.peak_flops_per_s / 1e9, peak, load_after);
   if (versus) {
-    fmt::print("| shape | format | tokens | {} ms | {} ms | {} / {} (median of pairs) |\n"
-               "|---|---|--:|--:|--:|--:|\n",
-               CpuIsaName(ctx.isa()), CpuIsaName(versus->isa()), CpuIsaName(versus->isa()),
-               CpuIsaName(ctx.isa()));
+    fmt::print(
+        "| shape | format | tokens | {} ms | {} ms | {} / {} (median of pairs) |\n"
+        "|---|---|--:|--:|--:|--:|\n",
+        CpuIsaName(ctx.isa()), CpuIsaName(versus->isa()), CpuIsaName(versus->isa()),
+        CpuIsaName(ctx.isa()));
     for (const KernelBenchResult& r : results) {
-      fmt::print("| {} | {} | {} | {:.3f} | {:.3f} | {:.2f} |\n", r.shape,
-                 KernelBenchFormatName(r), r.num_tokens, r.seconds * 1e3, r.versus_seconds * 1e3,
-                 r.versus_ratio);
+      fmt::print("| {} | {} | {} | {:.3f} | {:.3f} | {:.2f} |\n", r.shape, KernelBenchFormatName(r),
+                 r.num_tokens, r.seconds * 1e3, r.versus_seconds * 1e3, r.versus_ratio);
     }
     fmt::print("\n");
   }
@@ -189,12 +186,9 @@ Status RunKernels(const KernelsFlags& f) {
 
   if (!f.json.empty()) {
     nlohmann::json j;
-    j["machine"] = {{"cpu", CpuModel()},
-                    {"threads", ctx.num_threads()},
-                    {"isa", CpuIsaName(ctx.isa())},
-                    {"peak_instruction", peak},
-                    {"loadavg_before", load_before},
-                    {"loadavg_after", load_after}};
+    j["machine"] = {
+        {"cpu", CpuModel()},        {"threads", ctx.num_threads()},  {"isa", CpuIsaName(ctx.isa())},
+        {"peak_instruction", peak}, {"loadavg_before", load_before}, {"loadavg_after", load_after}};
     j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
                      {"peak_flops_per_s", roof.peak_flops_per_s},
                      {"before",

@@ -50,7 +50,8 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   app->add_option("--pcp", f->pcp, "prefill context parallel size")->check(CLI::PositiveNumber);
   app->add_flag("--enable-expert-parallel", f->ep,
                 "expert parallelism (-ep): MoE EP = dp*pcp*tp, MoE TP = 1 (vLLM semantics)");
-  app->add_option("--moe-tp", f->moe_tp, "hybrid: MoE tensor parallel size (moe_tp*moe_ep = dp*pcp*tp)");
+  app->add_option("--moe-tp", f->moe_tp,
+                  "hybrid: MoE tensor parallel size (moe_tp*moe_ep = dp*pcp*tp)");
   app->add_option("--moe-ep", f->moe_ep, "hybrid: MoE expert parallel size");
   app->add_option("--moe-backend", f->backend,
                   "MoE kernel backend: auto, marlin, flashinfer-cutlass, flashinfer-trtllm, "
@@ -70,8 +71,13 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
 
 Result<PlanOptions> ToPlanOptions(const PlanFlags& f) {
   PlanOptions o;
-  o.topology = Topology{.tp = f.tp, .dp = f.dp, .pp = f.pp, .pcp = f.pcp, .enable_ep = f.ep,
-                        .moe_tp = f.moe_tp, .moe_ep = f.moe_ep};
+  o.topology = Topology{.tp = f.tp,
+                        .dp = f.dp,
+                        .pp = f.pp,
+                        .pcp = f.pcp,
+                        .enable_ep = f.ep,
+                        .moe_tp = f.moe_tp,
+                        .moe_ep = f.moe_ep};
   o.backend = f.backend;
   MOESHARD_ASSIGN_OR_RETURN(o.padding, ParsePaddingPolicy(f.padding));
   MOESHARD_ASSIGN_OR_RETURN(o.placement, ParseExpertPlacement(f.placement));
@@ -89,8 +95,8 @@ Result<PlanOptions> ToPlanOptions(const PlanFlags& f) {
   } else if (f.latent_proj == "sharded") {
     o.latent_proj = LatentProjMode::kSharded;
   } else {
-    return InvalidArgumentError(fmt::format(
-        "plan: '--latent-proj {}': expected replicated or sharded", f.latent_proj));
+    return InvalidArgumentError(
+        fmt::format("plan: '--latent-proj {}': expected replicated or sharded", f.latent_proj));
   }
   return o;
 }

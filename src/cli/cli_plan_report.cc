@@ -63,8 +63,10 @@ void ApplyCheckpointSizing(const ShardPlan& plan, PlanInputs& in) {
     for (size_t c = 0; c < kNumCategories; ++c) {
       cats[TensorCategoryName(kAllCategories[c])] = sizing.rank_bytes[r.coords.rank][c];
     }
-    ranks.push_back({{"rank", r.coords.rank}, {"weights_from_headers", bytes},
-                     {"weights_from_config", r.WeightBytes()}, {"by_category", cats}});
+    ranks.push_back({{"rank", r.coords.rank},
+                     {"weights_from_headers", bytes},
+                     {"weights_from_config", r.WeightBytes()},
+                     {"by_category", cats}});
   }
   in.checkpoint_json = {{"path", in.checkpoint},
                         {"shards", in.checkpoint_shards},
@@ -73,9 +75,10 @@ void ApplyCheckpointSizing(const ShardPlan& plan, PlanInputs& in) {
                         {"placed_bytes", sizing.placed_bytes},
                         {"header_seconds", in.header_seconds},
                         {"unplaced", sizing.unplaced},
-                        {"mtp", {{"layers", sizing.mtp_layers},
-                                 {"tensors", sizing.mtp_tensors},
-                                 {"bytes", sizing.mtp_bytes}}},
+                        {"mtp",
+                         {{"layers", sizing.mtp_layers},
+                          {"tensors", sizing.mtp_tensors},
+                          {"bytes", sizing.mtp_bytes}}},
                         {"ranks", ranks}};
 }
 
@@ -83,10 +86,7 @@ namespace {
 
 std::string Render(const Table& t, bool md) { return md ? t.Markdown() + "\n" : t.Text(); }
 
-std::string Heading(const std::string& s, bool md) {
-  return md ? "### " + s + "\n\n" : s + "\n";
-}
-
+std::string Heading(const std::string& s, bool md) { return md ? "### " + s + "\n\n" : s + "\n"; }
 
 }  // namespace
 
@@ -97,10 +97,9 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   const bool md = ro.markdown;
   std::string out;
   const ParamCounts params = CountParams(plan);
-  out += fmt::format(
-      "{}{} ({}): {} on {} rank{}; MoE group {} = moe_tp {} x moe_ep {}\n", md ? "## " : "",
-      m.name, m.family_name(), t.Label(), t.world, t.world == 1 ? "" : "s", t.group,
-      t.moe_tp, t.moe_ep);
+  out += fmt::format("{}{} ({}): {} on {} rank{}; MoE group {} = moe_tp {} x moe_ep {}\n",
+                     md ? "## " : "", m.name, m.family_name(), t.Label(), t.world,
+                     t.world == 1 ? "" : "s", t.group, t.moe_tp, t.moe_ep);
   out += fmt::format(
       "{}backend {} ({} experts), padding policy {}, placement {}, parameters {:.1f}B total / "
       "{:.1f}B active\n\n",
@@ -109,19 +108,20 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
       params.total / 1e9, params.active / 1e9);
 
   // Routed-expert layout: logical -> raw local -> padded local.
-  out += Heading(fmt::format("Routed experts: {} MoE layers x {} experts ({} slots), top-{}{}",
-                             m.num_moe_layers(), m.num_experts, plan.num_slots,
-                             m.num_experts_per_tok,
-                             m.latent_moe ? fmt::format(", latent width {}", m.routed_expert_hidden_size)
-                                          : ""),
-                 md);
-  Table dims({"dimension", "logical", "split", "raw local", "floor", "align", "padded local",
-              "padding"},
-             {true});
+  out += Heading(
+      fmt::format(
+          "Routed experts: {} MoE layers x {} experts ({} slots), top-{}{}", m.num_moe_layers(),
+          m.num_experts, plan.num_slots, m.num_experts_per_tok,
+          m.latent_moe ? fmt::format(", latent width {}", m.routed_expert_hidden_size) : ""),
+      md);
+  Table dims(
+      {"dimension", "logical", "split", "raw local", "floor", "align", "padded local", "padding"},
+      {true});
   auto dim_row = [&](const char* name, const DimLayout& d) {
     dims.Row({name, std::to_string(d.logical), std::to_string(d.divisor),
               std::to_string(d.raw_local), d.floor ? std::to_string(d.floor) : "-",
-              std::to_string(d.align), std::to_string(d.padded_local), std::to_string(d.padding())});
+              std::to_string(d.align), std::to_string(d.padded_local),
+              std::to_string(d.padding())});
   };
   dim_row("intermediate (I)", plan.intermediate);
   dim_row(m.latent_moe ? "hidden (latent)" : "hidden (H)", plan.hidden);
@@ -152,14 +152,15 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   }
   for (int64_t rank : shown) {
     const RankPlan& r = plan.ranks[rank];
-    out += Heading(fmt::format("Rank {} {} tensors (per layer; x{} layers)", rank,
-                               ro.all_tensors || ro.rank >= 0 ? "all" : "routed-expert",
-                               m.num_moe_layers()),
-                   md);
+    out += Heading(
+        fmt::format("Rank {} {} tensors (per layer; x{} layers)", rank,
+                    ro.all_tensors || ro.rank >= 0 ? "all" : "routed-expert", m.num_moe_layers()),
+        md);
     Table tt({"tensor", "dtype", "logical", "local (raw)", "padded", "bytes", "padding"},
              {true, true, true, true, true});
     for (const TensorShard& s : r.tensors) {
-      if (!(ro.all_tensors || ro.rank >= 0) && s.category != TensorCategory::kRoutedExperts) continue;
+      if (!(ro.all_tensors || ro.rank >= 0) && s.category != TensorCategory::kRoutedExperts)
+        continue;
       tt.Row({s.name, std::string(DTypeName(s.dtype)), FormatShape(s.logical_shape),
               FormatShape(s.local_shape), FormatShape(s.padded_shape),
               FormatBytes(s.bytes / s.count()), FormatBytes(s.padding_bytes / s.count())});
@@ -213,8 +214,8 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
     mt.Row(full);
   }
   out += Render(mt, md);
-  out += fmt::format("{}(GiB; weights include quantization scales and padding)\n",
-                     md ? "\n" : "  ");
+  out +=
+      fmt::format("{}(GiB; weights include quantization scales and padding)\n", md ? "\n" : "  ");
   for (const std::string& n : plan.notes) out += fmt::format("note: {}\n", n);
   if (!in.checkpoint.empty()) {
     const nlohmann::json& c = in.checkpoint_json;
@@ -240,7 +241,8 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
         out += "  " + in.unplaced_tensors[i] + "\n";
       }
       if (in.unplaced_tensors.size() > 20) {
-        out += fmt::format("  ... and {} more (see --format json)\n", in.unplaced_tensors.size() - 20);
+        out +=
+            fmt::format("  ... and {} more (see --format json)\n", in.unplaced_tensors.size() - 20);
       }
     }
   }

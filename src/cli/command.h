@@ -10,7 +10,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,5 +30,6 @@ const std::vector<CommandSpec>& RegisteredCommands();
 
 }  // namespace moeshard::cli
 
-#define MOESHARD_REGISTER_COMMAND(ident, ...) \
-  [[maybe_unused]] static const bool kRegistered_##ident = ::moeshard::cli::RegisterCommand(__VA_ARGS__)
+#define MOESHARD_REGISTER_COMMAND(ident, ...)              \
+  [[maybe_unused]] static const bool kRegistered_##ident = \
+      ::moeshard::cli::RegisterCommand(__VA_ARGS__)

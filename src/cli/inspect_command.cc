@@ -152,9 +152,8 @@ std::string FamilyText(const FamilyMatch& m) {
   if (!m.error.empty()) return fmt::format("\nfamily: config.json does not plan: {}\n", m.error);
   const CheckpointSizing& s = m.sizing;
   std::string out = fmt::format(
-      "\nfamily {} (config.json): {} of {} tensors placed by the descriptor, {} of {}\n",
-      m.family, FormatCount(s.num_tensors - static_cast<int64_t>(s.unplaced.size()) -
-                            s.mtp_tensors),
+      "\nfamily {} (config.json): {} of {} tensors placed by the descriptor, {} of {}\n", m.family,
+      FormatCount(s.num_tensors - static_cast<int64_t>(s.unplaced.size()) - s.mtp_tensors),
       FormatCount(s.num_tensors), FormatBytes(s.placed_bytes), FormatBytes(s.total_bytes));
   Table t({"category", "bytes", ""}, {true});
   for (size_t c = 0; c < kNumCategories; ++c) {

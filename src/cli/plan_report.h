@@ -2,8 +2,8 @@
 // Shared by plan (one topology) and used by the README's main job.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -20,11 +20,11 @@ struct PlanInputs {
   ModelConfig model;
   PlanOptions plan_options;
   MemoryOptions memory_options;
-  std::string checkpoint;                      // directory, when --model named one with weights
-  nlohmann::json checkpoint_json;              // what the headers said (sizes, unplaced tensors)
-  std::vector<std::string> unplaced_tensors;   // checkpoint tensors the plan cannot place
+  std::string checkpoint;                     // directory, when --model named one with weights
+  nlohmann::json checkpoint_json;             // what the headers said (sizes, unplaced tensors)
+  std::vector<std::string> unplaced_tensors;  // checkpoint tensors the plan cannot place
   std::shared_ptr<const std::vector<CheckpointTensorInfo>> checkpoint_tensors;  // headers
-  int64_t mtp_tensors = 0;          // multi-token-prediction tensors: recognised, not planned
+  int64_t mtp_tensors = 0;  // multi-token-prediction tensors: recognised, not planned
   int64_t mtp_bytes = 0;
   std::vector<int64_t> mtp_layers;
   int64_t checkpoint_shards = 0;

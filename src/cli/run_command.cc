@@ -19,9 +19,9 @@
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/sharded_job.h"
 #include "moeshard/weights/presharded.h"
-#include "weights/presharded_manifest.h"
 #include "moeshard/weights/safetensors.h"
 #include "moeshard/weights/safetensors_writer.h"
+#include "weights/presharded_manifest.h"
 
 namespace moeshard::cli {
 namespace {

@@ -1,6 +1,7 @@
 #include "config/family_blocks.h"
 
 #include <fmt/format.h>
+
 #include <functional>
 #include <set>
 

@@ -46,10 +46,9 @@ TEST(FamilyTest, RegistryHoldsEveryFamilyOnce) {
     EXPECT_NE(f->tensors, nullptr);
     EXPECT_NE(f->experts, nullptr);
   }
-  for (const char* t :
-       {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral", "gpt_oss",
-        "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2", "llama4", "qwen3_next",
-        "qwen3_5_moe"}) {
+  for (const char* t : {"deepseek_v3", "kimi_k2", "kimi_k25", "kimi_k3", "qwen3_moe", "mixtral",
+                        "gpt_oss", "olmoe", "deepseek_v2", "qwen2_moe", "glm4_moe", "minimax_m2",
+                        "llama4", "qwen3_next", "qwen3_5_moe"}) {
     EXPECT_NE(FindFamily(t), nullptr) << t;
   }
   EXPECT_EQ(FindFamily("llama"), nullptr);
@@ -186,8 +185,7 @@ TEST(FamilyTest, Qwen2Moe) {
   const auto t = ByName(c);
   EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").shape,
             (std::vector<int64_t>{1, 2048}));
-  EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").role,
-            TensorRole::kSharedGateProj);
+  EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert_gate").role, TensorRole::kSharedGateProj);
   EXPECT_EQ(t.at("model.layers.{layer}.mlp.shared_expert.down_proj").shape,
             (std::vector<int64_t>{2048, 5632}));
   EXPECT_EQ(t.count("model.layers.{layer}.self_attn.k_proj.bias"), 1u);
@@ -396,12 +394,12 @@ TEST(FamilyTest, Llama4) {
   const auto t = ByName(c);
   EXPECT_EQ(t.at("language_model.model.layers.{layer}.feed_forward.gate_proj").shape,
             (std::vector<int64_t>{256, 128}));
-  EXPECT_EQ(t.at("language_model.model.layers.{layer}.feed_forward.shared_expert.gate_proj")
-                .shape,
+  EXPECT_EQ(t.at("language_model.model.layers.{layer}.feed_forward.shared_expert.gate_proj").shape,
             (std::vector<int64_t>{64, 128}));
   const ExpertLayout x = c.family->experts(c);
   EXPECT_TRUE(x.fused && x.fused_in_major && !x.gate_up_interleaved);
-  EXPECT_EQ(x.fused_gate_up, "language_model.model.layers.{layer}.feed_forward.experts.gate_up_proj");
+  EXPECT_EQ(x.fused_gate_up,
+            "language_model.model.layers.{layer}.feed_forward.experts.gate_up_proj");
 }
 
 // DeepSeek-V4-Flash as its config.json and vLLM's / DeepSeek's model code give it (descriptor

@@ -1,8 +1,8 @@
 #include "moeshard/config/model_config.h"
 
-#include "moeshard/config/family.h"
-
 #include <regex>
+
+#include "moeshard/config/family.h"
 
 namespace moeshard {
 

@@ -9,15 +9,14 @@
 #include <memory>
 #include <utility>
 
+#include "base/check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
 #include "moeshard/base/math.h"
 #include "moeshard/kernels/cpu_constraints.h"
 #include "moeshard/kernels/kernel_context.h"
-#include "base/check.h"
 
 namespace moeshard {
-
 
 const char* ActivationName(Activation act) {
   switch (act) {
@@ -159,7 +158,8 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
         fmt::format("expert weights: 'w13_scales/w2_scales': expected non-null for format {}",
                     WeightFormatName(w.scheme.format)));
   }
-  const bool int4 = w.scheme.format == WeightFormat::kInt4 || w.scheme.format == WeightFormat::kInt4Zp;
+  const bool int4 =
+      w.scheme.format == WeightFormat::kInt4 || w.scheme.format == WeightFormat::kInt4Zp;
   if (int4 && (w.scheme.group < kCpuInt4GroupSizeMultiple ||
                w.scheme.group % kCpuInt4GroupSizeMultiple != 0)) {
     return InvalidArgumentError(
@@ -175,9 +175,9 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
   }
   if (w.scheme.format == WeightFormat::kNvfp4) {
     if (w.scheme.group != kCpuNvfp4GroupSize) {
-      return InvalidArgumentError(fmt::format(
-          "expert weights: 'scheme.group': expected the NVFP4 group {}, got {}",
-          kCpuNvfp4GroupSize, w.scheme.group));
+      return InvalidArgumentError(
+          fmt::format("expert weights: 'scheme.group': expected the NVFP4 group {}, got {}",
+                      kCpuNvfp4GroupSize, w.scheme.group));
     }
     if (w.num_experts_local > 0 && (w.w13_global == nullptr || w.w2_global == nullptr)) {
       return InvalidArgumentError(
@@ -186,13 +186,14 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
     }
   }
   if (w.scheme.format == WeightFormat::kMxfp4 && w.scheme.group != kCpuMxfp4GroupSize) {
-    return InvalidArgumentError(fmt::format(
-        "expert weights: 'scheme.group': expected the MXFP4 group {}, got {}", kCpuMxfp4GroupSize,
-        w.scheme.group));
+    return InvalidArgumentError(
+        fmt::format("expert weights: 'scheme.group': expected the MXFP4 group {}, got {}",
+                    kCpuMxfp4GroupSize, w.scheme.group));
   }
   // The K blocks of the kernels (kCpuKBlock columns) must start on a scale group.
   if (w.scheme.format == WeightFormat::kFp8Block &&
-      (w.scheme.block_rows < 1 || w.scheme.group < 1 || internal::kCpuKBlock % w.scheme.group != 0)) {
+      (w.scheme.block_rows < 1 || w.scheme.group < 1 ||
+       internal::kCpuKBlock % w.scheme.group != 0)) {
     return InvalidArgumentError(fmt::format(
         "expert weights: 'scheme': expected fp8 blocks of >= 1 rows x a divisor of {} columns, "
         "got {} x {}",
@@ -272,13 +273,14 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
       scales == nullptr ? nullptr : static_cast<const uint8_t*>(scales) + expert * scale_bytes;
   const uint8_t* zeros = w13 ? w.w13_zeros : w.w2_zeros;
   m.zeros = zeros == nullptr ? nullptr : zeros + expert * w.scheme.ZeroBytes(m.rows, m.cols);
-  if (w.scheme.format == WeightFormat::kNvfp4 && w.w13_global != nullptr && w.w2_global != nullptr) {
+  if (w.scheme.format == WeightFormat::kNvfp4 && w.w13_global != nullptr &&
+      w.w2_global != nullptr) {
     if (!w13) {
       m.global[0] = m.global[1] = w.w2_global[expert];
     } else {
       m.global[0] = w.W13Global(expert, 0);
-      m.global[1] = w.gated ? w.W13Global(expert, w.gate_up_interleaved ? 1 : w.intermediate)
-                            : m.global[0];
+      m.global[1] =
+          w.gated ? w.W13Global(expert, w.gate_up_interleaved ? 1 : w.intermediate) : m.global[0];
       m.global_interleaved = w.gate_up_interleaved;
       m.global_split = w.gated ? w.intermediate : m.rows;
     }

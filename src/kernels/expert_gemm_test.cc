@@ -424,13 +424,18 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
     int64_t inter;
   };
   // bf16 and fp8 too: their decode walk and decoded strips meet at 16 and 4 tokens.
-  const Case cases[] = {{WeightFormat::kMxfp4, 32, 96, 160},  {WeightFormat::kMxfp4, 32, 256, 64},
-                        {WeightFormat::kInt4, 32, 96, 160},   {WeightFormat::kInt4, 64, 192, 128},
-                        {WeightFormat::kInt4, 128, 256, 128}, {WeightFormat::kBf16, 0, 200, 72},
+  const Case cases[] = {{WeightFormat::kMxfp4, 32, 96, 160},
+                        {WeightFormat::kMxfp4, 32, 256, 64},
+                        {WeightFormat::kInt4, 32, 96, 160},
+                        {WeightFormat::kInt4, 64, 192, 128},
+                        {WeightFormat::kInt4, 128, 256, 128},
+                        {WeightFormat::kBf16, 0, 200, 72},
                         {WeightFormat::kFp8Block, 0, 256, 128},
                         // AWQ/GPTQ groups, NVFP4's 16 (two classes of integer sums on AVX2).
-                        {WeightFormat::kInt4Zp, 32, 96, 160}, {WeightFormat::kInt4Zp, 64, 192, 128},
-                        {WeightFormat::kInt4Zp, 128, 256, 128}, {WeightFormat::kNvfp4, 16, 96, 160},
+                        {WeightFormat::kInt4Zp, 32, 96, 160},
+                        {WeightFormat::kInt4Zp, 64, 192, 128},
+                        {WeightFormat::kInt4Zp, 128, 256, 128},
+                        {WeightFormat::kNvfp4, 16, 96, 160},
                         {WeightFormat::kNvfp4, 16, 256, 64}};
   for (const Case& k : cases) {
     GemmCase c{.format = k.format,
@@ -444,9 +449,9 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
     std::vector<float> x = Randn(offsets.back() * c.hidden, 901, kInputScale / 10);
     for (int64_t r = 0; r < offsets.back(); ++r) {
       float* row = x.data() + r * c.hidden;
-      row[5] *= 100.0f;                                       // an outlier in group 0
-      std::fill(row + 32, row + 64, 0.0f);                    // a group of zeros
-      for (int64_t i = 64; i < 96; ++i) row[i] *= 1e-30f;     // a group of tiny values
+      row[5] *= 100.0f;                                    // an outlier in group 0
+      std::fill(row + 32, row + 64, 0.0f);                 // a group of zeros
+      for (int64_t i = 64; i < 96; ++i) row[i] *= 1e-30f;  // a group of tiny values
     }
     ActivationParams act;
     for (CpuIsa isa : TestIsas()) {
@@ -469,7 +474,8 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
 // leaves the other tokens finite.
 TEST(GroupedGemm, NonFiniteInputsPropagateInEveryFormat) {
   for (WeightFormat f : kAllWeightFormats) {
-    GemmCase c{.format = f, .act = Activation::kSwiGlu, .num_experts = 2, .hidden = 128, .inter = 64};
+    GemmCase c{
+        .format = f, .act = Activation::kSwiGlu, .num_experts = 2, .hidden = 128, .inter = 64};
     const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 910));
     const std::vector<int64_t> offsets = {0, 2, 3};
     std::vector<float> x = Randn(3 * c.hidden, 911, kInputScale);
@@ -665,10 +671,10 @@ TEST(GroupedGemm, DeterministicAcrossThreadCounts) {
 // splits an expert's tokens differently (EP dispatch) therefore differs from one rank by that
 // much (tests/runtime/runtime_cases.cc, tolerance_scale); the bound keeps it from growing.
 TEST(GroupedGemm, TokensIndependentOfTheirBatch) {
-  for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kBf16, WeightFormat::kFp8Block,
-                         WeightFormat::kInt4}) {
-    GemmCase c{.format = f, .act = Activation::kSwiGlu, .num_experts = 2, .hidden = 256,
-               .inter = 1024};
+  for (WeightFormat f :
+       {WeightFormat::kMxfp4, WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kInt4}) {
+    GemmCase c{
+        .format = f, .act = Activation::kSwiGlu, .num_experts = 2, .hidden = 256, .inter = 1024};
     const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 21));
     ActivationParams act;
     const int64_t most = 24;

@@ -1,10 +1,11 @@
 #include "kernels/kernels_test_util.h"
-#include "base/check.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <random>
+
+#include "base/check.h"
 
 namespace moeshard::testing {
 

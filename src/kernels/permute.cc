@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
+#include "base/check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/kernel_context.h"
-#include "base/check.h"
 
 namespace moeshard {
 

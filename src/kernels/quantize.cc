@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/cpu_constraints.h"
 #include "moeshard/kernels/kernel_context.h"
-#include "base/check.h"
 
 namespace moeshard {
 
@@ -71,8 +71,8 @@ void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, in
       return;
     }
     case WeightFormat::kInt4: {
-      MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0,
-                     "int4 cols {} / group {}", cols, group);
+      MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0, "int4 cols {} / group {}",
+                     cols, group);
       const int64_t groups = cols / group;
       bf16_t* s = reinterpret_cast<bf16_t*>(scales);
       for (int64_t r = 0; r < rows; ++r) {
@@ -217,7 +217,9 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& s, const float*
         const bool up = s.gate_up_interleaved ? r % 2 == 1 : r >= s.intermediate;
         half[up].insert(half[up].end(), m13 + r * s.hidden, m13 + (r + 1) * s.hidden);
       }
-      for (int h = 0; h < 2; ++h) o.w13_global[2 * e + h] = Nvfp4GlobalScale(half[h].data(), static_cast<int64_t>(half[h].size()));
+      for (int h = 0; h < 2; ++h)
+        o.w13_global[2 * e + h] =
+            Nvfp4GlobalScale(half[h].data(), static_cast<int64_t>(half[h].size()));
       const int64_t row_bytes = q.WeightRowBytes(s.hidden), scale_row = q.ScaleRowBytes(s.hidden);
       for (int64_t r = 0; r < r13; ++r) {
         const bool up = s.gate_up_interleaved ? r % 2 == 1 : r >= s.intermediate;
@@ -275,10 +277,10 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
               h = (static_cast<uint64_t>(u) << 32) | u;
               break;
             }
-            case WeightFormat::kMxfp4: h = 0x7878787878787878ull; break;  // 2^-7
-            case WeightFormat::kInt4: h = 0x3c233c233c233c23ull; break;   // bf16 ~0.01
-            case WeightFormat::kInt4Zp: h = 0x211f211f211f211full; break; // fp16 ~0.01
-            case WeightFormat::kNvfp4: h = 0x3838383838383838ull; break;  // e4m3 1.0
+            case WeightFormat::kMxfp4: h = 0x7878787878787878ull; break;   // 2^-7
+            case WeightFormat::kInt4: h = 0x3c233c233c233c23ull; break;    // bf16 ~0.01
+            case WeightFormat::kInt4Zp: h = 0x211f211f211f211full; break;  // fp16 ~0.01
+            case WeightFormat::kNvfp4: h = 0x3838383838383838ull; break;   // e4m3 1.0
           }
         }
         std::memcpy(buf.data() + i * 8, &h, 8);

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <vector>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "moeshard/base/aligned_buffer.h"
@@ -97,8 +97,8 @@ Result<double> MeasureComputePeak(KernelContext& ctx, int repetitions) {
     const auto t0 = std::chrono::steady_clock::now();
     ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
       barrier.ArriveAndWait();
-      const float r = be.peak_loop(kIterations, 1.0f + static_cast<float>(b),
-                                   &flops[static_cast<size_t>(b)]);
+      const float r =
+          be.peak_loop(kIterations, 1.0f + static_cast<float>(b), &flops[static_cast<size_t>(b)]);
       uint32_t u;
       std::memcpy(&u, &r, 4);
       sink ^= u;

@@ -110,8 +110,8 @@ Result<const BackendSpec*> FindBackend(const std::string& name) {
     if (b.name == name) return &b;
     names += (names.empty() ? "" : ", ") + b.name;
   }
-  return InvalidArgumentError(fmt::format(
-      "plan: '--moe-backend {}': unknown backend (known: auto, {})", name, names));
+  return InvalidArgumentError(
+      fmt::format("plan: '--moe-backend {}': unknown backend (known: auto, {})", name, names));
 }
 
 const BackendSpec& DefaultBackend(const ModelConfig& model) {

@@ -1,8 +1,7 @@
 #include "moeshard/plan/checkpoint_sizing.h"
 
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "plan/plan_test_util.h"
 
@@ -33,7 +32,8 @@ std::vector<CheckpointTensorInfo> FakeCheckpoint(const ModelConfig& m) {
       continue;
     }
     for (int64_t l : s.layers) {
-      out.push_back({ExpandName(s.name, l), s.dtype, s.logical_shape, Bytes(s.dtype, s.logical_shape)});
+      out.push_back(
+          {ExpandName(s.name, l), s.dtype, s.logical_shape, Bytes(s.dtype, s.logical_shape)});
     }
   }
   const int64_t I = m.moe_intermediate_size, H = m.routed_expert_hidden_size;
@@ -41,9 +41,9 @@ std::vector<CheckpointTensorInfo> FakeCheckpoint(const ModelConfig& m) {
   for (int64_t l = 0; l < m.num_layers; ++l) {
     if (!m.layers[l].moe) continue;
     for (int64_t e = 0; e < m.num_experts; ++e) {
-      for (auto [module, rows, cols] : {std::tuple{&one.experts.gate, I, H},
-                                        std::tuple{&one.experts.up, I, H},
-                                        std::tuple{&one.experts.down, H, I}}) {
+      for (auto [module, rows, cols] :
+           {std::tuple{&one.experts.gate, I, H}, std::tuple{&one.experts.up, I, H},
+            std::tuple{&one.experts.down, H, I}}) {
         const std::string base = ExpandName(*module, l, e) + ".";
         if (q.format == WeightFormat::kMxfp4) {
           out.push_back({base + "weight_packed", DType::kU8, {rows, cols / 2}, rows * cols / 2});

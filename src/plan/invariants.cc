@@ -23,8 +23,8 @@ std::string TilingProblem(const std::map<std::pair<int64_t, int64_t>, int64_t>& 
                                : fmt::format("overlap at [{}, {})", slice.first, pos);
     }
     if (copies >= 0 && n != copies) {
-      return fmt::format("slice [{}, {}) held by {} ranks, others by {}", slice.first,
-                         slice.second, n, copies);
+      return fmt::format("slice [{}, {}) held by {} ranks, others by {}", slice.first, slice.second,
+                         n, copies);
     }
     copies = n;
     pos = slice.second;
@@ -53,21 +53,23 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
       for (const TensorShard& s : r.tensors) {
         if (s.category == TensorCategory::kRoutedExperts) continue;
         // One name template can cover disjoint layer sets (Kimi-K3's MLA and KDA o_proj).
-        const std::string key =
-            s.layers.empty() ? s.name : fmt::format("{} (layers from {})", s.name, s.layers.front());
+        const std::string key = s.layers.empty()
+                                    ? s.name
+                                    : fmt::format("{} (layers from {})", s.name, s.layers.front());
         holders[key]++;
         if (s.shard_dim < 0) continue;
         slices[key][{s.shard_begin, s.shard_end}]++;
         // The split part of one block (fused q/k/v: a third; A_log: the heads it reads).
-        extent[key] = s.split_extent > 0         ? s.split_extent
-                      : !s.section_sizes.empty() ? s.section_sizes[0]
-                                                 : s.logical_shape[s.shard_dim] /
-                                                       std::max<int64_t>(1, s.sections);
+        extent[key] = s.split_extent > 0 ? s.split_extent
+                      : !s.section_sizes.empty()
+                          ? s.section_sizes[0]
+                          : s.logical_shape[s.shard_dim] / std::max<int64_t>(1, s.sections);
       }
     }
     for (const auto& [name, n] : holders) {
       if (n != t.group) {
-        add("tiling", fmt::format("'{}' on {} of the {} ranks of stage {}", name, n, t.group, stage));
+        add("tiling",
+            fmt::format("'{}' on {} of the {} ranks of stage {}", name, n, t.group, stage));
       }
     }
     for (const auto& [name, s] : slices) {
@@ -126,9 +128,11 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
     add("backend", fmt::format("{} needs H % {} == 0, got {}", b.name, b.hidden_align,
                                plan.hidden.padded_local));
   }
-  if (b.ep_only && !t.expert_parallel()) add("backend", b.name + " runs only with expert parallelism");
+  if (b.ep_only && !t.expert_parallel())
+    add("backend", b.name + " runs only with expert parallelism");
   if (b.exact_expert_division && plan.num_slots % t.moe_ep != 0) {
-    add("backend", fmt::format("{} needs slots % EP == 0, got {} % {}", b.name, plan.num_slots, t.moe_ep));
+    add("backend",
+        fmt::format("{} needs slots % EP == 0, got {} % {}", b.name, plan.num_slots, t.moe_ep));
   }
   return out;
 }
@@ -234,14 +238,14 @@ std::vector<Violation> CheckGrid(const ModelConfig& m, const std::vector<GridPoi
     const std::string where = fmt::format("{}: {} GPUs ({}) -> {} GPUs ({})", a.strategy, a.gpus,
                                           a.plan.topology.Label(), b.gpus, b.plan.topology.Label());
     if (pb > pa) {
-      out.push_back({"monotonic", where,
-                     fmt::format("per-rank routed bytes grew from {} to {}", pa, pb)});
+      out.push_back(
+          {"monotonic", where, fmt::format("per-rank routed bytes grew from {} to {}", pa, pb)});
       continue;
     }
     const DimLayout& I = b.plan.intermediate;
     const bool at_min_tile = I.padded_local == I.align;
-    const bool chosen_floor =
-        b.plan.options.padding == PaddingPolicy::kModelFloor && I.floor > 0 && I.padded_local <= RoundUp(I.floor, I.align);
+    const bool chosen_floor = b.plan.options.padding == PaddingPolicy::kModelFloor && I.floor > 0 &&
+                              I.padded_local <= RoundUp(I.floor, I.align);
     if (rb < ra && pb >= pa && !at_min_tile && !chosen_floor) {
       out.push_back({"monotonic", where,
                      fmt::format("the unpadded share fell from {} to {} bytes but the allocation "

@@ -1,12 +1,11 @@
 #include "moeshard/plan/memory.h"
 
-#include <optional>
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <optional>
 
 #include "moeshard/base/math.h"
 #include "moeshard/base/units.h"
@@ -38,8 +37,8 @@ Result<GpuSpec> FindGpu(const std::string& name) {
     if (g.name == lower) return g;
     names += (names.empty() ? "" : ", ") + g.name;
   }
-  return InvalidArgumentError(
-      fmt::format("plan: '--gpu {}': unknown GPU (known: {}; or give --gpu-memory GiB)", name, names));
+  return InvalidArgumentError(fmt::format(
+      "plan: '--gpu {}': unknown GPU (known: {}; or give --gpu-memory GiB)", name, names));
 }
 
 Result<KvCacheDtype> ParseKvCacheDtype(const std::string& name) {
@@ -176,12 +175,14 @@ int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const Memor
   const int64_t T = o.max_num_batched_tokens, H = m.hidden_size;
   int64_t attn_width = 0;
   if (m.num_layers_of(AttentionKind::kGqa) > 0) {
-    attn_width = (m.num_attention_heads + 2 * std::max<int64_t>(1, m.num_kv_heads)) * m.head_dim / t.tp;
+    attn_width =
+        (m.num_attention_heads + 2 * std::max<int64_t>(1, m.num_kv_heads)) * m.head_dim / t.tp;
   }
   if (m.num_layers_of(AttentionKind::kMla) > 0) {
-    attn_width = std::max(attn_width, m.num_attention_heads *
-                                          (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim +
-                                           m.mla.v_head_dim) / t.tp);
+    attn_width =
+        std::max(attn_width,
+                 m.num_attention_heads *
+                     (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) / t.tp);
   }
   if (m.num_layers_of(AttentionKind::kKda) > 0) {
     attn_width = std::max(attn_width, 3 * m.kda.num_heads * m.kda.head_dim / t.tp);
@@ -227,7 +228,8 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
   const bool auto_len = o.max_model_len == 0;
   const int64_t len = o.max_model_len < 0 || auto_len ? model_max : o.max_model_len;
   const int64_t seqs = std::max<int64_t>(1, o.max_num_seqs);
-  const int64_t budget = static_cast<int64_t>(static_cast<double>(o.gpu.bytes) * o.gpu_memory_utilization);
+  const int64_t budget =
+      static_cast<int64_t>(static_cast<double>(o.gpu.bytes) * o.gpu_memory_utilization);
 
   // First pass: the largest length that fits on every rank (for "auto").
   int64_t auto_fit = model_max;
@@ -258,7 +260,8 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
   mp.fits = true;
   int64_t worst_free = std::numeric_limits<int64_t>::max();
   for (RankMemory& rm : mp.ranks) {
-    rm.required_kv = rm.state_bytes_per_seq * seqs + rm.kv_bytes_per_token * mp.max_model_len * seqs;
+    rm.required_kv =
+        rm.state_bytes_per_seq * seqs + rm.kv_bytes_per_token * mp.max_model_len * seqs;
     rm.free = rm.kv_cache - rm.required_kv;
     rm.fits = rm.kv_cache >= 0 && rm.free >= 0 && mp.max_model_len > 0;
     mp.fits = mp.fits && rm.fits;
@@ -279,8 +282,8 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
           FormatGiB(-w.kv_cache));
     } else if (mp.max_model_len == 0) {
       mp.failure = fmt::format(
-          "the KV budget fails on rank {}: {} GiB left for KV cache holds no full sequence",
-          w.rank, FormatGiB(w.kv_cache));
+          "the KV budget fails on rank {}: {} GiB left for KV cache holds no full sequence", w.rank,
+          FormatGiB(w.kv_cache));
     } else {
       mp.failure = fmt::format(
           "the KV budget fails on rank {}: {} sequence(s) x {} tokens need {} GiB of KV cache, "
@@ -307,8 +310,9 @@ ParamCounts CountParams(const ShardPlan& plan) {
   }
   if (m.tie_word_embeddings) p.active += m.vocab_size * m.hidden_size;  // head shares the table
   const int64_t g = m.gated() ? 2 : 1;
-  const int64_t per_expert = (g + 1) * m.moe_intermediate_size * m.routed_expert_hidden_size +
-                             (m.expert_bias ? g * m.moe_intermediate_size + m.routed_expert_hidden_size : 0);
+  const int64_t per_expert =
+      (g + 1) * m.moe_intermediate_size * m.routed_expert_hidden_size +
+      (m.expert_bias ? g * m.moe_intermediate_size + m.routed_expert_hidden_size : 0);
   p.total += per_expert * m.num_experts * m.num_moe_layers();
   p.active += per_expert * m.num_experts_per_tok * m.num_moe_layers();
   return p;

@@ -18,15 +18,15 @@ TEST(MemoryTest, Qwen3_235B_Bf16_TP8_WeightsByHand) {
   // triton aligns I to 64: 1536 / 8 = 192 is already aligned.
   EXPECT_EQ(p.intermediate.padded_local, 192);
   // Per layer, bf16 (2 bytes):
-  const int64_t norms = 2 * 4096 * 2;                      // input + post-attention RMSNorm
-  const int64_t q = (64 * 128 / 8) * 4096 * 2;             // q_proj, column-parallel
-  const int64_t kv = 2 * (1 * 128) * 4096 * 2;             // 4 KV heads < TP8: one head each
-  const int64_t o = 4096 * (64 * 128 / 8) * 2;             // o_proj, row-parallel
-  const int64_t qk_norm = 2 * 128 * 2;                     // q_norm, k_norm
-  const int64_t router = 128 * 4096 * 2;                   // replicated
-  const int64_t experts = 128 * 3 * 192 * 4096 * 2;        // all 128 experts, I/8 each
+  const int64_t norms = 2 * 4096 * 2;                // input + post-attention RMSNorm
+  const int64_t q = (64 * 128 / 8) * 4096 * 2;       // q_proj, column-parallel
+  const int64_t kv = 2 * (1 * 128) * 4096 * 2;       // 4 KV heads < TP8: one head each
+  const int64_t o = 4096 * (64 * 128 / 8) * 2;       // o_proj, row-parallel
+  const int64_t qk_norm = 2 * 128 * 2;               // q_norm, k_norm
+  const int64_t router = 128 * 4096 * 2;             // replicated
+  const int64_t experts = 128 * 3 * 192 * 4096 * 2;  // all 128 experts, I/8 each
   const int64_t per_layer = norms + q + kv + o + qk_norm + router + experts;
-  const int64_t vocab = 151936 / 8 * 4096 * 2;             // embedding and untied head
+  const int64_t vocab = 151936 / 8 * 4096 * 2;  // embedding and untied head
   const int64_t total = 94 * per_layer + 2 * vocab + 4096 * 2;
   EXPECT_EQ(total, 58'959'617'024);
   for (const RankPlan& r : p.ranks) EXPECT_EQ(r.WeightBytes(), total) << r.coords.rank;
@@ -76,7 +76,8 @@ TEST(MemoryTest, KimiK3_Mxfp4_RoutedBytes) {
 
   const MemoryPlan no_fit = PlanMemory(tp8, mo);
   EXPECT_FALSE(no_fit.fits);
-  EXPECT_NE(no_fit.failure.find("weight budget fails on rank"), std::string::npos) << no_fit.failure;
+  EXPECT_NE(no_fit.failure.find("weight budget fails on rank"), std::string::npos)
+      << no_fit.failure;
   EXPECT_NE(no_fit.failure.find("shortfall"), std::string::npos);
   EXPECT_NE(SmallestChangeThatFits(k3, Opts(8, 1, false, "marlin"), mo), "");
 }

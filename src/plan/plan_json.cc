@@ -5,8 +5,8 @@ namespace moeshard {
 using nlohmann::json;
 
 json DimLayoutToJson(const DimLayout& d) {
-  return json{{"logical", d.logical},       {"divisor", d.divisor}, {"raw_local", d.raw_local},
-              {"floor", d.floor},           {"align", d.align},     {"padded_local", d.padded_local},
+  return json{{"logical", d.logical},  {"divisor", d.divisor}, {"raw_local", d.raw_local},
+              {"floor", d.floor},      {"align", d.align},     {"padded_local", d.padded_local},
               {"padding", d.padding()}};
 }
 
@@ -45,14 +45,16 @@ json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
                 {"moe_intermediate_size", m.moe_intermediate_size},
                 {"routed_expert_hidden_size", m.routed_expert_hidden_size},
                 {"quantization", std::string(WeightFormatName(m.quant.scheme.format))}};
-  j["topology"] = {{"tp", t.tp},         {"dp", t.dp},         {"pp", t.pp},
-                   {"pcp", t.pcp},       {"group", t.group},   {"moe_tp", t.moe_tp},
-                   {"moe_ep", t.moe_ep}, {"world", t.world},   {"label", t.Label()},
-                   {"expert_parallel", t.expert_parallel()}};
-  j["backend"] = {{"name", plan.backend.name},
-                  {"intermediate_align", plan.backend.IntermediateAlignFor(plan.intermediate.raw_local)},
-                  {"hidden_align", plan.backend.hidden_align},
-                  {"source", plan.backend.source}};
+  j["topology"] = {{"tp", t.tp},         {"dp", t.dp},
+                   {"pp", t.pp},         {"pcp", t.pcp},
+                   {"group", t.group},   {"moe_tp", t.moe_tp},
+                   {"moe_ep", t.moe_ep}, {"world", t.world},
+                   {"label", t.Label()}, {"expert_parallel", t.expert_parallel()}};
+  j["backend"] = {
+      {"name", plan.backend.name},
+      {"intermediate_align", plan.backend.IntermediateAlignFor(plan.intermediate.raw_local)},
+      {"hidden_align", plan.backend.hidden_align},
+      {"source", plan.backend.source}};
   j["padding_policy"] = PaddingPolicyName(plan.options.padding);
   j["routed_experts"] = {{"format", std::string(WeightFormatName(plan.expert_scheme.format))},
                          {"group", plan.expert_scheme.group},
@@ -65,9 +67,14 @@ json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
   json ranks = json::array();
   for (const RankPlan& r : plan.ranks) {
     const RankCoords& c = r.coords;
-    json rj{{"rank", c.rank},         {"pp_stage", c.pp_stage},       {"dp_rank", c.dp_rank},
-            {"pcp_rank", c.pcp_rank}, {"tp_rank", c.tp_rank},         {"moe_tp_rank", c.moe_tp_rank},
-            {"moe_ep_rank", c.moe_ep_rank}, {"num_expert_slots", r.expert_slots.size()},
+    json rj{{"rank", c.rank},
+            {"pp_stage", c.pp_stage},
+            {"dp_rank", c.dp_rank},
+            {"pcp_rank", c.pcp_rank},
+            {"tp_rank", c.tp_rank},
+            {"moe_tp_rank", c.moe_tp_rank},
+            {"moe_ep_rank", c.moe_ep_rank},
+            {"num_expert_slots", r.expert_slots.size()},
             {"experts", r.expert_slots}};
     json bytes;
     for (TensorCategory cat : kAllCategories) bytes[TensorCategoryName(cat)] = r.BytesOf(cat);

@@ -3,9 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "base/check.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/plan/shard_plan.h"
-#include "base/check.h"
 
 namespace moeshard::testing {
 

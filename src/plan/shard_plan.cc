@@ -6,12 +6,11 @@
 #include <algorithm>
 #include <map>
 
+#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "plan/model_tensors.h"
-#include "base/check.h"
 
 namespace moeshard {
-
 
 const char* PaddingPolicyName(PaddingPolicy p) {
   switch (p) {
@@ -23,11 +22,12 @@ const char* PaddingPolicyName(PaddingPolicy p) {
 }
 
 Result<PaddingPolicy> ParsePaddingPolicy(const std::string& name) {
-  for (PaddingPolicy p : {PaddingPolicy::kBackend, PaddingPolicy::kModelFloor, PaddingPolicy::kLegacyTp}) {
+  for (PaddingPolicy p :
+       {PaddingPolicy::kBackend, PaddingPolicy::kModelFloor, PaddingPolicy::kLegacyTp}) {
     if (name == PaddingPolicyName(p)) return p;
   }
-  return InvalidArgumentError(fmt::format(
-      "plan: '--padding-policy {}': expected backend, model-floor or legacy-tp", name));
+  return InvalidArgumentError(
+      fmt::format("plan: '--padding-policy {}': expected backend, model-floor or legacy-tp", name));
 }
 
 const char* ExpertPlacementName(ExpertPlacement p) {
@@ -41,8 +41,8 @@ const char* ExpertPlacementName(ExpertPlacement p) {
 Result<ExpertPlacement> ParseExpertPlacement(const std::string& name) {
   if (name == "linear") return ExpertPlacement::kLinear;
   if (name == "round-robin" || name == "round_robin") return ExpertPlacement::kRoundRobin;
-  return InvalidArgumentError(fmt::format(
-      "plan: '--expert-placement-strategy {}': expected linear or round-robin", name));
+  return InvalidArgumentError(
+      fmt::format("plan: '--expert-placement-strategy {}': expected linear or round-robin", name));
 }
 
 int64_t RankPlan::BytesOf(TensorCategory category) const {
@@ -121,9 +121,7 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
   }
   d.align = Lcm(backend.IntermediateAlignFor(d.raw_local), group);
   switch (policy) {
-    case PaddingPolicy::kBackend:
-      d.padded_local = RoundUp(d.raw_local, d.align);
-      break;
+    case PaddingPolicy::kBackend: d.padded_local = RoundUp(d.raw_local, d.align); break;
     case PaddingPolicy::kModelFloor:
       d.floor = t.moe_tp > 1 ? m.min_moe_intermediate_per_partition : 0;
       d.padded_local = RoundUp(std::max(d.raw_local, d.floor), d.align);
@@ -309,8 +307,8 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
   push(t.name + "." + leaf, q.WeightDType(t.dtype), w_logical, w_local, wb, we,
        TensorPart::kWeight);
   if (q.has_scales()) {
-    const auto [sb, se] = dim < 0 ? std::pair<int64_t, int64_t>{begin, end}
-                                  : q.ScaleSlice(dim == 0, begin, end);
+    const auto [sb, se] =
+        dim < 0 ? std::pair<int64_t, int64_t>{begin, end} : q.ScaleSlice(dim == 0, begin, end);
     push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
          q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kScale);
     if (q.has_zero_points()) {  // one per scale, sliced like the scales
@@ -372,8 +370,8 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
   // `shard_dim` (1 = out rows, 2 = in columns; -1 none) at [begin, end) of each of `sections`
   // blocks, stored as the expert scheme says.
   auto add = [&](const std::string& proj, TensorRole role, int64_t out_logical, int64_t out_raw,
-                 int64_t out_pad, int64_t in_logical, int64_t in_raw, int64_t in_pad,
-                 int shard_dim, int64_t sections, int64_t begin, int64_t end) {
+                 int64_t out_pad, int64_t in_logical, int64_t in_raw, int64_t in_pad, int shard_dim,
+                 int64_t sections, int64_t begin, int64_t end) {
     const std::string wname = p + proj + "_" + std::string(q.spec().weight_leaf);
     const std::vector<int64_t> lg = q.WeightShape(out_logical, in_logical);
     const std::vector<int64_t> raw = q.WeightShape(out_raw, in_raw);
@@ -389,8 +387,8 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
       const std::vector<int64_t> sraw = q.ScaleShape(out_raw, in_raw);
       const std::vector<int64_t> spad = q.ScaleShape(out_pad, in_pad);
       push(MakeShard(p + proj + "_" + std::string(q.spec().scale_leaf), cat, q.spec().scale_dtype,
-                     {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]},
-                     shard_dim, sb, se, moe_layers),
+                     {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]}, shard_dim,
+                     sb, se, moe_layers),
            role, TensorPart::kScale, sections);
       if (q.has_zero_points()) {  // one per scale, sliced and padded like the scales
         push(MakeShard(p + proj + "_" + std::string(q.spec().zero_leaf), cat, q.spec().zero_dtype,
@@ -402,12 +400,12 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
     // One F32 per checkpoint tensor: w13 [E, g] (gate, up), w2 [E], whole on every holder.
     const QuantLeaves leaves = CheckpointLeaves(q);
     auto per_tensor = [&](std::string_view leaf, TensorPart part) {
-      const std::vector<int64_t> lg = proj == "w13" ? std::vector<int64_t>{E, g}
-                                                    : std::vector<int64_t>{E};
+      const std::vector<int64_t> lg =
+          proj == "w13" ? std::vector<int64_t>{E, g} : std::vector<int64_t>{E};
       std::vector<int64_t> local = lg;
       local[0] = El;
-      push(MakeShard(p + proj + "_" + std::string(leaf), cat, DType::kF32, lg, local, local, -1,
-                     0, 0, moe_layers),
+      push(MakeShard(p + proj + "_" + std::string(leaf), cat, DType::kF32, lg, local, local, -1, 0,
+                     0, moe_layers),
            role, part, 1);
     };
     if (q.has_global_scale()) per_tensor(q.spec().global_leaf, TensorPart::kGlobalScale);
@@ -420,8 +418,8 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
              role, TensorPart::kGroupIndex, 1);
       } else {
         push(MakeShard(p + "w2_" + std::string(leaves.group_index), cat, DType::kI32,
-                       {E, in_logical}, {El, in_raw}, {El, in_pad}, shard_dim == 2 ? 1 : -1,
-                       begin, end, moe_layers),
+                       {E, in_logical}, {El, in_raw}, {El, in_pad}, shard_dim == 2 ? 1 : -1, begin,
+                       end, moe_layers),
              role, TensorPart::kGroupIndex, 1);
       }
     }
@@ -436,19 +434,18 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
   // gate_up: [E, g*I, H]: gate rows [0, I) and up rows [I, 2I), each split at [i_begin, i_end)
   // (interleaved gate/up: the rank's 2*[i_begin, i_end) rows are contiguous).
   const bool interleaved = plan.experts.gate_up_interleaved;
-  add("w13", TensorRole::kExpertsW13, g * I.logical, g * I.raw_local, g * I.padded_local,
-      H.logical, H.raw_local, H.padded_local, split_i ? 1 : -1, interleaved ? 1 : g,
+  add("w13", TensorRole::kExpertsW13, g * I.logical, g * I.raw_local, g * I.padded_local, H.logical,
+      H.raw_local, H.padded_local, split_i ? 1 : -1, interleaved ? 1 : g,
       interleaved ? g * i_begin : i_begin, interleaved ? g * i_end : i_end);
-  add("w2", TensorRole::kExpertsW2, H.logical, H.raw_local, H.padded_local, I.logical,
-      I.raw_local, I.padded_local, split_i ? 2 : -1, 1, i_begin, i_end);
+  add("w2", TensorRole::kExpertsW2, H.logical, H.raw_local, H.padded_local, I.logical, I.raw_local,
+      I.padded_local, split_i ? 2 : -1, 1, i_begin, i_end);
   if (!plan.experts.bias_suffix.empty()) {
     const DType bd = plan.experts.bias_dtype;
     // w13_bias [E, g*I] split like w13's rows; w2_bias [E, H] whole (added once, by moe_tp
     // rank 0, after the reduction).
     push(MakeShard(p + "w13_bias", cat, bd, {E, g * I.logical}, {El, g * I.raw_local},
-                   {El, g * I.padded_local}, split_i ? 1 : -1,
-                   interleaved ? g * i_begin : i_begin, interleaved ? g * i_end : i_end,
-                   moe_layers),
+                   {El, g * I.padded_local}, split_i ? 1 : -1, interleaved ? g * i_begin : i_begin,
+                   interleaved ? g * i_end : i_end, moe_layers),
          TensorRole::kExpertsW13Bias, TensorPart::kValue, interleaved ? 1 : g);
     push(MakeShard(p + "w2_bias", cat, bd, {E, H.logical}, {El, H.raw_local}, {El, H.padded_local},
                    -1, 0, 0, moe_layers),
@@ -499,8 +496,8 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         redundant, model.num_experts + redundant, t.moe_ep,
         (model.num_experts + redundant) / t.moe_ep));
   } else if (redundant < 0) {
-    return InvalidArgumentError(
-        fmt::format("plan: '--num-redundant-experts {}': expected a count >= 0 or auto", redundant));
+    return InvalidArgumentError(fmt::format(
+        "plan: '--num-redundant-experts {}': expected a count >= 0 or auto", redundant));
   }
   plan.num_slots = model.num_experts + redundant;
   const bool exact = backend.exact_expert_division || redundant > 0;
@@ -518,9 +515,9 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         plan.num_slots % t.moe_ep, fmt::join(ok, ", "), up));
   }
   if (plan.num_slots % t.moe_ep != 0) {
-    plan.notes.push_back(fmt::format(
-        "{} experts do not divide by EP {}: the first {} EP ranks hold one expert more", plan.num_slots,
-        t.moe_ep, plan.num_slots % t.moe_ep));
+    plan.notes.push_back(
+        fmt::format("{} experts do not divide by EP {}: the first {} EP ranks hold one expert more",
+                    plan.num_slots, t.moe_ep, plan.num_slots % t.moe_ep));
   }
 
   MOESHARD_ASSIGN_OR_RETURN(plan.intermediate,
@@ -546,7 +543,8 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
   const std::vector<TensorDef> logical = internal::PlanTensors(model, options, t.pp);
   plan.ranks.reserve(t.world);
   std::vector<std::vector<int64_t>> stage_layers(t.pp);
-  for (int64_t s = 0; s < t.pp; ++s) stage_layers[s] = internal::StageLayers(model.num_layers, t.pp, s);
+  for (int64_t s = 0; s < t.pp; ++s)
+    stage_layers[s] = internal::StageLayers(model.num_layers, t.pp, s);
 
   // Per stage: each logical tensor's layers on that stage, and the stage's MoE layers, shared
   // by every rank of the stage.

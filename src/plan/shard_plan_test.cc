@@ -36,9 +36,12 @@ TEST(PaddingTest, ContractFormula) {
 
   // aiter-ck alignment depends on the size: 64 up to 192, else 128 (bf16 Qwen3-30B, I = 768).
   const ModelConfig q = PresetOrDie("qwen3-30b-a3b");
-  EXPECT_EQ(PlanOrDie(q, Opts(8, 1, false, "aiter-ck")).intermediate.padded_local, 128);  // 96 -> 128
-  EXPECT_EQ(PlanOrDie(q, Opts(4, 1, false, "aiter-ck")).intermediate.padded_local, 192);  // 192: align 64
-  EXPECT_EQ(PlanOrDie(q, Opts(2, 1, false, "aiter-ck")).intermediate.padded_local, 384);  // 384 -> 384
+  EXPECT_EQ(PlanOrDie(q, Opts(8, 1, false, "aiter-ck")).intermediate.padded_local,
+            128);  // 96 -> 128
+  EXPECT_EQ(PlanOrDie(q, Opts(4, 1, false, "aiter-ck")).intermediate.padded_local,
+            192);  // 192: align 64
+  EXPECT_EQ(PlanOrDie(q, Opts(2, 1, false, "aiter-ck")).intermediate.padded_local,
+            384);  // 384 -> 384
 
   // model-floor honours the model's floor (256) only when the experts are split.
   p = PlanOrDie(k3, Opts(32, 1, false, "marlin", PaddingPolicy::kModelFloor));
@@ -80,8 +83,10 @@ TEST(PlacementTest, LinearRoundRobinUneven) {
   EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 1, ExpertPlacement::kLinear), (std::vector<int64_t>{3, 4, 5}));
   EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 2, ExpertPlacement::kLinear), (std::vector<int64_t>{6, 7}));
   EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 3, ExpertPlacement::kLinear), (std::vector<int64_t>{8, 9}));
-  EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 1, ExpertPlacement::kRoundRobin), (std::vector<int64_t>{1, 5, 9}));
-  EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 3, ExpertPlacement::kRoundRobin), (std::vector<int64_t>{3, 7}));
+  EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 1, ExpertPlacement::kRoundRobin),
+            (std::vector<int64_t>{1, 5, 9}));
+  EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 3, ExpertPlacement::kRoundRobin),
+            (std::vector<int64_t>{3, 7}));
   // EPLB: 8 experts + 4 redundant slots over 4 ranks: 3 slots each; slots 8..11 copy 0..3.
   EXPECT_EQ(ExpertSlotsOf(8, 12, 4, 3, ExpertPlacement::kLinear), (std::vector<int64_t>{1, 2, 3}));
   // Every expert is placed exactly once when there is no redundancy, for both placements.
@@ -135,10 +140,14 @@ TEST(ShardPlanTest, RoutedTensorsKimiK3TP32EP) {
   const RankPlan& r = p.ranks[5];
   EXPECT_EQ(r.expert_slots.size(), 28u);
   EXPECT_EQ(r.expert_slots.front(), 5 * 28);
-  const TensorShard* w13 = FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w13_weight_packed");
-  const TensorShard* w13s = FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w13_weight_scale");
-  const TensorShard* w2 = FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_packed");
-  const TensorShard* w2s = FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_scale");
+  const TensorShard* w13 = FindTensor(
+      r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w13_weight_packed");
+  const TensorShard* w13s = FindTensor(
+      r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w13_weight_scale");
+  const TensorShard* w2 = FindTensor(
+      r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_packed");
+  const TensorShard* w2s =
+      FindTensor(r, "language_model.model.layers.{layer}.block_sparse_moe.experts.w2_weight_scale");
   ASSERT_TRUE(w13 && w13s && w2 && w2s);
   EXPECT_EQ(w13->padded_shape, (std::vector<int64_t>{28, 6144, 1792}));  // 2*3072 rows, 3584/2
   EXPECT_EQ(w13s->padded_shape, (std::vector<int64_t>{28, 6144, 112}));  // 3584/32
@@ -165,7 +174,8 @@ TEST(ShardPlanTest, GptOssBiasesAndHiddenPadding) {
   EXPECT_EQ(b13->padded_shape, (std::vector<int64_t>{32, 2 * 2944}));
   EXPECT_EQ(b2->padded_shape, (std::vector<int64_t>{32, 3072}));
   // FlashInfer CUTLASS aligns H to 128: 2880 = 22.5 * 128 -> 2944.
-  EXPECT_EQ(PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(4, 1, true, "flashinfer-cutlass")).hidden.padded_local,
+  EXPECT_EQ(PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(4, 1, true, "flashinfer-cutlass"))
+                .hidden.padded_local,
             2944);
 }
 

@@ -1,10 +1,10 @@
 #include "runtime/dense_ops.h"
 
-#include "moeshard/kernels/reference.h"
-#include "base/check.h"
-
 #include <algorithm>
 #include <cmath>
+
+#include "base/check.h"
+#include "moeshard/kernels/reference.h"
 
 namespace moeshard::internal {
 namespace {

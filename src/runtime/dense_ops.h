@@ -28,8 +28,8 @@ struct DenseWeight {
   bool f32 = false;  // unquantized fp32 rather than bf16
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* data = nullptr;    // the weight tensor
-  const void* scales = nullptr;  // the scale tensor (quantized formats)
+  const void* data = nullptr;      // the weight tensor
+  const void* scales = nullptr;    // the scale tensor (quantized formats)
   const uint8_t* zeros = nullptr;  // int4-zp: zero points [rows, cols / g]
   float global = 1.0f;             // nvfp4: the tensor's global scale (a multiplier)
 };

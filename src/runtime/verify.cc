@@ -1,9 +1,10 @@
 #include "moeshard/runtime/verify.h"
-#include "base/check.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
+
+#include "base/check.h"
 
 namespace moeshard {
 namespace {

@@ -70,8 +70,8 @@ Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
       return InvalidArgumentError(fmt::format(
           "runtime: '{}': expected BF16 [{}, {}, {}] beside '{}' {} [{}], got {}", w2_name,
           w13->shape[0], w13->shape.size() == 3 ? w13->shape[2] : -1,
-          w13->shape.size() == 3 ? w13->shape[1] / rows_per_i : -1, w13_name,
-          DTypeName(w13->dtype), fmt::join(w13->shape, ", "),
+          w13->shape.size() == 3 ? w13->shape[1] / rows_per_i : -1, w13_name, DTypeName(w13->dtype),
+          fmt::join(w13->shape, ", "),
           w2 == nullptr
               ? std::string("none")
               : fmt::format("{} [{}]", DTypeName(w2->dtype), fmt::join(w2->shape, ", "))));

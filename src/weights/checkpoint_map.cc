@@ -53,7 +53,7 @@ DummyKind KindOf(const std::string& name, TensorPart part, DType dtype) {
       return dtype == DType::kU8 || dtype == DType::kF8E8M0 ? DummyKind::kE8M0 : DummyKind::kScale;
     case TensorPart::kZeroPoint: return DummyKind::kZeroPoint;
     case TensorPart::kGlobalScale: return DummyKind::kGlobalScale;
-    case TensorPart::kInputScale: return DummyKind::kNorm;  // about 1
+    case TensorPart::kInputScale: return DummyKind::kNorm;    // about 1
     case TensorPart::kGroupIndex: return DummyKind::kWeight;  // hashed integers
     case TensorPart::kShapeMeta: return DummyKind::kWeight;
     case TensorPart::kValue: return DummyKindOf(name, dtype);
@@ -129,16 +129,17 @@ Status MapEncodedPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const WeightScheme& q = plan.model.quant.scheme;
   const std::string name = ExpandName(s.name, t.layer);
   const std::string leaf = "." + RankLeaf(q, s.part);
-  if (name.size() <= leaf.size() || name.compare(name.size() - leaf.size(), leaf.size(), leaf) != 0 ||
+  if (name.size() <= leaf.size() ||
+      name.compare(name.size() - leaf.size(), leaf.size(), leaf) != 0 ||
       s.linear_shape.size() != 2 || (s.shard_dim >= 0 && s.sections != 1)) {
     return MapError(plan, rank, t.name,
                     fmt::format("a {} part in {} layout without the leaf '{}'",
                                 WeightFormatName(q.format), QuantLayoutName(q.layout), leaf));
   }
   const int64_t out = s.linear_shape[0], in = s.linear_shape[1];
-  const int src = AddSource(t, EncodedSpec(q, s.part, name.substr(0, name.size() - leaf.size()),
-                                           out, in, plan.model.dtype,
-                                           KindOf(name, s.part, s.dtype)));
+  const int src =
+      AddSource(t, EncodedSpec(q, s.part, name.substr(0, name.size() - leaf.size()), out, in,
+                               plan.model.dtype, KindOf(name, s.part, s.dtype)));
   const SourceTensorSpec& spec = t.sources[static_cast<size_t>(src)];
   const int64_t es = ElementBytes(s.dtype);
   const int64_t rows = spec.view_shape[0];
@@ -280,10 +281,9 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
                                 fmt::join(s.padded_shape, ", ")));
   }
   const int64_t slot_bytes = BytesOf(s.dtype, s.padded_shape) / num_slots;
-  const int64_t dst_row =
-      s.padded_shape.size() > 2
-          ? BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()})
-          : ElementBytes(s.dtype);  // [El] or [El, parts]: global scales
+  const int64_t dst_row = s.padded_shape.size() > 2
+                              ? BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()})
+                              : ElementBytes(s.dtype);  // [El] or [El, parts]: global scales
   const int64_t layer = t.layer;
   const DummyKind kind = bias ? DummyKind::kBias : KindOf(t.name, s.part, s.dtype);
 
@@ -463,8 +463,9 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
       for (int64_t h = 0; h < parts; ++h) {
         const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
         Piece p;
-        p.source_idx = AddSource(
-            t, encoded ? encoded_spec(e, proj) : SourceTensorSpec{name_of(e, proj), s.dtype, {1}, kind, {}});
+        p.source_idx =
+            AddSource(t, encoded ? encoded_spec(e, proj)
+                                 : SourceTensorSpec{name_of(e, proj), s.dtype, {1}, kind, {}});
         p.element_bytes = es;
         p.window = Slice2D{.base_offset = 0,
                            .row_bytes = es,

@@ -12,9 +12,9 @@
 
 #include "moeshard/config/config_loader.h"
 #include "moeshard/weights/presharded.h"
-#include "weights/presharded_manifest.h"
 #include "moeshard/weights/safetensors_writer.h"
 #include "weights/loader_test_util.h"
+#include "weights/presharded_manifest.h"
 #include "weights/test_util.h"
 
 namespace moeshard {

@@ -129,8 +129,9 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
   const ExpertLayout& x = plan.experts;
   const WeightScheme& q = plan.expert_scheme;
   const bool w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
-  const bool is_bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
-  const std::string leaf = is_bias                          ? "bias"
+  const bool is_bias =
+      s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
+  const std::string leaf = is_bias                            ? "bias"
                            : s.part == TensorPart::kShapeMeta ? "weight_shape"
                            : s.part == TensorPart::kScale     ? std::string(q.spec().scale_leaf)
                                                               : std::string(q.spec().weight_leaf);

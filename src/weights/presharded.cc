@@ -1,6 +1,5 @@
 // Pre-sharded checkpoints: see moeshard/weights/presharded.h.
 #include "moeshard/weights/presharded.h"
-#include "weights/presharded_manifest.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -10,12 +9,13 @@
 #include <filesystem>
 #include <system_error>
 
-#include "plan/plan_json.h"
+#include "base/check.h"
 #include "moeshard/weights/safetensors_writer.h"
+#include "plan/plan_json.h"
 #include "weights/json_strict.h"
+#include "weights/presharded_manifest.h"
 #include "weights/tensor_source.h"
 #include "weights/weights_internal.h"
-#include "base/check.h"
 
 namespace moeshard {
 namespace fs = std::filesystem;

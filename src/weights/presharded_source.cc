@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "plan/plan_json.h"
 #include "moeshard/weights/presharded.h"
+#include "plan/plan_json.h"
 #include "weights/presharded_manifest.h"
 #include "weights/tensor_source.h"
 #include "weights/weights_internal.h"

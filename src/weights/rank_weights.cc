@@ -2,8 +2,8 @@
 
 #include <string_view>
 
-#include "weights/checkpoint_map.h"
 #include "base/check.h"
+#include "weights/checkpoint_map.h"
 
 namespace moeshard {
 

@@ -8,10 +8,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/weights/safetensors.h"
 #include "weights/weights_internal.h"
-#include "base/check.h"
 
 namespace moeshard {
 

@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/weights/safetensors.h"
 #include "weights/weights_internal.h"
-#include "base/check.h"
 
 namespace moeshard {
 namespace {

@@ -4,7 +4,6 @@
 // through MpiSession::AbortJob with that rank's message, so a failure can never leave the other
 // ranks waiting in a collective.
 #include "moeshard/comm/mpi_comm.h"
-#include "tests/mpi_gtest_main.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +12,7 @@
 #include <memory>
 
 #include "tests/comm/comm_cases.h"
+#include "tests/mpi_gtest_main.h"
 
 namespace moeshard {
 namespace {
@@ -55,6 +55,6 @@ TEST(MpiCommTest, DetectsTheLauncher) {
 }  // namespace moeshard
 
 int main(int argc, char** argv) {
-  return moeshard::testing::RunMpiGtest(argc, argv, std::chrono::seconds(60),
-                                        &moeshard::g_session, &moeshard::g_world);
+  return moeshard::testing::RunMpiGtest(argc, argv, std::chrono::seconds(60), &moeshard::g_session,
+                                        &moeshard::g_world);
 }

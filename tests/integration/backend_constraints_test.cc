@@ -18,8 +18,8 @@ TEST(BackendConstraintsTest, CatalogMatchesKernels) {
   EXPECT_EQ((*b)->intermediate_align, kCpuIntermediateAlignment);
   EXPECT_EQ((*b)->hidden_align, kCpuHiddenAlignment);
   EXPECT_EQ((*b)->intermediate_align_small, 0);
-  for (WeightFormat q : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4,
-                        WeightFormat::kInt4}) {
+  for (WeightFormat q :
+       {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kInt4}) {
     EXPECT_TRUE((*b)->Supports(q)) << WeightFormatName(q);
   }
   // The kernels' MXFP4 group is the format table's, and the table's fp8 default is the block
@@ -31,8 +31,8 @@ TEST(BackendConstraintsTest, CatalogMatchesKernels) {
 TEST(BackendConstraintsTest, PlannedShapesAreAcceptedByTheKernels) {
   // Every tiny preset at several topologies on moeshard-cpu: the padded per-rank expert shapes
   // pass the kernels' own validation.
-  for (const char* preset : {"tiny-kimi-k3", "tiny-deepseek-v3", "tiny-qwen3-moe", "tiny-mixtral",
-                             "tiny-gpt-oss"}) {
+  for (const char* preset :
+       {"tiny-kimi-k3", "tiny-deepseek-v3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"}) {
     const ModelConfig m = *LoadModelConfig(preset);
     for (auto [tp, ep] : {std::pair{1, false}, {2, false}, {4, false}, {8, true}, {4, true}}) {
       PlanOptions o;

@@ -25,8 +25,8 @@ namespace {
 struct Dense {
   const WeightView* w = nullptr;
   const WeightView* s = nullptr;
-  const WeightView* z = nullptr;  // int4-zp zero points, one byte per scale
-  const WeightView* g = nullptr;  // nvfp4 global scale
+  const WeightView* z = nullptr;               // int4-zp zero points, one byte per scale
+  const WeightView* g = nullptr;               // nvfp4 global scale
   int64_t block_rows = 128, block_cols = 128;  // fp8 `weight_block_size` from the config
   double At(int64_t r, int64_t c) const {
     const int64_t cols = w->shape[1];
@@ -107,7 +107,8 @@ std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, doub
   for (double v : x) ss += v * v;
   const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
   std::vector<double> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * (offset + Bf16ToFloat(w.as<bf16_t>()[i]));
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = x[i] * inv * (offset + Bf16ToFloat(w.as<bf16_t>()[i]));
   return y;
 }
 

@@ -4,10 +4,11 @@
 // against a direct transcription of the layer's formula (moe_runtime.h) in double precision,
 // with the experts from the kernels' scalar oracle (reference::MoeExpertsForward) and the
 // routing from reference::Route.
+#include "tests/runtime/layer_reference.h"
+
 #include <gtest/gtest.h>
 
 #include "moeshard/config/config_loader.h"
-#include "tests/runtime/layer_reference.h"
 
 namespace moeshard {
 namespace {
@@ -36,8 +37,12 @@ TEST(RuntimeLayerReferenceTest, Qwen2MoeAwq) { CheckPreset("tiny-qwen2-moe-awq")
 TEST(RuntimeLayerReferenceTest, Qwen2MoeGptq) { CheckPreset("tiny-qwen2-moe-gptq"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeW4a16Asym) { CheckPreset("tiny-qwen2-moe-w4a16-asym"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeNvfp4) { CheckPreset("tiny-qwen2-moe-nvfp4"); }
-TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptNvfp4) { CheckPreset("tiny-qwen2-moe-modelopt-nvfp4"); }
-TEST(RuntimeLayerReferenceTest, Qwen2MoeFp8PerChannel) { CheckPreset("tiny-qwen2-moe-fp8-dynamic"); }
+TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptNvfp4) {
+  CheckPreset("tiny-qwen2-moe-modelopt-nvfp4");
+}
+TEST(RuntimeLayerReferenceTest, Qwen2MoeFp8PerChannel) {
+  CheckPreset("tiny-qwen2-moe-fp8-dynamic");
+}
 TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptFp8) { CheckPreset("tiny-qwen2-moe-modelopt-fp8"); }
 TEST(RuntimeLayerReferenceTest, Glm4Moe) { CheckPreset("tiny-glm4-moe"); }
 TEST(RuntimeLayerReferenceTest, MinimaxM2) { CheckPreset("tiny-minimax-m2"); }

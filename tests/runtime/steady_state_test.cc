@@ -2,10 +2,10 @@
 // rank threads, for the EP, TP and hybrid paths with shared experts and latent projections.
 // Counted by replacing the global operator new in this executable; only allocations made
 // while a rank thread has counting switched on (thread_local) are counted.
-#include <fmt/format.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -40,11 +40,11 @@ enum class DType {
 };
 
 inline constexpr DType kAllDTypes[] = {
-    DType::kBool,   DType::kF4,         DType::kF6E2M3,     DType::kF6E3M2, DType::kU8,
-    DType::kI8,     DType::kF8E5M2,     DType::kF8E4M3,     DType::kF8E8M0, DType::kF8E4M3Fnuz,
-    DType::kF8E5M2Fnuz, DType::kI16,    DType::kU16,        DType::kF16,    DType::kBF16,
-    DType::kI32,    DType::kU32,        DType::kF32,        DType::kC64,    DType::kF64,
-    DType::kI64,    DType::kU64,
+    DType::kBool,       DType::kF4,     DType::kF6E2M3, DType::kF6E3M2, DType::kU8,
+    DType::kI8,         DType::kF8E5M2, DType::kF8E4M3, DType::kF8E8M0, DType::kF8E4M3Fnuz,
+    DType::kF8E5M2Fnuz, DType::kI16,    DType::kU16,    DType::kF16,    DType::kBF16,
+    DType::kI32,        DType::kU32,    DType::kF32,    DType::kC64,    DType::kF64,
+    DType::kI64,        DType::kU64,
 };
 
 // Bits per element (4 for F4, 6 for F6_*, 1 byte = 8 for BOOL).

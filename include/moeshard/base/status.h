@@ -1,8 +1,9 @@
 // Status and Result<T>: how every fallible operation in moeshard reports failure.
 //
 // Anything a user's input can cause (a malformed config, an impossible topology, a bad
-// checkpoint) returns a Status or Result<T>; programmer errors use MOESHARD_CHECK (src/base/check.h).
-// Messages follow STYLE.md: "<operation>: '<subject>': expected X, got Y (<likely fix>)".
+// checkpoint) returns a Status or Result<T>; programmer errors use MOESHARD_CHECK
+// (src/base/check.h). Messages follow STYLE.md: "<operation>: '<subject>': expected X, got Y
+// (<likely fix>)".
 //
 // Thread safety: value types; distinct objects may be used from distinct threads freely.
 #pragma once
@@ -12,14 +13,12 @@
 #include <utility>
 #include <variant>
 
-
 namespace moeshard {
 
 namespace internal {
 // Aborts with the message: a Result used against its contract (a programmer error).
 [[noreturn]] void ResultMisuse(const std::string& message);
 }  // namespace internal
-
 
 enum class StatusCode {
   kOk,
@@ -30,9 +29,9 @@ enum class StatusCode {
   kFailedPrecondition,  // valid input that the current state cannot take (e.g. does not fit)
   kResourceExhausted,   // memory budget exceeded
   kUnimplemented,
-  kInternal,            // a moeshard bug surfaced as an error (e.g. plan != allocation)
-  kDeadlineExceeded,    // collective timeout
-  kAborted,             // another rank failed
+  kInternal,          // a moeshard bug surfaced as an error (e.g. plan != allocation)
+  kDeadlineExceeded,  // collective timeout
+  kAborted,           // another rank failed
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -74,9 +73,10 @@ Status AbortedError(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
-    if (status_.ok()) internal::ResultMisuse("Result constructed from an OK Status without a value");
+    if (status_.ok())
+      internal::ResultMisuse("Result constructed from an OK Status without a value");
   }
 
   bool ok() const { return value_.has_value(); }
@@ -112,9 +112,9 @@ class [[nodiscard]] Result {
 #define MOESHARD_CONCAT_(a, b) MOESHARD_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not OK.
-#define MOESHARD_RETURN_IF_ERROR(expr)                 \
-  do {                                                 \
-    ::moeshard::Status moeshard_status_ = (expr);      \
+#define MOESHARD_RETURN_IF_ERROR(expr)                   \
+  do {                                                   \
+    ::moeshard::Status moeshard_status_ = (expr);        \
     if (!moeshard_status_.ok()) return moeshard_status_; \
   } while (0)
 

@@ -46,8 +46,8 @@ float Nvfp4GlobalScale(const float* w, int64_t n);
 struct OwnedExpertWeights {
   AlignedBuffer w13, w2;
   std::vector<uint8_t> w13_scales, w2_scales;
-  std::vector<uint8_t> w13_zeros, w2_zeros;    // int4-zp
-  std::vector<float> w13_global, w2_global;    // nvfp4
+  std::vector<uint8_t> w13_zeros, w2_zeros;  // int4-zp
+  std::vector<float> w13_global, w2_global;  // nvfp4
   std::vector<float> w13_bias, w2_bias;
   ExpertWeights view;
 };

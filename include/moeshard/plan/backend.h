@@ -26,8 +26,8 @@ struct BackendSpec {
   int64_t intermediate_align_small = 0;
   int64_t small_threshold = 0;
   int64_t hidden_align = 1;
-  std::vector<WeightFormat> formats;  // weight formats it runs
-  bool ep_only = false;              // owns dispatch/combine; needs expert parallelism
+  std::vector<WeightFormat> formats;   // weight formats it runs
+  bool ep_only = false;                // owns dispatch/combine; needs expert parallelism
   bool exact_expert_division = false;  // experts (slots) must divide by the EP size
   std::string source;                  // where the numbers come from
 
@@ -44,6 +44,5 @@ Result<const BackendSpec*> FindBackend(const std::string& name);
 // The backend `auto` picks for a model's expert format: triton (bf16), block-fp8 (fp8),
 // marlin (mxfp4, int4).
 const BackendSpec& DefaultBackend(const ModelConfig& model);
-
 
 }  // namespace moeshard

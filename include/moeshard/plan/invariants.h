@@ -42,8 +42,8 @@ struct Strategy {
 
 struct GridOptions {
   std::vector<int64_t> gpu_counts = {1, 2, 4, 8, 16, 32, 64};
-  PlanOptions base;          // backend, padding, placement, redundancy, shared/latent modes
-  bool include_pp = false;   // add pipeline-parallel strategies
+  PlanOptions base;         // backend, padding, placement, redundancy, shared/latent modes
+  bool include_pp = false;  // add pipeline-parallel strategies
   bool include_hybrid = true;
 };
 

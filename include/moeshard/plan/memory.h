@@ -48,7 +48,7 @@ struct MemoryOptions {
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   int64_t max_model_len = -1;  // -1: the model's max_position_embeddings; 0: auto
   int64_t max_num_seqs = 1;
-  int64_t max_num_batched_tokens = 8192;  // sizes the activation workspace
+  int64_t max_num_batched_tokens = 8192;      // sizes the activation workspace
   int64_t overhead_bytes = int64_t{2} << 30;  // CUDA context, NCCL buffers, graphs
   // A checkpoint's tensors (from its headers): when set, each rank's weights are the bytes of
   // the checkpoint slices it holds plus the padding its plan adds, sized for whichever plan is
@@ -78,7 +78,7 @@ struct MemoryPlan {
   std::vector<RankMemory> ranks;
   bool fits = false;
   int64_t worst_rank = 0;  // the rank with the least free memory
-  std::string failure;      // why it does not fit, which rank, shortfall, smallest change
+  std::string failure;     // why it does not fit, which rank, shortfall, smallest change
 };
 
 // Per-rank memory for a plan. `suggest` (may be null) is called to look for the smallest

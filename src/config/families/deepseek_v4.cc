@@ -73,9 +73,9 @@
 // DeepSeek's reference inference/model.py as copied in public repositories (Gate, Expert, MoE,
 // Compressor, Indexer, Attention, Block, ParallelHead); the released config.json of
 // DeepSeek-V4-Flash as reproduced in third-party repositories (models/README.md).
-#include "config/config_fields.h"
-
 #include <fmt/format.h>
+
+#include "config/config_fields.h"
 #include "config/family_blocks.h"
 
 namespace moeshard {

@@ -5,9 +5,9 @@
 // gate j, 2j+1 up j), in MXFP4 as `<module>_blocks` U8 [E, out, in/32, 16] and `_scales` U8
 // [E, out, in/32]; biases `<module>_bias` BF16 [E, out]; bf16 releases store the matrices
 // input-major ([E, in, out]). MXFP4 covers only the experts.
-#include "config/config_fields.h"
-
 #include <fmt/format.h>
+
+#include "config/config_fields.h"
 #include "config/family_blocks.h"
 
 namespace moeshard {

@@ -16,9 +16,9 @@
 // default (mm_encoder_tp_mode "weights": wqkv per head, wo and fc1 row-, fc0 column-parallel)
 // when TP divides its 12 heads and is replicated otherwise (vLLM falls back to data parallel;
 // SGLang always replicates it); the projector is replicated. Every pipeline stage loads it.
-#include "config/config_fields.h"
-
 #include <fmt/format.h>
+
+#include "config/config_fields.h"
 #include "config/family_blocks.h"
 
 namespace moeshard {

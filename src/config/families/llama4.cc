@@ -25,6 +25,7 @@
 // whatever the encoder mode (ColumnParallelLinear with gather_output). Every pipeline stage
 // loads it.
 #include <fmt/format.h>
+
 #include <cmath>
 #include <set>
 

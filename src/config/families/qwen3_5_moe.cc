@@ -25,9 +25,9 @@
 // norms, patch embedding and position table replicated; only when TP divides the heads (vLLM
 // has no fallback there; moeshard plans the data-parallel mode, replicated). Every pipeline
 // stage loads it. Not planned: the MTP weights (`mtp.*`, recognised).
-#include "config/config_fields.h"
-
 #include <fmt/format.h>
+
+#include "config/config_fields.h"
 #include "config/family_blocks.h"
 
 namespace moeshard {

@@ -30,9 +30,9 @@
 #include <array>
 #include <cstring>
 
+#include "base/check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/roofline_avx512.h"
-#include "base/check.h"
 #include "moeshard/base/math.h"
 #include "moeshard/kernels/cpu_constraints.h"
 
@@ -1049,9 +1049,10 @@ float PeakLoop(int64_t iterations, float seed, double* flops) {
 }  // namespace
 
 const CpuBackend& Avx512Backend() {
-  static const CpuBackend backend{"avx512-bf16", DotRows,   Activate,        ToBf16,     WorkFloats,
-                                  PackedGemm,    PackGroup, StoreTransposed, WeightedSum,
-                                  "vdpbf16ps",   PeakLoop,  ReadStreamAvx512, kReadPatterns};
+  static const CpuBackend backend{"avx512-bf16", DotRows,     Activate,  ToBf16,
+                                  WorkFloats,    PackedGemm,  PackGroup, StoreTransposed,
+                                  WeightedSum,   "vdpbf16ps", PeakLoop,  ReadStreamAvx512,
+                                  kReadPatterns};
   return backend;
 }
 

@@ -163,9 +163,10 @@ uint64_t ReadStream(const uint8_t* p, int64_t bytes, int /*pattern*/) {
 }  // namespace
 
 const CpuBackend& PortableBackend() {
-  static const CpuBackend backend{"portable", DotRows,     Activate,         ToBf16,  WorkFloats,
-                                  nullptr,    nullptr,     nullptr,          WeightedSum,
-                                  "fp32 multiply-add (plain C++)", PeakLoop, ReadStream, 1};
+  static const CpuBackend backend{
+      "portable", DotRows,    Activate, ToBf16,      WorkFloats,
+      nullptr,    nullptr,    nullptr,  WeightedSum, "fp32 multiply-add (plain C++)",
+      PeakLoop,   ReadStream, 1};
   return backend;
 }
 

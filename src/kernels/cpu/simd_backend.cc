@@ -35,8 +35,8 @@
 #include <array>
 #include <bit>
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -97,7 +97,8 @@ constexpr int64_t kPrefetchBytes = 1024;
 
 // E2M1 codes times 2 (so they are integers) and int4 codes minus 8, as signed bytes, for the
 // byte-shuffle lookup.
-alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
 alignas(16) constexpr int8_t kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 alignas(16) constexpr int8_t kCodes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
@@ -181,8 +182,7 @@ struct Fp8Dec {
     out[1] = hn::Mul(out[1], s);
   }
   float Scalar(int64_t r, int64_t c) const {
-    return Fp8E4M3ToFloat(m.Row(r)[c]) *
-           reinterpret_cast<const float*>(RowOf(r).s)[c / m.group];
+    return Fp8E4M3ToFloat(m.Row(r)[c]) * reinterpret_cast<const float*>(RowOf(r).s)[c / m.group];
   }
 };
 
@@ -258,7 +258,8 @@ struct NibbleDec {
     if (WideNvfp4()) {  // lanes [0, N/2): group 2g, [N/2, N): group 2g + 1 (even or odd columns)
       const DF df;
       const hn::Half<DF> dh;
-      const VF s = hn::Combine(df, hn::Set(dh, ScaleAt(row, 2 * g + 1)), hn::Set(dh, ScaleAt(row, 2 * g)));
+      const VF s =
+          hn::Combine(df, hn::Set(dh, ScaleAt(row, 2 * g + 1)), hn::Set(dh, ScaleAt(row, 2 * g)));
       out[0] = hn::Mul(out[0], s);
       out[1] = hn::Mul(out[1], s);
       return;
@@ -318,8 +319,8 @@ struct DotSpan {
 // multiply-add chains per row (the chunk's two vectors, or even and odd chunks), and its scales
 // are applied once per group to the group's sum instead of to every decoded vector.
 template <typename Dec, int MR, int NR>
-void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
-          int64_t t0, int64_t k0, int64_t k1, float* out, int64_t ldo, bool accumulate) {
+void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows, int64_t t0,
+          int64_t k0, int64_t k1, float* out, int64_t ldo, bool accumulate) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k = a.w->cols;
@@ -487,8 +488,7 @@ void DecodeWalk(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
   // K block: a multiple of the chunk and of the scale group.
   const int64_t unit = std::max(sp.chunk, dec.group());
-  const int64_t kc = std::max(
-      unit, kDecodeXBytes / (4 * a.num_tokens) / unit * unit);
+  const int64_t kc = std::max(unit, kDecodeXBytes / (4 * a.num_tokens) / unit * unit);
   float tile[kDecodeMaxTokens * kStreams];
   for (int64_t s = 0; s < per; ++s) {
     int64_t col[kStreams], rows[kStreams];
@@ -645,7 +645,8 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
             hn::GetLane(hn::SumOfLanes(df, hn::LoadU(df, pacc + (t * kStripRows + j) * n)));
       }
     }
-    if (sp.whole < k) TailColumns(dec, a, sp, rows, nr, 0, static_cast<int>(tokens), a.out + r0, a.ldo);
+    if (sp.whole < k)
+      TailColumns(dec, a, sp, rows, nr, 0, static_cast<int>(tokens), a.out + r0, a.ldo);
   }
 }
 
@@ -718,9 +719,9 @@ const int16_t* QChunkOrder() {
 // sums (a class): one class when a 128-bit block holds one group (groups of 32 on AVX2), two
 // when it holds two (NVFP4's 16: the lower and upper interleaves take one each).
 struct QLayout {
-  int64_t cols;    // K
-  int64_t group;   // columns per scale group
-  int64_t chunk;   // columns per chunk (QChunk())
+  int64_t cols;        // K
+  int64_t group;       // columns per scale group
+  int64_t chunk;       // columns per chunk (QChunk())
   bool lanes = false;  // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
   int classes = 1;
   int class_of[4] = {0, 0, 0, 0};
@@ -772,8 +773,7 @@ HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
     lo = hn::Sub(lo, zeros);  // wraps to the signed byte code - zero
     hi = hn::Sub(hi, zeros);
   } else {
-    const auto table =
-        hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(NibbleDec<K>::Table()));
+    const auto table = hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(NibbleDec<K>::Table()));
     lo = hn::TableLookupBytes(table, lo);
     hi = hn::TableLookupBytes(table, hi);
   }
@@ -833,7 +833,7 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
         shifts[g] = kZero;
       } else {
         int e;
-        std::frexp(m, &e);  // m < 2^e, e in [-148, 128]
+        std::frexp(m, &e);   // m < 2^e, e in [-148, 128]
         shifts[g] = 14 - e;  // |q| < 2^14
       }
     }
@@ -986,8 +986,8 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
         hn::Vec<D8> zeros = hn::Zero(d8);
         if constexpr (K == Nib::kInt4Zp) {
           if constexpr (kLanes) {  // each byte's group's zero point
-            zeros = hn::TableLookupBytes(hn::LoadDup128(d8, zw[j] + ci * groups_per_chunk),
-                                         byte_group);
+            zeros =
+                hn::TableLookupBytes(hn::LoadDup128(d8, zw[j] + ci * groups_per_chunk), byte_group);
           } else {
             zeros = hn::Set(d8, zw[j][ci / per_flush]);
           }
@@ -1023,8 +1023,7 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
           const auto sum =
               hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[cls][i][j], s1[cls][i][j]));
           if constexpr (kLanes) {
-            const float* sx =
-                xq.sx + (t0 + i) * xq.ldsx + ((c0 + f) * kClasses + cls) * n32;
+            const float* sx = xq.sx + (t0 + i) * xq.ldsx + ((c0 + f) * kClasses + cls) * n32;
             total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
           } else {
             const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
@@ -1080,8 +1079,8 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
     // two classes of sums, one.
     if constexpr (kClasses == 1) {
       for (; t + 2 <= a.num_tokens; t += 2) {
-        QTile<K, kLanes, kClasses, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc,
-                                          tile + t * kStreams, kStreams, c0 > 0);
+        QTile<K, kLanes, kClasses, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams,
+                                          kStreams, c0 > 0);
       }
     }
     for (; t < a.num_tokens; ++t) {
@@ -1327,20 +1326,11 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
   return std::max({strips, quantized, PortableBackend().work_floats(num_tokens, cols)});
 }
 
-#define MOESHARD_SIMD_BACKEND(NS, NAME)                                                    \
-  CpuBackend{NAME,                                                                         \
-             NS::DotRowsT,                                                                 \
-             PortableBackend().activate,                                                   \
-             NS::ToBf16T,                                                                  \
-             WorkFloats,                                                                   \
-             nullptr,                                                                      \
-             nullptr,                                                                      \
-             nullptr,                                                                      \
-             NS::WeightedSumT,                                                             \
-             "fp32 FMA (" NAME ")",                                                        \
-             NS::PeakLoopT,                                                                \
-             NS::ReadStreamT,                                                              \
-             3}
+#define MOESHARD_SIMD_BACKEND(NS, NAME)                                                        \
+  CpuBackend {                                                                                 \
+    NAME, NS::DotRowsT, PortableBackend().activate, NS::ToBf16T, WorkFloats, nullptr, nullptr, \
+        nullptr, NS::WeightedSumT, "fp32 FMA (" NAME ")", NS::PeakLoopT, NS::ReadStreamT, 3    \
+  }
 
 }  // namespace
 

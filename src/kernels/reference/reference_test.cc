@@ -164,8 +164,8 @@ TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
   w.scheme = WeightScheme::Default(WeightFormat::kNvfp4);
   std::vector<uint8_t> nv(64 * 16, 0);
   nv[0] = 0x7A;
-  nv[8] = 0x11;          // columns 16, 17: codes 1, 1 (0.5)
-  nv[32 * 16] = 0x02;    // row 32 (up), column 0: code 2 (1.0)
+  nv[8] = 0x11;        // columns 16, 17: codes 1, 1 (0.5)
+  nv[32 * 16] = 0x02;  // row 32 (up), column 0: code 2 (1.0)
   std::vector<uint8_t> nv_scale(64 * 2, 0x40);
   for (int r = 0; r < 64; ++r) nv_scale[static_cast<size_t>(2 * r + 1)] = 0x30;
   std::vector<float> globals = {0.25f, 4.0f};
@@ -242,8 +242,7 @@ TEST(ReferenceGemm, TinySwiGluWithBiases) {
   const std::vector<float> w2 = {2.0f, -1.0f};
   const std::vector<float> b13 = {0.0f, 0.0f};
   const std::vector<float> b2 = {1.0f, 0.0f};
-  ExpertWeightsShape shape{
-      .scheme = {}, .num_experts_local = 1, .hidden = 2, .intermediate = 1};
+  ExpertWeightsShape shape{.scheme = {}, .num_experts_local = 1, .hidden = 2, .intermediate = 1};
   OwnedExpertWeights ow = EncodeExpertWeights(shape, w13.data(), w2.data(), b13.data(), b2.data());
   const std::vector<float> x = {1.0f, 1.0f};
   const std::vector<int64_t> offsets = {0, 1};
