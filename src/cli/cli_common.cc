@@ -133,7 +133,7 @@ std::string Table::Text(const std::string& indent) const {
   };
   std::string out = line(header_);
   std::vector<std::string> rule;
-  for (size_t c = 0; c < w.size(); ++c) rule.push_back(std::string(w[c], '-'));
+  for (size_t c = 0; c < w.size(); ++c) rule.emplace_back(w[c], '-');
   out += line(rule);
   for (const auto& r : rows_) out += line(r);
   return out;

@@ -185,11 +185,11 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
     for (const RankPlan& r : plan.ranks) any = any || r.BytesOf(c) > 0;
     if (any) {
       cats.push_back(c);
-      header.push_back(TensorCategoryName(c));
+      header.emplace_back(TensorCategoryName(c));
     }
   }
   for (const char* h : {"weights", "activ.", "overhead", "KV cache", "KV tokens", "free", "fits"}) {
-    header.push_back(h);
+    header.emplace_back(h);
   }
   Table mt(header, {true});
   std::map<std::vector<std::string>, std::vector<int64_t>> groups;
@@ -204,7 +204,7 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
     row.push_back(FormatGiB(std::max<int64_t>(rm.kv_cache, 0)));
     row.push_back(FormatCount(rm.kv_tokens == INT64_MAX ? 0 : rm.kv_tokens));
     row.push_back(FormatGiB(rm.free));
-    row.push_back(rm.fits ? "yes" : "NO");
+    row.emplace_back(rm.fits ? "yes" : "NO");
     if (!groups.count(row)) order.push_back(row);
     groups[row].push_back(r.coords.rank);
   }

@@ -247,7 +247,7 @@ int RunInspect(const InspectFlags& f) {
   if (!f.summary_only && !entries.empty()) {
     const bool many_shards = ckpt.num_shards() > 1;
     std::vector<std::string> header = {"tensor", "dtype", "shape", "bytes"};
-    if (many_shards) header.push_back("shard");
+    if (many_shards) header.emplace_back("shard");
     Table table(header, {true, true, true, false, true});
     for (const auto* e : entries) {
       std::vector<std::string> row = {e->info->name, std::string(DTypeName(e->info->dtype)),

@@ -8,6 +8,9 @@
 #include "cli/cli_common.h"
 #include "cli/command.h"
 
+// CLI11's parse errors are caught below and commands return Status; anything else escaping is a
+// bug that should terminate with its message.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
   using moeshard::cli::CommandRunner;
   using moeshard::cli::CommandSpec;

@@ -179,7 +179,7 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
     }
   }
   std::vector<std::string> header = {"rank"};
-  for (TensorCategory c : cats) header.push_back(TensorCategoryName(c));
+  for (TensorCategory c : cats) header.emplace_back(TensorCategoryName(c));
   header.insert(header.end(), {"total", "plan", "workspace"});
   Table mem(header, {true});
   for (const RankReport& rr : r.ranks) {

@@ -299,6 +299,7 @@ namespace {
 // collectives do not allocate (and nested collectives each have their own).
 class EqualCounts {
  public:
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): inline_ is filled up to n, read up to n
   EqualCounts(int num_ranks, size_t count) {
     const size_t n = static_cast<size_t>(num_ranks);
     if (n <= kInline) {

@@ -539,7 +539,7 @@ Result<ModelConfig> ParseRoot(const json& root, const std::string& source, const
   const json* q = nullptr;
   bool q_nested = false;
   if (top.Has("quantization_config")) q = &root.at("quantization_config");
-  if (prefix.size() && f.Has("quantization_config")) {
+  if (!prefix.empty() && f.Has("quantization_config")) {
     if (q) {
       return InvalidArgumentError(fmt::format(
           "config: '{}': quantization_config appears both at the top level and in text_config "

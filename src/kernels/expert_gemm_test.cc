@@ -575,7 +575,7 @@ TEST(GroupedGemm, DownBiasSkippedOnRequest) {
 TEST(GroupedGemm, PaddedEqualsUnpadded) {
   struct PadCase {
     GemmCase logical;
-    int64_t hidden_padded, inter_padded;
+    int64_t hidden_padded = 0, inter_padded = 0;
   };
   const PadCase cases[] = {
       {{.format = WeightFormat::kBf16, .act = Activation::kSwiGlu, .hidden = 100, .inter = 40},

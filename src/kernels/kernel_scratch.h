@@ -23,6 +23,7 @@ struct LineAllocator {
   static constexpr std::align_val_t kAlign{64};
   LineAllocator() = default;
   template <typename U>
+  // NOLINTNEXTLINE(google-explicit-constructor): allocators convert implicitly (std requirement)
   LineAllocator(const LineAllocator<U>&) {}
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
   void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }

@@ -59,7 +59,7 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
                       p.num_experts_global - 1, g));
     }
     const int32_t l = p.expert_global_to_local == nullptr ? g : p.expert_global_to_local[g];
-    if (l >= 0 && l + 2 <= num_local) ++offsets[static_cast<size_t>(l + 2)];
+    if (l >= 0 && l + 2 <= num_local) ++offsets[static_cast<size_t>(l) + 2];
   }
   for (int64_t e = 1; e <= num_local; ++e) {
     offsets[static_cast<size_t>(e)] += offsets[static_cast<size_t>(e - 1)];
@@ -79,7 +79,7 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
       out->slot_row[static_cast<size_t>(i)] = -1;
       continue;
     }
-    const int64_t row = offsets[static_cast<size_t>(l + 1)]++;
+    const int64_t row = offsets[static_cast<size_t>(l) + 1]++;
     out->sorted_token_idx[static_cast<size_t>(row)] = static_cast<int32_t>(i / p.top_k);
     out->sorted_weights[static_cast<size_t>(row)] = p.topk_weights[i];
     out->slot_row[static_cast<size_t>(i)] = static_cast<int32_t>(row);

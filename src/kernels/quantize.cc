@@ -217,9 +217,10 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& s, const float*
         const bool up = s.gate_up_interleaved ? r % 2 == 1 : r >= s.intermediate;
         half[up].insert(half[up].end(), m13 + r * s.hidden, m13 + (r + 1) * s.hidden);
       }
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
         o.w13_global[2 * e + h] =
             Nvfp4GlobalScale(half[h].data(), static_cast<int64_t>(half[h].size()));
+      }
       const int64_t row_bytes = q.WeightRowBytes(s.hidden), scale_row = q.ScaleRowBytes(s.hidden);
       for (int64_t r = 0; r < r13; ++r) {
         const bool up = s.gate_up_interleaved ? r % 2 == 1 : r >= s.intermediate;

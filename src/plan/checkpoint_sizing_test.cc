@@ -61,8 +61,9 @@ TEST(CheckpointSizingTest, HeadersReproduceThePlanExactly) {
   for (const char* preset : {"tiny-kimi-k3", "tiny-qwen3-moe", "tiny-mixtral"}) {
     const ModelConfig m = PresetOrDie(preset);
     const std::vector<CheckpointTensorInfo> ckpt = FakeCheckpoint(m);
-    for (PlanOptions o : {Opts(1, 1, false, "moeshard-cpu"), Opts(2, 1, false, "moeshard-cpu"),
-                          Opts(4, 1, true, "moeshard-cpu"), Opts(2, 2, true, "moeshard-cpu")}) {
+    for (const PlanOptions& o :
+         {Opts(1, 1, false, "moeshard-cpu"), Opts(2, 1, false, "moeshard-cpu"),
+          Opts(4, 1, true, "moeshard-cpu"), Opts(2, 2, true, "moeshard-cpu")}) {
       const ShardPlan p = PlanOrDie(m, o);
       const CheckpointSizing s = SizeFromCheckpoint(p, ckpt);
       EXPECT_TRUE(s.unplaced.empty()) << preset << ": " << s.unplaced.front();

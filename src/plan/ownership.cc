@@ -355,8 +355,9 @@ const DumpSlice* FindSlice(const std::vector<DumpSlice>& slices, int dim) {
 // one line naming the layers.
 class DiffSet {
  public:
-  void Add(std::string rule, const std::string& tensor, int64_t layer,
-           const std::vector<int64_t>& ranks, std::string expected, std::string actual) {
+  void Add(const std::string& rule, const std::string& tensor, int64_t layer,
+           const std::vector<int64_t>& ranks, const std::string& expected,
+           const std::string& actual) {
     Entry& e = entries_[{rule, tensor, expected, actual}];
     if (layer >= 0) e.layers.insert(layer);
     e.ranks.insert(ranks.begin(), ranks.end());
@@ -486,7 +487,7 @@ void CompareCoverage(const std::string& name, int64_t layer, const Coverage& cov
   struct Key {
     int64_t begin, end, expected, actual;
     std::vector<int64_t> ranks_expected, ranks_actual;
-    auto operator<=>(const Key&) const = default;
+    auto operator<=>(const Key&) const = default;  // NOLINT(modernize-use-nullptr): tidy 14 bug
   };
   std::map<Key, std::vector<int64_t>> grouped;
   for (const auto& [expert, hs] : by_expert) {

@@ -11,7 +11,7 @@ using testing::Opts;
 using testing::PlanOrDie;
 using testing::PresetOrDie;
 
-int64_t Routed(const char* preset, PlanOptions o, int64_t rank = 0) {
+int64_t Routed(const char* preset, const PlanOptions& o, int64_t rank = 0) {
   return PlanOrDie(PresetOrDie(preset), o).ranks[rank].BytesOf(TensorCategory::kRoutedExperts);
 }
 

@@ -257,7 +257,7 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
     dim = -1;
   }
   auto push = [&](std::string name, DType dtype, std::vector<int64_t> logical,
-                  std::vector<int64_t> shard_local, int64_t b, int64_t e, TensorPart part) {
+                  const std::vector<int64_t>& shard_local, int64_t b, int64_t e, TensorPart part) {
     TensorShard s = MakeShard(std::move(name), t.category, dtype, std::move(logical), shard_local,
                               shard_local, dim, b, e, layers);
     s.role = t.role;
@@ -535,7 +535,7 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
   plan.hidden.align = Lcm(backend.hidden_align, hidden_group);
   plan.hidden.padded_local = RoundUp(plan.hidden.raw_local, plan.hidden.align);
   if (options.padding == PaddingPolicy::kLegacyTp) {
-    plan.notes.push_back(
+    plan.notes.emplace_back(
         "padding policy legacy-tp reproduces engines before vLLM PR 51131: I padded to "
         "min_moe_intermediate_per_partition * tp_size even under expert parallelism");
   }

@@ -236,8 +236,8 @@ Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
 // Storage geometry of one per-expert [out, in] matrix part in the expert scheme.
 struct Geometry {
   const WeightScheme& q;
-  bool scale;  // the scale or zero-point tensor rather than the weight
-  DType model_dtype;
+  bool scale = false;  // the scale or zero-point tensor rather than the weight
+  DType model_dtype = DType::kBF16;
   bool zeros = false;  // the zero points (one byte per scale)
 
   // Storage rows holding `n` logical rows.

@@ -15,7 +15,6 @@
 namespace moeshard {
 
 using internal::MappedTensor;
-using internal::Piece;
 
 namespace {
 
@@ -169,7 +168,7 @@ Result<std::unique_ptr<WeightLoader>> WeightLoader::Create(const ShardPlan& plan
   if (format == nullptr) {
     std::vector<std::string> names;
     for (const internal::TensorSourceFormat& f : internal::TensorSourceFormats()) {
-      names.push_back(f.name);
+      names.emplace_back(f.name);
     }
     return InvalidArgumentError(
         fmt::format("load: source '{}': expected one of {} (the sources registered in "

@@ -163,13 +163,15 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
         const int64_t out_rows = w13 ? 2 * I : H, in = w13 ? H : I;
         const int64_t cols = in / unit;
         if (w13) {
-          for (int64_t r = 0; r < 2 * Ir; ++r)
+          for (int64_t r = 0; r < 2 * Ir; ++r) {
             for (int64_t c = 0; c < cols; ++c)
               copy_elem(src, (e * out_rows + 2 * ib + r) * cols + c, dst_at(sl, r, c));
+          }
         } else {
-          for (int64_t h = 0; h < H; ++h)
+          for (int64_t h = 0; h < H; ++h) {
             for (int64_t c = 0; c < Ir / unit; ++c)
               copy_elem(src, (e * out_rows + h) * cols + ib / unit + c, dst_at(sl, h, c));
+          }
         }
       } else if (!x.fused_in_major) {  // bf16, stored out-major [E, out, in] (Qwen3.5)
         const FullTensor& src = full.at(module);
@@ -182,9 +184,10 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
               copy_elem(src, (e * 2 * I + row) * H + c, dst_at(sl, dst, c));
           }
         } else {
-          for (int64_t h = 0; h < H; ++h)
+          for (int64_t h = 0; h < H; ++h) {
             for (int64_t i = 0; i < Ir; ++i)
               copy_elem(src, (e * H + h) * I + ib + i, dst_at(sl, h, i));
+          }
         }
       } else {  // bf16, stored in-major [E, in, out]
         const FullTensor& src = full.at(module);
@@ -199,9 +202,10 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
               copy_elem(src, (e * H + c) * 2 * I + col, dst_at(sl, row, c));
           }
         } else {
-          for (int64_t h = 0; h < H; ++h)
+          for (int64_t h = 0; h < H; ++h) {
             for (int64_t i = 0; i < Ir; ++i)
               copy_elem(src, (e * I + ib + i) * H + h, dst_at(sl, h, i));
+          }
         }
       }
       continue;
@@ -231,16 +235,18 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
       for (int h = 0; h < 2; ++h) {
         const FullTensor& src = full.at(src_name(h));
         const int64_t cols = src.shape[1];
-        for (int64_t r = 0; r < Ir / row_unit; ++r)
+        for (int64_t r = 0; r < Ir / row_unit; ++r) {
           for (int64_t c = 0; c < cols; ++c)
             copy_elem(src, (ib / row_unit + r) * cols + c, dst_at(sl, (h * Ip) / row_unit + r, c));
+        }
       }
     } else {
       const FullTensor& src = full.at(src_name(2));
       const int64_t cols = src.shape[1];
-      for (int64_t r = 0; r < src.shape[0]; ++r)
+      for (int64_t r = 0; r < src.shape[0]; ++r) {
         for (int64_t c = 0; c < Ir / col_unit; ++c)
           copy_elem(src, r * cols + ib / col_unit + c, dst_at(sl, r, c));
+      }
     }
   }
   return out;

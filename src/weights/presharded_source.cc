@@ -74,7 +74,7 @@ class PreshardedSource final : public TensorSource {
     std::vector<std::pair<int, int64_t>> chunks;
     for (size_t i = 0; i < tensors.size(); ++i) {
       for (int64_t off = 0; off < tensors[i].buffer_bytes; off += kChunkBytes) {
-        chunks.push_back({static_cast<int>(i), off});
+        chunks.emplace_back(static_cast<int>(i), off);
       }
     }
     MOESHARD_RETURN_IF_ERROR(ParallelForStatus(

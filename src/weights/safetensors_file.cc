@@ -158,7 +158,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string
       new SafetensorsFile(std::move(header), access, std::move(source)));
 }
 
-Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(std::string name,
+Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBytes(const std::string& name,
                                                                     std::vector<uint8_t> bytes) {
   MOESHARD_ASSIGN_OR_RETURN(
       SafetensorsHeader header,

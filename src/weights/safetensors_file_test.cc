@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstring>
 #include <thread>
 
@@ -115,7 +116,8 @@ TEST_P(SafetensorsFileTest, ReadsStridedColumnSlicesIntoPaddedRows) {
   ASSERT_TRUE(file_->ReadSlice2D(*t, s, got).ok());
   for (int r = 0; r < 6; ++r) {
     for (int c = 0; c < 12; ++c) {
-      const uint8_t v = static_cast<uint8_t>(got[static_cast<size_t>(r * 12 + c)]);
+      const uint8_t v =
+          static_cast<uint8_t>(got[static_cast<size_t>(r) * 12 + static_cast<size_t>(c)]);
       if (c < 8) {
         EXPECT_EQ(v, fx_.mat[static_cast<size_t>(r * 20 + 6 + c)]) << r << "," << c;
       } else {
@@ -139,7 +141,8 @@ TEST_P(SafetensorsFileTest, ReadsSlicesOfOneExpertOfAFusedTensor) {
   ASSERT_TRUE(file_->ReadSlice2D(*t, s, got).ok());
   std::vector<uint8_t> want;
   for (int r = 1; r < 3; ++r) {
-    for (int c = 2; c < 5; ++c) want.push_back(fx_.experts[static_cast<size_t>(72 + r * 8 + c)]);
+    for (int c = 2; c < 5; ++c)
+      want.push_back(fx_.experts[72 + static_cast<size_t>(r) * 8 + static_cast<size_t>(c)]);
   }
   EXPECT_EQ(ToU8(got), want);
   EXPECT_EQ(file_->bytes_read(), 6);
@@ -249,7 +252,8 @@ TEST(SafetensorsFileOpenTest, ReadsUnalignedTensorData) {
       (*file)->ReadTensor(**(*file)->Get("f"), std::as_writable_bytes(std::span(floats))).ok());
   float want[3];
   std::memcpy(want, f32.data(), 12);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(std::memcmp(&floats[i], &want[i], 4), 0);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(std::bit_cast<uint32_t>(floats[i]), std::bit_cast<uint32_t>(want[i]));
   // An unaligned destination works too.
   std::vector<std::byte> dst = Bytes(17, 0);
   ASSERT_TRUE((*file)->ReadTensor(**(*file)->Get("d"), std::span(dst).subspan(1)).ok());

@@ -163,7 +163,7 @@ TEST(SafetensorsWriterTest, ReplacesAnExistingFileAtomically) {
 TEST(SafetensorsWriterTest, RejectsWhatTheReaderWouldReject) {
   SafetensorsWriter w;
   const std::vector<uint8_t> four(4);
-  auto expect = [](Status s, const std::string& fragment) {
+  auto expect = [](const Status& s, const std::string& fragment) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << fragment;
     EXPECT_NE(s.message().find(fragment), std::string::npos) << s.message();
   };

@@ -245,7 +245,7 @@ TEST(CheckpointTensorCheckTest, OneWordingWithOrWithoutTheRank) {
 
 // A manifest that ReadPreshardedManifest accepts, made from `source`.
 std::string MinimalPresharded(const ScratchDir& dir, const std::string& source) {
-  const std::string out = dir / "ps";
+  std::string out = dir / "ps";
   std::filesystem::create_directories(out);
   WriteFile(out + "/rank-00000-of-00001.safetensors", "");
   WriteFile(out + "/manifest.json",

@@ -138,7 +138,7 @@ class SafetensorsFile {
   static Result<std::unique_ptr<SafetensorsFile>> Open(
       const std::string& path, SafetensorsAccess access = SafetensorsAccess::kMmap);
   // An in-memory file (the fake for loader tests). `name` appears in error messages.
-  static Result<std::unique_ptr<SafetensorsFile>> FromBytes(std::string name,
+  static Result<std::unique_ptr<SafetensorsFile>> FromBytes(const std::string& name,
                                                             std::vector<uint8_t> bytes);
 
   ~SafetensorsFile();

@@ -111,10 +111,12 @@ struct Bf16Decoder {
   static constexpr int kMaxNr = 6;
   static constexpr bool kScaled = false;
   const uint8_t* rows[kMaxNr];
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Bf16Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
     for (int j = 0; j < nr; ++j) rows[j] = m.Row(row_idx[j]);
   }
   // Rows given directly (bf16, column k at row + 2 * k).
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Bf16Decoder(const uint8_t* const* row_ptrs, int nr) {
     for (int j = 0; j < nr; ++j) rows[j] = row_ptrs[j];
   }
@@ -139,6 +141,7 @@ struct Fp8Decoder {
   const uint8_t* rows[kMaxNr];
   const float* scales[kMaxNr];
   int64_t group;  // block columns
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Fp8Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group(m.group) {
     const int64_t scale_cols = CeilDiv(m.cols, m.group);
     for (int j = 0; j < nr; ++j) {
@@ -202,6 +205,7 @@ struct Mxfp4Decoder {
   const uint8_t* scales[kMaxNr];
   __m512i table;
   const float* e8m0;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Mxfp4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
     static const __m512i kTable = MakeTable(kFp4E2M1Values);
     table = kTable;
@@ -236,6 +240,7 @@ struct Int4Decoder {
   const bf16_t* scales[kMaxNr];
   __m512i table;
   int64_t group;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Int4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group(m.group) {
     static const __m512i kTable = MakeTable(Int4Values());
     table = kTable;

@@ -109,8 +109,8 @@ alignas(16) constexpr int8_t kCodes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
 // two groups), Decode the two together; Scalar(r, c) for the columns past the last whole chunk;
 // group() the columns per scale (0: no scales).
 struct RowPtrs {
-  const uint8_t* w;
-  const uint8_t* s;
+  const uint8_t* w = nullptr;
+  const uint8_t* s = nullptr;
   const uint8_t* z = nullptr;  // int4-zp: the row's zero points
   float global = 1.0f;         // nvfp4: the row's global scale
 };
@@ -719,9 +719,9 @@ const int16_t* QChunkOrder() {
 // sums (a class): one class when a 128-bit block holds one group (groups of 32 on AVX2), two
 // when it holds two (NVFP4's 16: the lower and upper interleaves take one each).
 struct QLayout {
-  int64_t cols;        // K
-  int64_t group;       // columns per scale group
-  int64_t chunk;       // columns per chunk (QChunk())
+  int64_t cols = 0;    // K
+  int64_t group = 0;   // columns per scale group
+  int64_t chunk = 0;   // columns per chunk (QChunk())
   bool lanes = false;  // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
   int classes = 1;
   int class_of[4] = {0, 0, 0, 0};

@@ -274,7 +274,8 @@ void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* sc
       const uint8_t* z = zeros + row * q.ScaleCols(cols);
       for (int64_t c = 0; c < cols; ++c) {
         const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
-        out[c] = static_cast<float>(code - z[c / q.group]) * HalfToFloat(s[c / q.group]);
+        const int64_t g = c / q.group;
+        out[c] = static_cast<float>(code - z[g]) * HalfToFloat(s[g]);
       }
       return;
     }

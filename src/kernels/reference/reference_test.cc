@@ -167,7 +167,7 @@ TEST(ReferenceDequantize, EachFormatDecodesKnownCodes) {
   nv[8] = 0x11;        // columns 16, 17: codes 1, 1 (0.5)
   nv[32 * 16] = 0x02;  // row 32 (up), column 0: code 2 (1.0)
   std::vector<uint8_t> nv_scale(64 * 2, 0x40);
-  for (int r = 0; r < 64; ++r) nv_scale[static_cast<size_t>(2 * r + 1)] = 0x30;
+  for (int r = 0; r < 64; ++r) nv_scale[2 * static_cast<size_t>(r) + 1] = 0x30;
   std::vector<float> globals = {0.25f, 4.0f};
   w.w13 = nv.data();
   w.w13_scales = nv_scale.data();
