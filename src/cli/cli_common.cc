@@ -39,6 +39,24 @@ void AddModelFlag(CLI::App* app, std::string* model, bool required) {
   if (required) opt->required();
 }
 
+namespace {
+
+// --num-redundant-experts: a count or auto (stored as kRedundantExpertsAuto). Negative counts
+// pass on to the planner, which names the range; words stop here with what is accepted.
+std::string RedundantExpertsValue(const std::string& value) {
+  if (value == "auto") return std::to_string(kRedundantExpertsAuto);
+  const size_t first = value.starts_with('-') ? 1 : 0;
+  if (value.size() == first || value.find_first_not_of("0123456789", first) != std::string::npos) {
+    throw CLI::ValidationError("'" + value +
+                               "' is not a slot count: expected a non-negative integer (extra "
+                               "expert slots) or auto (the fewest that make the slots divide by "
+                               "the MoE EP size)");
+  }
+  return value;
+}
+
+}  // namespace
+
 void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   AddModelFlag(app, &f->model);
   app->add_option("--tensor-parallel-size,--tp", f->tp, "attention tensor parallel size (-tp)")
@@ -64,7 +82,7 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   app->add_option("--num-redundant-experts", f->num_redundant_experts,
                   "EPLB redundant expert slots (slots = experts + redundant), or auto: the "
                   "fewest that make the slots divide by the MoE EP size")
-      ->transform(CLI::Transformer({{"auto", std::to_string(kRedundantExpertsAuto)}}));
+      ->transform(RedundantExpertsValue, "COUNT|auto");
   app->add_option("--shared-experts", f->shared_experts, "sharded (TP) or replicated");
   app->add_option("--latent-proj", f->latent_proj, "latent MoE projections: replicated or sharded");
 }
