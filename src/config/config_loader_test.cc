@@ -4,8 +4,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
+
+#include "moeshard/config/family.h"
 
 namespace moeshard {
 namespace {
@@ -609,6 +612,31 @@ TEST(ConfigLoaderTest, HfQuantConfigBesideConfig) {
   ASSERT_TRUE(inline_q.ok()) << inline_q.status().ToString();
   EXPECT_EQ(inline_q->quant.scheme.format, WeightFormat::kNvfp4);
   fs::remove_all(dir);
+}
+
+// An ignore list that names one layer's module leaves that layer unquantized and the others in
+// the checkpoint's scheme (each layer is looked up, not only the first the tensor is on).
+TEST(ConfigTest, IgnoreListIsReadPerLayer) {
+  for (const char* ignored_layer : {"0", "1"}) {
+    SCOPED_TRACE(ignored_layer);
+    nlohmann::json j = PresetJson("tiny-qwen2-moe-modelopt-nvfp4");
+    j["quantization_config"]["quantization"]["exclude_modules"] = {
+        "lm_head", std::string("model.layers.") + ignored_layer + ".mlp.shared_expert"};
+    Result<ModelConfig> r = ParseModelConfig(j.dump(), "edited.json", "edited");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::map<int64_t, WeightFormat> format_by_layer;
+    for (const TensorDef& t : r->family->tensors(*r)) {
+      if (t.name != "model.layers.{layer}.mlp.shared_expert.up_proj") continue;
+      for (int64_t layer : t.layers) {
+        EXPECT_TRUE(format_by_layer.emplace(layer, t.format.format).second) << layer;
+      }
+    }
+    const int64_t bf16_layer = std::stoll(ignored_layer);
+    ASSERT_EQ(format_by_layer.size(), 2u);
+    for (const auto& [layer, format] : format_by_layer) {
+      EXPECT_EQ(format, layer == bf16_layer ? WeightFormat::kBf16 : WeightFormat::kNvfp4) << layer;
+    }
+  }
 }
 
 }  // namespace

@@ -56,12 +56,44 @@ TensorDef& TensorList::Linear(const std::string& module, TensorCategory cat, int
   t.shape = {out, in};
   t.split = split;
   t.layers = layers;
-  if (q == Quantizable::kYes && c_.quant.enabled() && !layers.empty() &&
-      !c_.quant.IsIgnored(ExpandName(t.name, layers.front()))) {
-    t.format = c_.quant.scheme;
-    t.shape_meta = c_.quant.weight_shape_meta;
+  // Its format is chosen per layer in Take(), once the ignore list has seen every layer's name.
+  const bool quantizable = q == Quantizable::kYes && c_.quant.enabled() && !layers.empty();
+  std::string module_template = t.name;
+  TensorDef& added = Add(std::move(t));
+  if (quantizable && &added != &dropped_) {
+    quantizable_.emplace_back(out_.size() - 1, std::move(module_template));
   }
-  return Add(std::move(t));
+  return added;
+}
+
+std::vector<TensorDef> TensorList::Take() {
+  // Back to front, so that inserting a split-off entry leaves the earlier indices valid.
+  for (auto it = quantizable_.rbegin(); it != quantizable_.rend(); ++it) {
+    TensorDef& def = out_[it->first];
+    // Ignore lists name modules as the family's code does or as the checkpoint stores them
+    // (they differ where a rename applies: Qwen3.5's model.language_model.*).
+    auto ignored = [&](int64_t layer) {
+      return c_.quant.IsIgnored(ExpandName(it->second, layer)) ||
+             c_.quant.IsIgnored(ExpandName(def.name, layer));
+    };
+    const bool front_ignored = ignored(def.layers.front());
+    std::vector<int64_t> same, other;
+    for (int64_t layer : def.layers)
+      (ignored(layer) == front_ignored ? same : other).push_back(layer);
+    auto set_format = [&](TensorDef& d, bool is_ignored) {
+      d.format = is_ignored ? WeightScheme{} : c_.quant.scheme;
+      d.shape_meta = !is_ignored && c_.quant.weight_shape_meta;
+    };
+    set_format(def, front_ignored);
+    if (other.empty()) continue;
+    TensorDef split = def;
+    def.layers = std::move(same);
+    split.layers = std::move(other);
+    set_format(split, !front_ignored);
+    out_.insert(out_.begin() + static_cast<std::ptrdiff_t>(it->first) + 1, std::move(split));
+  }
+  quantizable_.clear();
+  return std::move(out_);
 }
 
 TensorDef& TensorList::Vector(const std::string& name, TensorCategory cat,
@@ -102,7 +134,9 @@ TensorDef& TensorList::GlobalLinear(const std::string& module, TensorCategory ca
   t.shape = {out, in};
   t.split = split;
   t.where = where;
-  if (q == Quantizable::kYes && c_.quant.enabled() && !c_.quant.IsIgnored(t.name)) {
+  const bool ignored =
+      c_.quant.IsIgnored(t.name) || (rename_ != nullptr && c_.quant.IsIgnored(rename_(t.name)));
+  if (q == Quantizable::kYes && c_.quant.enabled() && !ignored) {
     t.format = c_.quant.scheme;
     t.shape_meta = c_.quant.weight_shape_meta;
   }

@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moeshard/config/family.h"
@@ -50,7 +51,9 @@ class TensorList {
                           TpSplit split, StagePlacement where, Quantizable q);
 
   const ModelConfig& config() const { return c_; }
-  std::vector<TensorDef> Take() { return std::move(out_); }
+  // The list. A quantizable linear whose layers the ignore list treats differently (Qwen3.5
+  // NVFP4 leaves layer 1's attention in bf16) is split here into one entry per treatment.
+  std::vector<TensorDef> Take();
 
  private:
   TensorDef& Add(TensorDef t);
@@ -58,6 +61,8 @@ class TensorList {
   std::string prefix_;
   std::string (*rename_)(const std::string&) = nullptr;
   std::vector<TensorDef> out_;
+  // Quantizable linears: their index in out_ and module template as the ignore list names it.
+  std::vector<std::pair<size_t, std::string>> quantizable_;
   TensorDef dropped_;  // returned for a per-layer tensor on no layer (not listed)
 };
 
