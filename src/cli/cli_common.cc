@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 namespace moeshard::cli {
 
@@ -78,7 +79,10 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   app->add_option("--padding-policy", f->padding,
                   "backend (default), model-floor, or legacy-tp (pre-fix engines, to diagnose)");
   app->add_option("--expert-placement-strategy,--expert-placement", f->placement,
-                  "linear or round-robin");
+                  "linear, round-robin, or eplb (balanced by a measured load: --expert-load)");
+  app->add_option("--expert-load", f->expert_load,
+                  "tokens per expert per MoE layer (JSON, as `run --expert-load-out` writes): "
+                  "eplb places by it; every placement reports the per-rank imbalance");
   app->add_option("--num-redundant-experts", f->num_redundant_experts,
                   "EPLB redundant expert slots (slots = experts + redundant), or auto: the "
                   "fewest that make the slots divide by the MoE EP size")
@@ -100,6 +104,17 @@ Result<PlanOptions> ToPlanOptions(const PlanFlags& f) {
   MOESHARD_ASSIGN_OR_RETURN(o.padding, ParsePaddingPolicy(f.padding));
   MOESHARD_ASSIGN_OR_RETURN(o.placement, ParseExpertPlacement(f.placement));
   o.num_redundant_experts = f.num_redundant_experts;
+  if (!f.expert_load.empty()) {
+    std::ifstream in(f.expert_load, std::ios::binary);
+    if (!in) {
+      return InvalidArgumentError(fmt::format(
+          "plan: '--expert-load {}': cannot open the file (write one with `moeshard run "
+          "--expert-load-out FILE`)",
+          f.expert_load));
+    }
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    MOESHARD_ASSIGN_OR_RETURN(o.expert_load, ParseExpertLoad(text, f.expert_load));
+  }
   if (f.shared_experts == "sharded") {
     o.shared_experts = SharedExpertsMode::kSharded;
   } else if (f.shared_experts == "replicated") {

@@ -26,6 +26,7 @@ struct PlanFlags {
   int64_t num_redundant_experts = 0;
   std::string shared_experts = "sharded";
   std::string latent_proj = "replicated";
+  std::string expert_load;  // a file of tokens per expert per MoE layer (for eplb)
 };
 
 // --model plus the topology / backend / padding / placement flags.

@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 namespace moeshard {
@@ -47,8 +46,7 @@ std::vector<int64_t> Replicate(const std::vector<double>& load, int64_t num_slot
   for (int64_t extra = num_slots - static_cast<int64_t>(load.size()); extra > 0; --extra) {
     size_t best = 0;
     for (size_t e = 1; e < load.size(); ++e) {
-      if (load[e] / static_cast<double>(count[e]) >
-          load[best] / static_cast<double>(count[best])) {
+      if (load[e] / static_cast<double>(count[e]) > load[best] / static_cast<double>(count[best])) {
         best = e;
       }
     }
@@ -71,9 +69,9 @@ Status CheckOptions(const ExpertLoad& load, const EplbOptions& o) {
     }
     for (size_t e = 0; e < load.layers[l].size(); ++e) {
       if (!(load.layers[l][e] >= 0)) {
-        return InvalidArgumentError(fmt::format(
-            "expert load: layer {} expert {}: {} is not a token count (expected >= 0)", l, e,
-            load.layers[l][e]));
+        return InvalidArgumentError(
+            fmt::format("expert load: layer {} expert {}: {} is not a token count (expected >= 0)",
+                        l, e, load.layers[l][e]));
       }
     }
   }
@@ -90,9 +88,9 @@ Status CheckOptions(const ExpertLoad& load, const EplbOptions& o) {
         o.num_slots, experts, o.num_ranks));
   }
   if (experts % o.num_groups) {
-    return InvalidArgumentError(fmt::format(
-        "eplb: {} experts do not split into {} groups (the model's n_group)", experts,
-        o.num_groups));
+    return InvalidArgumentError(
+        fmt::format("eplb: {} experts do not split into {} groups (the model's n_group)", experts,
+                    o.num_groups));
   }
   return Status::Ok();
 }
@@ -105,7 +103,8 @@ void PlaceLayer(const std::vector<double>& load, const EplbOptions& o, int64_t n
   const int64_t group_size = experts / groups;
   // 1. Groups onto nodes.
   std::vector<double> group_load(static_cast<size_t>(groups), 0.0);
-  for (int64_t e = 0; e < experts; ++e) group_load[static_cast<size_t>(e / group_size)] += load[static_cast<size_t>(e)];
+  for (int64_t e = 0; e < experts; ++e)
+    group_load[static_cast<size_t>(e / group_size)] += load[static_cast<size_t>(e)];
   const std::vector<int64_t> node_of_group = BalancedPacking(group_load, nodes);
   const int64_t slots_per_node = o.num_slots / nodes;
   const int64_t ranks_per_node = o.num_ranks / nodes;
@@ -162,15 +161,14 @@ Result<ExpertLoad> ParseExpertLoad(std::string_view json_text, const std::string
   for (size_t l = 0; l < j["layers"].size(); ++l) {
     const nlohmann::json& row = j["layers"][l];
     if (!row.is_array()) {
-      return InvalidArgumentError(
-          fmt::format("{}: layers[{}] is {}, expected an array of token counts", source, l,
-                      row.type_name()));
+      return InvalidArgumentError(fmt::format(
+          "{}: layers[{}] is {}, expected an array of token counts", source, l, row.type_name()));
     }
     std::vector<double>& counts = out.layers.emplace_back();
     for (size_t e = 0; e < row.size(); ++e) {
       if (!row[e].is_number()) {
-        return InvalidArgumentError(fmt::format(
-            "{}: layers[{}][{}] is {}, expected a token count", source, l, e, row[e].dump()));
+        return InvalidArgumentError(fmt::format("{}: layers[{}][{}] is {}, expected a token count",
+                                                source, l, e, row[e].dump()));
       }
       counts.push_back(row[e].get<double>());
     }
@@ -217,7 +215,8 @@ double RankLoadImbalance(const std::vector<double>& expert_load,
   for (const auto& experts : rank_experts) {
     double rank_load = 0;
     for (int64_t e : experts) {
-      rank_load += expert_load[static_cast<size_t>(e)] / static_cast<double>(copies[static_cast<size_t>(e)]);
+      rank_load +=
+          expert_load[static_cast<size_t>(e)] / static_cast<double>(copies[static_cast<size_t>(e)]);
     }
     max_load = std::max(max_load, rank_load);
     total += rank_load;

@@ -24,8 +24,7 @@ std::vector<double> ZipfLoad(int64_t experts, double s, int64_t layer) {
   return load;
 }
 
-std::vector<std::vector<int64_t>> LinearRankExperts(int64_t experts, int64_t slots,
-                                                    int64_t ranks) {
+std::vector<std::vector<int64_t>> LinearRankExperts(int64_t experts, int64_t slots, int64_t ranks) {
   std::vector<std::vector<int64_t>> out;
   for (int64_t r = 0; r < ranks; ++r) {
     out.push_back(ExpertSlotsOf(experts, slots, ranks, r, ExpertPlacement::kLinear));
@@ -54,8 +53,8 @@ TEST(EplbTest, EveryPlacementFillsEverySlotAndHoldsEveryExpert) {
       for (int64_t redundant : {0, 4, 8}) {
         const int64_t slots = experts + redundant;
         if (slots % ranks != 0) continue;
-        SCOPED_TRACE(testing::Message() << experts << " experts " << slots << " slots " << ranks
-                                        << " ranks");
+        SCOPED_TRACE(testing::Message()
+                     << experts << " experts " << slots << " slots " << ranks << " ranks");
         ExpertLoad load;
         for (int64_t l = 0; l < 3; ++l) load.layers.push_back(ZipfLoad(experts, 1.2, l));
         Result<EplbPlacement> p =
@@ -134,19 +133,23 @@ TEST(EplbTest, LoadFileRoundTripsAndBadInputIsNamed) {
   };
   EXPECT_NE(error("[1, 2]").find("load.json: not a JSON object"), std::string::npos);
   EXPECT_NE(error(R"({"layers": 3})").find("'layers' missing or not an array"), std::string::npos);
-  EXPECT_NE(error(R"({"layers": [[1, "x"]]})").find("layers[0][1] is \"x\", expected a token count"),
-            std::string::npos);
+  EXPECT_NE(
+      error(R"({"layers": [[1, "x"]]})").find("layers[0][1] is \"x\", expected a token count"),
+      std::string::npos);
   auto place_error = [](const ExpertLoad& l, const EplbOptions& o) {
     Result<EplbPlacement> r = ComputeEplbPlacement(l, o);
     return r.ok() ? std::string() : r.status().message();
   };
-  EXPECT_NE(place_error(load, {.num_slots = 4, .num_ranks = 3}).find("4 slots for 3 experts over 3 ranks"),
+  EXPECT_NE(place_error(load, {.num_slots = 4, .num_ranks = 3})
+                .find("4 slots for 3 experts over 3 ranks"),
             std::string::npos);
-  EXPECT_NE(place_error(load, {.num_slots = 2, .num_ranks = 1}).find("at least one slot per expert"),
-            std::string::npos);
-  EXPECT_NE(place_error({.model = "", .layers = {{1, 2}, {1, 2, 3}}}, {.num_slots = 4, .num_ranks = 2})
-                .find("layer 1 has 3 experts, layer 0 has 2"),
-            std::string::npos);
+  EXPECT_NE(
+      place_error(load, {.num_slots = 2, .num_ranks = 1}).find("at least one slot per expert"),
+      std::string::npos);
+  EXPECT_NE(
+      place_error({.model = "", .layers = {{1, 2}, {1, 2, 3}}}, {.num_slots = 4, .num_ranks = 2})
+          .find("layer 1 has 3 experts, layer 0 has 2"),
+      std::string::npos);
   EXPECT_NE(place_error({.model = "", .layers = {{1, -2}}}, {.num_slots = 2, .num_ranks = 2})
                 .find("layer 0 expert 1: -2 is not a token count"),
             std::string::npos);

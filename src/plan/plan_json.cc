@@ -64,6 +64,10 @@ json ShardPlanToJson(const ShardPlan& plan, bool include_tensors) {
                          {"num_slots", plan.num_slots},
                          {"intermediate", DimLayoutToJson(plan.intermediate)},
                          {"hidden", DimLayoutToJson(plan.hidden)}};
+  if (!plan.load_imbalance_placed.empty()) {
+    j["routed_experts"]["load_imbalance"] = {{"linear", plan.load_imbalance_linear},
+                                             {"placed", plan.load_imbalance_placed}};
+  }
   json ranks = json::array();
   for (const RankPlan& r : plan.ranks) {
     const RankCoords& c = r.coords;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 
 #include "base/check.h"
 #include "moeshard/base/math.h"
@@ -34,6 +35,7 @@ const char* ExpertPlacementName(ExpertPlacement p) {
   switch (p) {
     case ExpertPlacement::kLinear: return "linear";
     case ExpertPlacement::kRoundRobin: return "round-robin";
+    case ExpertPlacement::kEplb: return "eplb";
   }
   return "?";
 }
@@ -41,6 +43,7 @@ const char* ExpertPlacementName(ExpertPlacement p) {
 Result<ExpertPlacement> ParseExpertPlacement(const std::string& name) {
   if (name == "linear") return ExpertPlacement::kLinear;
   if (name == "round-robin" || name == "round_robin") return ExpertPlacement::kRoundRobin;
+  if (name == "eplb") return ExpertPlacement::kEplb;
   return InvalidArgumentError(
       fmt::format("plan: '--expert-placement-strategy {}': expected linear or round-robin", name));
 }
@@ -80,6 +83,7 @@ std::vector<int64_t> ExpertSlotsOf(int64_t num_experts, int64_t num_slots, int64
   // experts; a load balancer would reassign them at run time.
   std::vector<int64_t> out;
   switch (placement) {
+    case ExpertPlacement::kEplb:  // without a load: the linear slots (SlotsByEpRank balances)
     case ExpertPlacement::kLinear: {
       const int64_t base = num_slots / ep, rem = num_slots % ep;
       const int64_t begin = ep_rank * base + std::min(ep_rank, rem);
@@ -93,6 +97,78 @@ std::vector<int64_t> ExpertSlotsOf(int64_t num_experts, int64_t num_slots, int64
   }
   return out;
 }
+
+namespace {
+
+// The experts each MoE EP rank's slots hold; with an expert load, also the per-layer imbalance
+// before (linear) and after (the plan's placement), and for kEplb the balanced placement of
+// the summed load.
+Result<std::vector<std::vector<int64_t>>> SlotsByEpRank(const ModelConfig& model,
+                                                        const PlanOptions& options, int64_t ep,
+                                                        ShardPlan& plan) {
+  const ExpertLoad& load = options.expert_load;
+  if (options.placement == ExpertPlacement::kEplb && load.layers.empty()) {
+    return InvalidArgumentError(
+        "plan: '--expert-placement eplb': expected a measured expert load (--expert-load FILE, "
+        "as `moeshard run --expert-load-out FILE` writes it), got none");
+  }
+  for (size_t l = 0; l < load.layers.size(); ++l) {
+    if (static_cast<int64_t>(load.layers[l].size()) != model.num_experts) {
+      return InvalidArgumentError(fmt::format(
+          "plan: expert load layer {}: {} experts counted, the model has {} (was the load "
+          "measured on another model? it names '{}')",
+          l, load.layers[l].size(), model.num_experts, load.model));
+    }
+  }
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(ep));
+  for (int64_t r = 0; r < ep; ++r) {
+    slots[static_cast<size_t>(r)] =
+        ExpertSlotsOf(model.num_experts, plan.num_slots, ep, r, options.placement);
+  }
+  if (load.layers.empty()) return slots;
+  const std::vector<std::vector<int64_t>> linear = [&] {
+    std::vector<std::vector<int64_t>> out;
+    for (int64_t r = 0; r < ep; ++r) {
+      out.push_back(
+          ExpertSlotsOf(model.num_experts, plan.num_slots, ep, r, ExpertPlacement::kLinear));
+    }
+    return out;
+  }();
+  if (options.placement == ExpertPlacement::kEplb) {
+    ExpertLoad summed{.model = load.model, .layers = {std::vector<double>(model.num_experts, 0.0)}};
+    for (const std::vector<double>& layer : load.layers) {
+      for (size_t e = 0; e < layer.size(); ++e) summed.layers[0][e] += layer[e];
+    }
+    MOESHARD_ASSIGN_OR_RETURN(
+        EplbPlacement placed,
+        ComputeEplbPlacement(
+            summed,
+            {.num_slots = plan.num_slots, .num_ranks = ep, .num_nodes = 1, .num_groups = 1}));
+    slots = RankExperts(placed.slot_expert[0], ep);
+  }
+  for (const std::vector<double>& layer : load.layers) {
+    plan.load_imbalance_linear.push_back(RankLoadImbalance(layer, linear));
+    plan.load_imbalance_placed.push_back(RankLoadImbalance(layer, slots));
+  }
+  const auto worst = [](const std::vector<double>& v) {
+    return *std::max_element(v.begin(), v.end());
+  };
+  const auto mean = [](const std::vector<double>& v) {
+    return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  };
+  plan.notes.push_back(fmt::format(
+      "expert load ({} MoE layers measured): per-rank load max/mean {:.3f} (worst layer {:.3f}) "
+      "with the linear placement, {:.3f} (worst {:.3f}) with {}{}",
+      load.layers.size(), mean(plan.load_imbalance_linear), worst(plan.load_imbalance_linear),
+      mean(plan.load_imbalance_placed), worst(plan.load_imbalance_placed),
+      ExpertPlacementName(options.placement),
+      options.placement == ExpertPlacement::kEplb
+          ? " (one placement for every layer, from their summed load)"
+          : ""));
+  return slots;
+}
+
+}  // namespace
 
 Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopology& t,
                                      const BackendSpec& backend, PaddingPolicy policy) {
@@ -500,7 +576,8 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         "plan: '--num-redundant-experts {}': expected a count >= 0 or auto", redundant));
   }
   plan.num_slots = model.num_experts + redundant;
-  const bool exact = backend.exact_expert_division || redundant > 0;
+  const bool exact =
+      backend.exact_expert_division || redundant > 0 || options.placement == ExpertPlacement::kEplb;
   if (plan.num_slots % t.moe_ep != 0 && exact) {
     std::vector<int64_t> ok;
     for (int64_t d : Divisors(plan.num_slots)) {
@@ -540,6 +617,8 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         "min_moe_intermediate_per_partition * tp_size even under expert parallelism");
   }
 
+  MOESHARD_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> slots_by_ep_rank,
+                            SlotsByEpRank(model, options, t.moe_ep, plan));
   const std::vector<TensorDef> logical = internal::PlanTensors(model, options, t.pp);
   plan.ranks.reserve(t.world);
   std::vector<std::vector<int64_t>> stage_layers(t.pp);
@@ -570,8 +649,7 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
     rp.coords = CoordsOf(t, rank);
     const int64_t stage = rp.coords.pp_stage;
     rp.layers = stage_layers[stage];
-    rp.expert_slots = ExpertSlotsOf(model.num_experts, plan.num_slots, t.moe_ep,
-                                    rp.coords.moe_ep_rank, options.placement);
+    rp.expert_slots = slots_by_ep_rank[static_cast<size_t>(rp.coords.moe_ep_rank)];
     const bool first = stage == 0, last = stage == t.pp - 1;
     rp.tensors.reserve(2 * logical.size() + 8);
     for (size_t i = 0; i < logical.size(); ++i) {

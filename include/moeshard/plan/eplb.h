@@ -28,8 +28,8 @@ namespace moeshard {
 // Tokens routed to each logical expert, per MoE layer (what `moeshard run --expert-load-out`
 // records; docs/eplb.md gives the file format).
 struct ExpertLoad {
-  std::string model;                         // the model it was measured on (informational)
-  std::vector<std::vector<double>> layers;   // [moe layer][logical expert]
+  std::string model;                        // the model it was measured on (informational)
+  std::vector<std::vector<double>> layers;  // [moe layer][logical expert]
 };
 
 // The expert-load file: {"model": "<name>", "layers": [[tokens per expert], ...]} with one

@@ -27,6 +27,7 @@
 #include "moeshard/config/family.h"
 #include "moeshard/config/model_config.h"
 #include "moeshard/plan/backend.h"
+#include "moeshard/plan/eplb.h"
 #include "moeshard/plan/topology.h"
 
 namespace moeshard {
@@ -40,6 +41,9 @@ enum class PaddingPolicy {
 enum class ExpertPlacement {
   kLinear,      // rank r holds a contiguous block of slots
   kRoundRobin,  // rank r holds slots r, r + ep, r + 2ep, ...
+  // Slots given by DeepSeek's EPLB from a measured expert load (PlanOptions::expert_load, one
+  // placement for all MoE layers from their summed load; plan/eplb.h).
+  kEplb,
 };
 
 enum class SharedExpertsMode { kSharded, kReplicated };
@@ -47,7 +51,7 @@ enum class LatentProjMode { kReplicated, kSharded };
 
 const char* PaddingPolicyName(PaddingPolicy policy);  // "backend", "model-floor", "legacy-tp"
 Result<PaddingPolicy> ParsePaddingPolicy(const std::string& name);
-const char* ExpertPlacementName(ExpertPlacement placement);  // "linear", "round-robin"
+const char* ExpertPlacementName(ExpertPlacement placement);  // "linear", "round-robin", "eplb"
 Result<ExpertPlacement> ParseExpertPlacement(const std::string& name);
 
 // PlanOptions::num_redundant_experts value asking for the fewest redundant experts that make
@@ -63,6 +67,7 @@ struct PlanOptions {
   int64_t num_redundant_experts = 0;  // EPLB: slots = experts + redundant; or kRedundantExpertsAuto
   SharedExpertsMode shared_experts = SharedExpertsMode::kSharded;
   LatentProjMode latent_proj = LatentProjMode::kReplicated;
+  ExpertLoad expert_load{};  // kEplb: tokens per expert per MoE layer (`--expert-load FILE`)
 };
 
 // logical -> raw local -> padded local for one dimension of the routed experts.
@@ -157,6 +162,9 @@ struct ShardPlan {
   DimLayout intermediate;       // routed experts' I
   DimLayout hidden;             // routed experts' H (latent width for latent MoE)
   std::vector<RankPlan> ranks;  // [world]
+  // With an expert load: max / mean routed tokens per MoE EP rank for each measured layer,
+  // under the linear placement of the same slots and under the plan's placement.
+  std::vector<double> load_imbalance_linear, load_imbalance_placed;
   std::vector<std::string> notes;
 
   // Ranks grouped by identical routed-expert layout (expert count and shapes): "rank kinds".
