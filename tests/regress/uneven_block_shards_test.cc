@@ -23,15 +23,15 @@ using testing::PresetOrDie;
 // [E, 2 Ip], w2_weight U8 [E, Hp, Ip / 2], w2_weight_scale U8 [E, Hp, Ip / 32], w2_bias BF16
 // [E, Hp].
 int64_t VllmRoutedBytes(int64_t ip, int64_t hp) {
-  const int64_t per_expert = 2 * ip * (hp / 2) + 2 * ip * (hp / 32) + 2 * ip * 2 +
-                             hp * (ip / 2) + hp * (ip / 32) + hp * 2;
+  const int64_t per_expert =
+      2 * ip * (hp / 2) + 2 * ip * (hp / 32) + 2 * ip * 2 + hp * (ip / 2) + hp * (ip / 32) + hp * 2;
   return 128LL * 36 * per_expert;
 }
 
 // The rows of I rank r holds, read from its w2 weight's split (packed: two values per byte).
 std::pair<int64_t, int64_t> SliceOf(const ShardPlan& p, int64_t rank) {
-  const TensorShard* w2 =
-      FindTensor(p.ranks[static_cast<size_t>(rank)], "model.layers.{layer}.mlp.experts.w2_weight_packed");
+  const TensorShard* w2 = FindTensor(p.ranks[static_cast<size_t>(rank)],
+                                     "model.layers.{layer}.mlp.experts.w2_weight_packed");
   if (w2 == nullptr) return {-1, -1};
   return {w2->shard_begin * 2, w2->shard_end * 2};
 }
@@ -78,7 +78,8 @@ TEST(UnevenBlockShardsRegression, GptOss120bTp4AndTp8PlanAsVllmAllocates) {
       }
       // The last rank's extra padding is its missing rows: w13 (2 x 64 rows at TP4) and w2.
       const RankPlan& last = p.ranks.back();
-      const TensorShard* w13 = FindTensor(last, "model.layers.{layer}.mlp.experts.w13_weight_packed");
+      const TensorShard* w13 =
+          FindTensor(last, "model.layers.{layer}.mlp.experts.w13_weight_packed");
       ASSERT_NE(w13, nullptr);
       EXPECT_EQ(w13->local_shape[1], 2 * (c.slices.back().second - c.slices.back().first));
       EXPECT_EQ(w13->padded_shape[1], 2 * c.padded);
@@ -98,8 +99,8 @@ TEST(UnevenBlockShardsRegression, GptOss120bTp4WholeRankEqualsVllmModules) {
   // router nn.Linear(2880, 128) with bias, two RMSNorms; the final RMSNorm.
   const ShardPlan p = PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(4, 1, false, "marlin"));
   const int64_t H = 2880, vocab_rows = 201088 / 4, qkv = (16 + 2 + 2) * 64;
-  const int64_t per_layer = (qkv * H + qkv) * 2 + (H * 1024 + H) * 2 + 16 * 2 +
-                            (128 * H + 128) * 2 + 2 * H * 2;
+  const int64_t per_layer =
+      (qkv * H + qkv) * 2 + (H * 1024 + H) * 2 + 16 * 2 + (128 * H + 128) * 2 + 2 * H * 2;
   const int64_t rest = 2 * vocab_rows * H * 2 + H * 2 + 36 * per_layer;
   for (const RankPlan& r : p.ranks) {
     EXPECT_EQ(r.WeightBytes(), rest + VllmRoutedBytes(768, 3072)) << "rank " << r.coords.rank;
@@ -121,7 +122,8 @@ TEST(UnevenBlockShardsRegression, EmptyRanksAndGateUpHalvesOfATinyModel) {
   EXPECT_EQ(SliceOf(p, 5), (std::pair<int64_t, int64_t>{320, 352}));
   EXPECT_EQ(SliceOf(p, 6), (std::pair<int64_t, int64_t>{352, 352}));
   EXPECT_EQ(SliceOf(p, 7), (std::pair<int64_t, int64_t>{352, 352}));
-  const TensorShard* w2 = FindTensor(p.ranks[7], "model.layers.{layer}.mlp.experts.w2_weight_packed");
+  const TensorShard* w2 =
+      FindTensor(p.ranks[7], "model.layers.{layer}.mlp.experts.w2_weight_packed");
   ASSERT_NE(w2, nullptr);
   EXPECT_EQ(w2->local_shape[2], 0);
   EXPECT_EQ(w2->padded_shape[2], 32);  // 64 columns, two per byte: all padding
@@ -165,7 +167,8 @@ TEST(UnevenBlockShardsRegression, CheckCatchesABrokenUnevenSlice) {
   }
   v = CheckPlan(q);
   ASSERT_FALSE(v.empty());
-  EXPECT_NE(v.front().detail.find("slices end at 5696 of 5760"), std::string::npos) << v.front().detail;
+  EXPECT_NE(v.front().detail.find("slices end at 5696 of 5760"), std::string::npos)
+      << v.front().detail;
 }
 
 }  // namespace
