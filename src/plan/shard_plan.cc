@@ -542,14 +542,18 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
                             IntermediateLayout(model, t, backend, options.padding));
   if (plan.intermediate.uneven) {
     const DimLayout& I = plan.intermediate;
+    const int64_t groups = I.logical / plan.expert_scheme.SplitGranule();
+    const int64_t full = I.logical / I.raw_local;  // parts holding raw_local rows
+    const int64_t rest = I.logical % I.raw_local;
+    const int64_t empty = I.divisor - full - (rest > 0 ? 1 : 0);
     plan.notes.push_back(fmt::format(
-        "uneven block shards: I {} is {} {} groups of {}, not divisible by MoE TP {}: each rank "
-        "holds ceil({} / {}) groups = {} rows, the last holds {}, every rank pads to {} with "
+        "uneven block shards: I {} is {} {} groups of {}, not divisible by MoE TP {}: MoE TP "
+        "ranks hold ceil({} / {}) groups = {} rows ({} of them){}{}, every rank padded to {} with "
         "zeros (vLLM gpt_oss.py load_weights)",
-        I.logical, I.logical / plan.expert_scheme.SplitGranule(),
-        WeightFormatName(plan.expert_scheme.format), plan.expert_scheme.SplitGranule(), I.divisor,
-        I.logical / plan.expert_scheme.SplitGranule(), I.divisor, I.raw_local,
-        I.SliceWidth(I.divisor - 1), I.padded_local));
+        I.logical, groups, WeightFormatName(plan.expert_scheme.format),
+        plan.expert_scheme.SplitGranule(), I.divisor, groups, I.divisor, I.raw_local, full,
+        rest > 0 ? fmt::format(", the next {}", rest) : "",
+        empty > 0 ? fmt::format(", the last {} none", empty) : "", I.padded_local));
   }
   plan.hidden.logical = model.routed_expert_hidden_size;
   plan.hidden.raw_local = plan.hidden.logical;
