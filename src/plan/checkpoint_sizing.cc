@@ -1,6 +1,7 @@
 #include "moeshard/plan/checkpoint_sizing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -153,16 +154,21 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
     for (int64_t l : r.layers) stage_of_layer[static_cast<size_t>(l)] = r.coords.pp_stage;
   }
   const std::unordered_map<std::string, ExpertPart> expert_templates = ExpertTemplates(plan);
-  const double i_fraction = static_cast<double>(plan.intermediate.raw_local) /
-                            static_cast<double>(plan.intermediate.logical);
+  // The part of I each rank holds (uneven block shards: less on the last ranks).
+  auto i_fraction = [&](int64_t rank) {
+    const DimLayout& I = plan.intermediate;
+    return static_cast<double>(
+               I.SliceWidth(plan.ranks[static_cast<size_t>(rank)].coords.moe_tp_rank)) /
+           static_cast<double>(I.logical);
+  };
   const size_t routed = CategoryIndex(TensorCategory::kRoutedExperts);
   std::set<int64_t> mtp_layers;
 
   auto charge_expert = [&](int64_t layer, int64_t expert, double bytes, bool split_by_i) {
-    const double f = split_by_i ? i_fraction : 1.0;
     for (const auto& [rank, n] : holders[static_cast<size_t>(
              stage_of_layer[static_cast<size_t>(layer)])][static_cast<size_t>(expert)]) {
-      out.rank_bytes[static_cast<size_t>(rank)][routed] += static_cast<int64_t>(bytes * f) * n;
+      const double f = split_by_i ? i_fraction(rank) : 1.0;
+      out.rank_bytes[static_cast<size_t>(rank)][routed] += std::llround(bytes * f) * n;
     }
   };
 

@@ -81,8 +81,40 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
     std::map<int64_t, std::map<std::pair<int64_t, int64_t>, int64_t>> per_expert;
     for (const RankPlan& r : plan.ranks) {
       if (r.coords.pp_stage != stage) continue;
-      const int64_t b = r.coords.moe_tp_rank * plan.intermediate.raw_local;
-      for (int64_t e : r.expert_slots) per_expert[e][{b, b + plan.intermediate.raw_local}]++;
+      const int64_t b = plan.intermediate.SliceBegin(r.coords.moe_tp_rank);
+      const int64_t end = plan.intermediate.SliceEnd(r.coords.moe_tp_rank);
+      if (b == end) continue;  // uneven block shards: an empty slice holds no rows
+      for (int64_t e : r.expert_slots) per_expert[e][{b, end}]++;
+    }
+    // ... and so does every routed tensor's own slice of its split dim (w13 rows, w2 columns,
+    // their scales and biases, in storage coordinates): each checkpoint row once per copy of
+    // the expert, the local shape equal to the slice, the padded shape holding it.
+    std::map<std::pair<std::string, int64_t>, std::map<std::pair<int64_t, int64_t>, int64_t>>
+        routed_slices;
+    std::map<std::string, int64_t> routed_extent;
+    for (const RankPlan& r : plan.ranks) {
+      if (r.coords.pp_stage != stage) continue;
+      for (const TensorShard& s : r.tensors) {
+        if (s.category != TensorCategory::kRoutedExperts || s.shard_dim < 0) continue;
+        const size_t d = static_cast<size_t>(s.shard_dim);
+        const int64_t width = s.shard_end - s.shard_begin;
+        if (s.local_shape[d] != s.sections * width || s.padded_shape[d] < s.local_shape[d]) {
+          add("tiling", fmt::format("'{}' on rank {}: slice [{}, {}) x {} sections, local {} "
+                                    "padded {} along dim {}",
+                                    s.name, r.coords.rank, s.shard_begin, s.shard_end, s.sections,
+                                    s.local_shape[d], s.padded_shape[d], s.shard_dim));
+        }
+        routed_extent[s.name] = s.logical_shape[d] / std::max<int64_t>(1, s.sections);
+        if (width == 0) continue;  // uneven block shards: an empty slice, all padding
+        for (int64_t e : r.expert_slots) routed_slices[{s.name, e}][{s.shard_begin, s.shard_end}]++;
+      }
+    }
+    for (const auto& [key, sl] : routed_slices) {
+      const std::string problem = TilingProblem(sl, routed_extent[key.first]);
+      if (!problem.empty()) {
+        add("tiling", fmt::format("'{}' expert {}: {}", key.first, key.second, problem));
+        break;
+      }
     }
     if (static_cast<int64_t>(per_expert.size()) != plan.model.num_experts) {
       add("tiling", fmt::format("{} of {} experts placed on stage {}", per_expert.size(),

@@ -5,9 +5,17 @@ namespace moeshard {
 using nlohmann::json;
 
 json DimLayoutToJson(const DimLayout& d) {
-  return json{{"logical", d.logical},  {"divisor", d.divisor}, {"raw_local", d.raw_local},
-              {"floor", d.floor},      {"align", d.align},     {"padded_local", d.padded_local},
-              {"padding", d.padding()}};
+  json j{{"logical", d.logical},  {"divisor", d.divisor}, {"raw_local", d.raw_local},
+         {"floor", d.floor},      {"align", d.align},     {"padded_local", d.padded_local},
+         {"padding", d.padding()}};
+  if (d.uneven) {
+    // Uneven block shards: each part's checkpoint slice [begin, end); the rest is zero padding.
+    json slices = json::array();
+    for (int64_t r = 0; r < d.divisor; ++r) slices.push_back({d.SliceBegin(r), d.SliceEnd(r)});
+    j["uneven"] = true;
+    j["slices"] = std::move(slices);
+  }
+  return j;
 }
 
 json TensorShardToJson(const TensorShard& t) {

@@ -168,6 +168,14 @@ Result<std::vector<std::vector<int64_t>>> SlotsByEpRank(const ModelConfig& model
   return slots;
 }
 
+bool UnevenBlockShards(const ModelConfig& m, int64_t logical, int64_t divisor, int64_t group) {
+  // MXFP4 experts only: vLLM's gpt-oss loader (gpt_oss.py, load_weights) slices them so. Other
+  // block formats keep the refusal, as vLLM does (fp8: "not divisible by block_n").
+  if (m.expert_scheme().format != WeightFormat::kMxfp4 || divisor <= 1) return false;
+  if (logical % group != 0) return false;  // not whole groups: refused below
+  return logical % divisor != 0 || (logical / divisor) % group != 0;
+}
+
 }  // namespace
 
 Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopology& t,
@@ -175,14 +183,18 @@ Result<DimLayout> IntermediateLayout(const ModelConfig& m, const ResolvedTopolog
   DimLayout d;
   d.logical = m.moe_intermediate_size;
   d.divisor = t.moe_tp;
-  if (d.logical % d.divisor != 0) {
+  const int64_t group = m.expert_scheme().SplitGranule();
+  if (UnevenBlockShards(m, d.logical, d.divisor, group)) {
+    // ceil(I / group / moe_tp) groups per rank; the last ranks hold less (docs/uneven-shards.md).
+    d.uneven = true;
+    d.raw_local = CeilDiv(d.logical / group, d.divisor) * group;
+  } else if (d.logical % d.divisor != 0) {
     return InvalidArgumentError(fmt::format(
         "plan: moe_intermediate_size {}: expected divisible by the MoE TP size {}, got remainder "
         "{}",
         d.logical, d.divisor, d.logical % d.divisor));
   }
-  d.raw_local = d.logical / d.divisor;
-  const int64_t group = m.expert_scheme().SplitGranule();
+  if (!d.uneven) d.raw_local = d.logical / d.divisor;
   if (d.raw_local % group != 0) {
     std::vector<int64_t> ok;
     for (int64_t x : Divisors(d.logical)) {
@@ -431,7 +443,9 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
   const int64_t g = m.gated() ? 2 : 1;
   const DimLayout& I = plan.intermediate;
   const DimLayout& H = plan.hidden;
-  const int64_t i_begin = rc.moe_tp_rank * I.raw_local, i_end = i_begin + I.raw_local;
+  // This rank's slice of I; uneven block shards: the last ranks' are short or empty.
+  const int64_t i_begin = I.SliceBegin(rc.moe_tp_rank), i_end = I.SliceEnd(rc.moe_tp_rank);
+  const int64_t i_raw = i_end - i_begin;
   const std::string& p = plan.experts.rank_prefix;
   const auto cat = TensorCategory::kRoutedExperts;
   const bool split_i = I.divisor > 1;
@@ -510,16 +524,16 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
   // gate_up: [E, g*I, H]: gate rows [0, I) and up rows [I, 2I), each split at [i_begin, i_end)
   // (interleaved gate/up: the rank's 2*[i_begin, i_end) rows are contiguous).
   const bool interleaved = plan.experts.gate_up_interleaved;
-  add("w13", TensorRole::kExpertsW13, g * I.logical, g * I.raw_local, g * I.padded_local, H.logical,
+  add("w13", TensorRole::kExpertsW13, g * I.logical, g * i_raw, g * I.padded_local, H.logical,
       H.raw_local, H.padded_local, split_i ? 1 : -1, interleaved ? 1 : g,
       interleaved ? g * i_begin : i_begin, interleaved ? g * i_end : i_end);
-  add("w2", TensorRole::kExpertsW2, H.logical, H.raw_local, H.padded_local, I.logical, I.raw_local,
+  add("w2", TensorRole::kExpertsW2, H.logical, H.raw_local, H.padded_local, I.logical, i_raw,
       I.padded_local, split_i ? 2 : -1, 1, i_begin, i_end);
   if (!plan.experts.bias_suffix.empty()) {
     const DType bd = plan.experts.bias_dtype;
     // w13_bias [E, g*I] split like w13's rows; w2_bias [E, H] whole (added once, by moe_tp
     // rank 0, after the reduction).
-    push(MakeShard(p + "w13_bias", cat, bd, {E, g * I.logical}, {El, g * I.raw_local},
+    push(MakeShard(p + "w13_bias", cat, bd, {E, g * I.logical}, {El, g * i_raw},
                    {El, g * I.padded_local}, split_i ? 1 : -1, interleaved ? g * i_begin : i_begin,
                    interleaved ? g * i_end : i_end, moe_layers),
          TensorRole::kExpertsW13Bias, TensorPart::kValue, interleaved ? 1 : g);
@@ -599,6 +613,21 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
 
   MOESHARD_ASSIGN_OR_RETURN(plan.intermediate,
                             IntermediateLayout(model, t, backend, options.padding));
+  if (plan.intermediate.uneven) {
+    const DimLayout& I = plan.intermediate;
+    const int64_t groups = I.logical / plan.expert_scheme.SplitGranule();
+    const int64_t full = I.logical / I.raw_local;  // parts holding raw_local rows
+    const int64_t rest = I.logical % I.raw_local;
+    const int64_t empty = I.divisor - full - (rest > 0 ? 1 : 0);
+    plan.notes.push_back(fmt::format(
+        "uneven block shards: I {} is {} {} groups of {}, not divisible by MoE TP {}: MoE TP "
+        "ranks hold ceil({} / {}) groups = {} rows ({} of them){}{}, every rank padded to {} with "
+        "zeros (vLLM gpt_oss.py load_weights)",
+        I.logical, groups, WeightFormatName(plan.expert_scheme.format),
+        plan.expert_scheme.SplitGranule(), I.divisor, groups, I.divisor, I.raw_local, full,
+        rest > 0 ? fmt::format(", the next {}", rest) : "",
+        empty > 0 ? fmt::format(", the last {} none", empty) : "", I.padded_local));
+  }
   plan.hidden.logical = model.routed_expert_hidden_size;
   plan.hidden.raw_local = plan.hidden.logical;
   plan.hidden.divisor = 1;

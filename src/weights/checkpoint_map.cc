@@ -271,7 +271,8 @@ Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   const int64_t g = m.gated() ? 2 : 1;
   const DimLayout& I = plan.intermediate;
   const DimLayout& H = plan.hidden;
-  const int64_t ib = rp.coords.moe_tp_rank * I.raw_local, ie = ib + I.raw_local;
+  // The rank's checkpoint slice of I (uneven block shards: short or empty on the last ranks).
+  const int64_t ib = I.SliceBegin(rp.coords.moe_tp_rank), ie = I.SliceEnd(rp.coords.moe_tp_rank);
   const int64_t E = m.num_experts;
   const int64_t es = ElementBytes(s.dtype);
   const int64_t num_slots = static_cast<int64_t>(rp.expert_slots.size());

@@ -40,6 +40,13 @@ std::vector<Case> Cases() {
     out.push_back({p, Topology{.tp = 2, .enable_ep = true}, "tp2-ep"});
     out.push_back({p, Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}, "tp4-moetp2-moeep2"});
   }
+  // Uneven block shards (11 MXFP4 groups of I): short last ranks, at TP8 two empty ones; and
+  // gate-then-up MXFP4 halves at MoE TP 16 (ranks 8-15 hold no rows).
+  out.push_back({"tiny-gpt-oss-uneven", Topology{.tp = 2}, "tp2"});
+  out.push_back({"tiny-gpt-oss-uneven", Topology{.tp = 4}, "tp4"});
+  out.push_back({"tiny-gpt-oss-uneven", Topology{.tp = 8}, "tp8"});
+  out.push_back({"tiny-gpt-oss-uneven", Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}, "tp4-hybrid"});
+  out.push_back({"tiny-kimi-k3", Topology{.tp = 8, .dp = 2}, "dp2-tp8-moetp16"});
   out.push_back({"tiny-qwen3-moe", Topology{.tp = 2, .pp = 2}, "tp2-pp2"});
   out.push_back({"tiny-deepseek-v3", Topology{.tp = 1, .dp = 2, .enable_ep = true}, "dp2-ep"});
   return out;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -136,8 +137,11 @@ inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t
                            : s.part == TensorPart::kScale     ? std::string(q.spec().scale_leaf)
                                                               : std::string(q.spec().weight_leaf);
   const int64_t I = m.moe_intermediate_size, H = m.routed_expert_hidden_size;
-  const int64_t Ir = plan.intermediate.raw_local, Ip = plan.intermediate.padded_local;
-  const int64_t ib = rp.coords.moe_tp_rank * Ir;
+  // The rank's slice of I: [ib, ib + Ir). Uneven block shards (shard_plan.h): the stride is
+  // raw_local and the last ranks' slices are cut at I (short, or empty).
+  const int64_t stride = plan.intermediate.raw_local, Ip = plan.intermediate.padded_local;
+  const int64_t ib = std::min(rp.coords.moe_tp_rank * stride, I);
+  const int64_t Ir = std::min(stride, I - ib);
   const int64_t rows_p = s.padded_shape[1];
   const int64_t cols_p = s.padded_shape.size() > 2 ? s.padded_shape[2] : 1;
   auto dst_at = [&](int64_t slot, int64_t r, int64_t c) {

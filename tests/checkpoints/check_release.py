@@ -32,8 +32,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Topologies per release: attention TP must divide the heads, and without EP the per-rank
-# expert width must stay a whole number of quantization groups (gpt-oss at TP4/TP8 without EP
-# is a later issue: uneven block shards).
+# expert width must stay a whole number of quantization groups, except MXFP4's uneven block
+# shards (gpt-oss at TP4/TP8 without EP: docs/uneven-shards.md).
 TOPOLOGIES = {
     "kimi-k3": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "2", "-dp", "2", "-ep"],
                 ["-tp", "4", "-pp", "2", "-ep"]],
@@ -42,8 +42,10 @@ TOPOLOGIES = {
     "deepseek-v3": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "4", "-pp", "2", "-ep"]],
     "qwen3-30b-a3b": [["-tp", "4", "-ep"], ["-tp", "4"], ["-tp", "2", "-pp", "2"]],
     "mixtral-8x7b": [["-tp", "8"], ["-tp", "2", "-ep"], ["-tp", "2", "-pp", "2"]],
-    "gpt-oss-20b": [["-tp", "8", "-ep"], ["-tp", "2"], ["-tp", "2", "-pp", "2", "-ep"]],
-    "gpt-oss-120b": [["-tp", "8", "-ep"], ["-tp", "2"], ["-tp", "4", "-pp", "2", "-ep"]],
+    "gpt-oss-20b": [["-tp", "8", "-ep"], ["-tp", "2"], ["-tp", "2", "-pp", "2", "-ep"],
+                    ["-tp", "4"]],
+    "gpt-oss-120b": [["-tp", "8", "-ep"], ["-tp", "2"], ["-tp", "4", "-pp", "2", "-ep"],
+                     ["-tp", "4"], ["-tp", "8"]],
     "deepseek-v2-lite": [["-tp", "8", "-ep"], ["-tp", "2"], ["-tp", "2", "-pp", "2", "-ep"]],
     "qwen1.5-moe-a2.7b": [["-tp", "4", "-ep"], ["-tp", "4"], ["-tp", "2", "-pp", "2"]],
     "glm-4.5-air": [["-tp", "8", "-ep"], ["-tp", "4"], ["-tp", "4", "-pp", "2", "-ep"]],

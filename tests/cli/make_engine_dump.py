@@ -7,6 +7,9 @@ usage: make_engine_dump.py MOESHARD OUT_DIR [--replicate N] [--wrap-expert-end] 
   --replicate N       the dump's world is N x the plan's; rank r holds what plan rank r % W
                       holds (an engine that divides by tp where it must divide by dp*pcp*tp)
   --wrap-expert-end   expert ranges end at end % num_experts (the last EP rank loads [b:0))
+  --even-split        routed experts' I split evenly over MoE TP, ignoring quantization groups
+                      (gpt-oss-120b TP4: 720 rows a rank; scale groups straddle ranks), the
+                      allocated shapes unchanged
 """
 import json
 import os
@@ -23,10 +26,21 @@ TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "U8": "u
                 "F8_E8M0": "float8_e8m0fnu", "BOOL": "bool"}
 
 
-def params_of(rank_map, num_experts, wrap):
+def even_split(t, s, moe_tp, part):
+    """The slice s of routed tensor t as an even split of its block over moe_tp parts."""
+    block = t["logical_shape"][s["dim"]] // t.get("sections", 1)
+    width = block // moe_tp
+    return dict(s, begin=part * width, end=(part + 1) * width)
+
+
+def params_of(rank_map, num_experts, wrap, moe_tp=None):
     out = []
     for t in rank_map["tensors"]:
         slices = [dict(s) for s in t["slices"]]
+        if moe_tp and t["category"] == "routed_experts":
+            slices = [s if s["dim"] == 0 else even_split(t, s, moe_tp,
+                                                         rank_map["coords"]["moe_tp_rank"])
+                      for s in slices]
         if wrap:
             for s in slices:
                 if t["category"] == "routed_experts" and s["dim"] == 0 and "end" in s:
@@ -44,6 +58,7 @@ def main(argv):
     moeshard, out_dir, opts, plan_args = argv[1], argv[2], argv[3:sep], argv[sep + 1:]
     replicate = int(opts[opts.index("--replicate") + 1]) if "--replicate" in opts else 1
     wrap = "--wrap-expert-end" in opts
+    even = "--even-split" in opts
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     map_path = os.path.join(out_dir, "ownership.map")
@@ -53,7 +68,8 @@ def main(argv):
         own = json.load(f)
     world = own["topology"]["world"]
     for rank in range(world * replicate):
-        params = params_of(own["ranks"][rank % world], own["num_experts"], wrap)
+        params = params_of(own["ranks"][rank % world], own["num_experts"], wrap,
+                           own["topology"]["moe_tp"] if even else None)
         dnp.write_rank_record(dnp.rank_record(rank, world * replicate, params, "test"), out_dir)
     return 0
 

@@ -58,7 +58,8 @@ TEST(GptOssFusedSizingRegression, EveryExpertTensorIsPlacedAndCharged) {
     const ModelConfig m = PresetOrDie(preset);
     const std::vector<CheckpointTensorInfo> headers = GptOssHeaders(m);
     for (PlanOptions o : {Opts(1, 1, false, "moeshard-cpu"), Opts(2, 1, false, "moeshard-cpu"),
-                          Opts(4, 1, true, "moeshard-cpu"), Opts(8, 1, true)}) {
+                          Opts(4, 1, true, "moeshard-cpu"), Opts(8, 1, true), Opts(4),
+                          Opts(8)}) {  // TP4 / TP8 without EP: uneven block shards
       const ShardPlan p = PlanOrDie(m, o);
       const CheckpointSizing s = SizeFromCheckpoint(p, headers);
       EXPECT_TRUE(s.unplaced.empty()) << preset << ": " << s.unplaced.size() << ", e.g. "

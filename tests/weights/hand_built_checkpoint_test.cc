@@ -2,7 +2,8 @@
 // shards and an index, the family's expert naming re-derived from config.json) and the same
 // tensors written by moeshard's SafetensorsWriter load identically, rank by rank, over TP, EP
 // and hybrid plans, for bf16 (tiny-qwen3-moe), fp8 block (tiny-deepseek-v3) and MXFP4
-// (tiny-kimi-k3) experts and fused input-major gate-then-up bf16 experts (tiny-llama4) -- and
+// (tiny-kimi-k3) experts, fused input-major gate-then-up bf16 experts (tiny-llama4) and gpt-oss's
+// fused MXFP4 experts in uneven block shards (tiny-gpt-oss-uneven, up to TP8) -- and
 // both equal the independent reference slicing.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -79,8 +80,13 @@ TEST_P(HandBuiltCheckpointTest, LoadsIdenticallyToMoeshardWrittenOne) {
   EXPECT_EQ((*hand)->num_shards(), 2);
   const testing_util::FullTensors full = testing_util::FullCheckpointTensors(**hand);
 
-  for (const Topology& topo : {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true},
-                               Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}}) {
+  std::vector<Topology> topologies = {Topology{.tp = 2}, Topology{.tp = 2, .enable_ep = true},
+                                      Topology{.tp = 4, .moe_tp = 2, .moe_ep = 2}};
+  if (preset == "tiny-gpt-oss-uneven") {  // uneven block shards: short and empty last ranks
+    topologies.push_back(Topology{.tp = 4});
+    topologies.push_back(Topology{.tp = 8});
+  }
+  for (const Topology& topo : topologies) {
     PlanOptions o;
     o.topology = topo;
     Result<ShardPlan> plan = BuildShardPlan(*model, o);
@@ -125,7 +131,8 @@ TEST_P(HandBuiltCheckpointTest, LoadsIdenticallyToMoeshardWrittenOne) {
 
 INSTANTIATE_TEST_SUITE_P(Families, HandBuiltCheckpointTest,
                          ::testing::Values("tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-kimi-k3",
-                                           "tiny-llama4", "tiny-qwen3-next", "tiny-qwen3.5-moe"),
+                                           "tiny-llama4", "tiny-qwen3-next", "tiny-qwen3.5-moe",
+                                           "tiny-gpt-oss-uneven"),
                          [](const auto& i) {
                            std::string n = i.param;
                            for (char& c : n) {

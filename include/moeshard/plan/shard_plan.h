@@ -73,12 +73,25 @@ struct PlanOptions {
 // logical -> raw local -> padded local for one dimension of the routed experts.
 struct DimLayout {
   int64_t logical = 0;
-  int64_t divisor = 1;       // ways the dimension is split (moe_tp for I, 1 for H)
-  int64_t raw_local = 0;     // logical / divisor
+  int64_t divisor = 1;  // ways the dimension is split (moe_tp for I, 1 for H)
+  // Even: logical / divisor. Uneven block shards (`uneven`): ceil(logical / group / divisor) *
+  // group, the stride of the slices and the widest one.
+  int64_t raw_local = 0;
   int64_t floor = 0;         // per-partition floor applied (0: none)
   int64_t align = 1;         // lcm(backend alignment, quantization group)
   int64_t padded_local = 0;  // round_up(max(raw_local, floor), align) (legacy-tp: see policy)
+  // Uneven block shards (docs/uneven-shards.md): part r holds [SliceBegin(r), SliceEnd(r)) of
+  // the checkpoint, whole quantization groups; the last parts are short or empty, their tail
+  // zero padding. False: every part holds raw_local.
+  bool uneven = false;
   int64_t padding() const { return padded_local - raw_local; }
+  int64_t SliceBegin(int64_t part) const {
+    return part * raw_local < logical ? part * raw_local : logical;
+  }
+  int64_t SliceEnd(int64_t part) const {
+    return (part + 1) * raw_local < logical ? (part + 1) * raw_local : logical;
+  }
+  int64_t SliceWidth(int64_t part) const { return SliceEnd(part) - SliceBegin(part); }
 };
 
 // An immutable, shared list of layer indices: every rank of a stage holding a per-layer tensor
