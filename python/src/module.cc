@@ -12,27 +12,17 @@
 #include <string>
 
 #include "cli/plan_api.h"
+#include "errors.h"
+#include "plan/ownership.h"
 
 namespace py = pybind11;
 
 namespace moeshard::python {
+
+// python/src/runtime.cc: moeshard._core.Runtime.
+void BindRuntime(py::module_& m);
+
 namespace {
-
-// Thrown for a moeshard Status error; registered as moeshard._core.Error(ValueError).
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-void ThrowIfError(const Status& status) {
-  if (!status.ok()) throw Error(status.message());
-}
-
-template <typename T>
-T ValueOrThrow(Result<T> result) {
-  ThrowIfError(result.status());
-  return std::move(result).value();
-}
 
 // num_redundant_experts: an int or "auto".
 int64_t RedundantExperts(const py::object& value) {
@@ -148,14 +138,69 @@ std::string CheckJson(const std::string& model, int64_t max_gpus, bool with_pp,
   const cli::PlanFlags plan = PlanFlagsOf(model, kw);
   py::gil_scoped_release release;
   const cli::CheckOutcome outcome = ValueOrThrow(cli::ComputeCheck(plan, max_gpus, with_pp));
+  return cli::ViolationsToJson(outcome.violations).dump();
+}
+
+// The grid `moeshard check` walks, one {strategy, gpus, topology, tp, dp, pp, pcp, moe_tp,
+// moe_ep, ep} per valid topology (moeshard.testing.topologies).
+std::string GridJson(const std::string& model, int64_t max_gpus, bool with_pp,
+                     const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, "topologies");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  py::gil_scoped_release release;
+  const cli::CheckOutcome outcome = ValueOrThrow(cli::ComputeCheck(plan, max_gpus, with_pp));
   nlohmann::json j = nlohmann::json::array();
-  for (const Violation& v : outcome.violations) {
-    j.push_back({{"invariant", v.invariant}, {"topology", v.topology}, {"detail", v.detail}});
+  for (const GridPoint& p : outcome.grid) {
+    const ResolvedTopology& t = p.plan.topology;
+    j.push_back({{"strategy", p.strategy},
+                 {"gpus", p.gpus},
+                 {"topology", t.Label()},
+                 {"tp", t.tp},
+                 {"dp", t.dp},
+                 {"pp", t.pp},
+                 {"pcp", t.pcp},
+                 {"moe_tp", t.moe_tp},
+                 {"moe_ep", t.moe_ep}});
   }
   return j.dump();
 }
 
+// `moeshard plan --ownership FILE`'s document (the plan of the same flags, memory flags included).
+std::string OwnershipJson(const std::string& model, const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS}, "ownership");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  const cli::MemoryFlags memory = MemoryFlagsOf(kw);
+  py::gil_scoped_release release;
+  const cli::PlanOutcome outcome = ValueOrThrow(cli::ComputePlan(plan, memory));
+  return OwnershipMapJson(outcome.plan);
+}
+
+// `moeshard check --against DUMP --format json`: the dump as the text of one dump file (`dump`,
+// named `source` in errors) or a file or folder path (`path`).
+std::string CheckAgainstJson(const std::string& model, const std::string& dump_text,
+                             const std::string& path, const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, "check_against");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  py::gil_scoped_release release;
+  cli::AgainstOutcome outcome = ValueOrThrow(cli::PrepareCheckAgainst(plan));
+  EngineDump dump;
+  if (!path.empty()) {
+    ThrowIfError(cli::ReadEngineDump(path, dump));
+  } else {
+    ThrowIfError(ParseEngineDump(dump_text, "named_params_by_rank", dump));
+  }
+  cli::CompareDump(dump, outcome);
+  return cli::AgainstOutcomeToJson(outcome).dump();
+}
+
 }  // namespace
+
+cli::PlanFlags PlanFlagsFromKwargs(const std::string& model, const py::kwargs& kw,
+                                   const char* function) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, function);
+  return PlanFlagsOf(model, kw);
+}
+
 }  // namespace moeshard::python
 
 PYBIND11_MODULE(_core, m) {
@@ -169,4 +214,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("check_json", &CheckJson, py::arg("model"), py::arg("max_gpus") = 64,
         py::arg("with_pp") = false,
         "the violations `moeshard check` lists, as a JSON array of {invariant, topology, detail}");
+  m.def("ownership_json", &OwnershipJson, py::arg("model"),
+        "`moeshard plan --ownership FILE`'s document for the keyword arguments, as a JSON string");
+  m.def("check_against_json", &CheckAgainstJson, py::arg("model"), py::arg("dump") = "",
+        py::arg("path") = "",
+        "`moeshard check --against DUMP --format json` for a dump's text or path, as a JSON "
+        "string");
+  m.def("grid_json", &GridJson, py::arg("model"), py::arg("max_gpus") = 64,
+        py::arg("with_pp") = false,
+        "the topologies `moeshard check` walks, as a JSON array (moeshard.testing.topologies)");
+  BindRuntime(m);
 }
