@@ -2,11 +2,11 @@
 // ValueError) with the message the CLI prints after "error: ".
 #pragma once
 
+#include <pybind11/pybind11.h>
+
 #include <stdexcept>
 #include <string>
 #include <utility>
-
-#include <pybind11/pybind11.h>
 
 #include "cli/cli_common.h"
 #include "moeshard/base/status.h"

@@ -10,6 +10,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cli/plan_api.h"
 #include "errors.h"
@@ -24,6 +25,35 @@ void BindRuntime(py::module_& m);
 
 namespace {
 
+template <typename T>
+constexpr const char* TypeName() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  if constexpr (std::is_same_v<T, std::string>) return "str";
+  if constexpr (std::is_floating_point_v<T>) return "float";
+  return "int";
+}
+
+// kw[key] into `out` when given and not None; a value of another type is a TypeError naming it
+// (not pybind11's "Unable to cast").
+template <typename T>
+void Get(const py::dict& kw, const char* key, T& out) {
+  if (!kw.contains(key) || kw[key].is_none()) return;
+  const py::object value = kw[key];
+  // No silent bool -> int or float -> int: tp=True or tp=2.5 is a mistake.
+  const bool is_bool = py::isinstance<py::bool_>(value);
+  const bool ok = std::is_same_v<T, bool> ? is_bool
+                  : std::is_same_v<T, std::string>
+                      ? py::isinstance<py::str>(value)
+                      : (PyIndex_Check(value.ptr()) && !is_bool) ||
+                            (std::is_floating_point_v<T> && py::isinstance<py::float_>(value));
+  if (!ok) {
+    throw py::type_error(std::string("'") + key + "': expected " + TypeName<T>() + ", got " +
+                         py::str(value.get_type().attr("__name__")).cast<std::string>() + " " +
+                         py::repr(value).cast<std::string>());
+  }
+  out = value.cast<T>();
+}
+
 // num_redundant_experts: an int or "auto".
 int64_t RedundantExperts(const py::object& value) {
   if (py::isinstance<py::str>(value)) {
@@ -31,22 +61,24 @@ int64_t RedundantExperts(const py::object& value) {
     if (s == "auto") return kRedundantExpertsAuto;
     throw Error("'--num-redundant-experts " + s + "': expected a non-negative integer or auto");
   }
-  return value.cast<int64_t>();
+  int64_t n = 0;
+  Get(py::dict(py::arg("num_redundant_experts") = value), "num_redundant_experts", n);
+  return n;
 }
 
 // max_model_len: None (the model's maximum), an int, or a string the CLI accepts ("128k", "auto").
 std::string MaxModelLen(const py::object& value) {
   if (value.is_none()) return "";
   if (py::isinstance<py::str>(value)) return value.cast<std::string>();
-  return std::to_string(value.cast<int64_t>());
+  int64_t n = 0;
+  Get(py::dict(py::arg("max_model_len") = value), "max_model_len", n);
+  return std::to_string(n);
 }
 
 cli::PlanFlags PlanFlagsOf(const std::string& model, const py::kwargs& kw) {
   cli::PlanFlags f;
   f.model = model;
-  auto get = [&](const char* key, auto& out) {
-    if (kw.contains(key) && !kw[key].is_none()) out = kw[key].cast<std::decay_t<decltype(out)>>();
-  };
+  auto get = [&](const char* key, auto& out) { Get(kw, key, out); };
   get("tp", f.tp);
   get("dp", f.dp);
   get("pp", f.pp);
@@ -68,9 +100,7 @@ cli::PlanFlags PlanFlagsOf(const std::string& model, const py::kwargs& kw) {
 
 cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
   cli::MemoryFlags f;
-  auto get = [&](const char* key, auto& out) {
-    if (kw.contains(key) && !kw[key].is_none()) out = kw[key].cast<std::decay_t<decltype(out)>>();
-  };
+  auto get = [&](const char* key, auto& out) { Get(kw, key, out); };
   get("gpu", f.gpu);
   get("gpu_memory", f.gpu_memory_gib);
   get("gpu_memory_utilization", f.utilization);
@@ -121,12 +151,10 @@ std::string SweepJson(const std::string& model, const std::string& gpus, const p
   const cli::MemoryFlags memory = MemoryFlagsOf(kw);
   cli::SweepOptions options;
   options.gpus = gpus;
-  if (kw.contains("with_pp")) options.pp = kw["with_pp"].cast<bool>();
-  if (kw.contains("fits_only")) options.fits_only = kw["fits_only"].cast<bool>();
-  if (kw.contains("strategy") && !kw["strategy"].is_none()) {
-    options.strategy = kw["strategy"].cast<std::string>();
-  }
-  if (kw.contains("sort")) options.sort = kw["sort"].cast<std::string>();
+  Get(kw, "with_pp", options.pp);
+  Get(kw, "fits_only", options.fits_only);
+  Get(kw, "strategy", options.strategy);
+  Get(kw, "sort", options.sort);
   py::gil_scoped_release release;
   const cli::SweepSetup setup = ValueOrThrow(cli::PrepareSweep(plan, memory, options));
   return cli::SweepRowsToJson(cli::ComputeSweepRows(setup, options)).dump();

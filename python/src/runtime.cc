@@ -42,9 +42,9 @@ void CheckArray(const py::array& a, const char* name, int64_t rows, int64_t cols
   const bool shape_ok = cols < 0 ? (a.ndim() == 1 && a.shape(0) == rows)
                                  : (a.ndim() == 2 && a.shape(0) == rows && a.shape(1) == cols);
   if (shape_ok && dtype_ok) return;
-  const std::string want =
-      cols < 0 ? "[" + std::to_string(rows) + "]"
-               : "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  const std::string want = cols < 0
+                               ? "[" + std::to_string(rows) + "]"
+                               : "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
   throw Error(std::string("Runtime.moe: '") + name + "': expected " + expected_dtype + " " + want +
               ", got " + DtypeText(a) + " " + ShapeText(a));
 }
@@ -153,7 +153,7 @@ class Runtime {
     return total;
   }
 
-  py::tuple Moe(const py::array& x, const py::object& topk_ids, const py::object& topk_weights,
+  py::tuple Moe(const py::object& x, const py::object& topk_ids, const py::object& topk_weights,
                 const py::object& token_ids, bool all_layers, bool verify,
                 const py::object& progress);
 
@@ -224,10 +224,12 @@ py::dict ErrorDict(const ErrorStats& e, const Tolerance& tol) {
   return d;
 }
 
-py::tuple Runtime::Moe(const py::array& x, const py::object& topk_ids,
-                       const py::object& topk_weights, const py::object& token_ids,
-                       bool all_layers, bool verify, const py::object& progress) {
+py::tuple Runtime::Moe(const py::object& x_object, const py::object& topk_ids,
+                       const py::object& topk_weights, const py::object& token_ids, bool all_layers,
+                       bool verify, const py::object& progress) {
   const ModelConfig& m = setup_.plan.model;
+  const py::array x = py::array::ensure(x_object);
+  if (!x) throw Error("Runtime.moe: 'x': expected a NumPy array [T, hidden_size]");
   Inputs in = ReadInputs(m, x, topk_ids, topk_weights, token_ids);
   const int64_t T = static_cast<int64_t>(in.hidden.size()) / m.hidden_size;
   if (T < 1) throw Error("Runtime.moe: 'x': expected at least one token, got [0, H]");
@@ -256,8 +258,8 @@ py::tuple Runtime::Moe(const py::array& x, const py::object& topk_ids,
   Status status;
   {
     py::gil_scoped_release release;
-    Result<std::unique_ptr<Launcher>> launcher = CreateLauncher(
-        {.comm = "local", .world = static_cast<int>(setup_.plan.topology.world)});
+    Result<std::unique_ptr<Launcher>> launcher =
+        CreateLauncher({.comm = "local", .world = static_cast<int>(setup_.plan.topology.world)});
     status = launcher.status();
     if (status.ok()) {
       spec.kernel_threads = threads_ > 0 ? threads_ : (*launcher)->DefaultThreadsPerRank();

@@ -151,3 +151,26 @@ def test_progress_callback_error_propagates():
     rt = moeshard.Runtime(MODEL, layers=1, progress=boom)
     with pytest.raises(RuntimeError, match="callback failed"):
         rt.moe(inputs(rt))
+
+
+def test_odd_arrays_and_arguments_raise_python_errors(tmp_path):
+    rt = moeshard.Runtime(MODEL, layers=1)
+    x = inputs(rt, tokens=4)
+    # Fortran order and a strided view are copied, not misread.
+    np.testing.assert_array_equal(rt.moe(np.asfortranarray(x)), rt.moe(x))
+    wide = np.zeros((4, 2 * rt.hidden_size), np.float32)
+    wide[:, ::2] = x
+    np.testing.assert_array_equal(rt.moe(wide[:, ::2]), rt.moe(x))
+    with pytest.raises(moeshard.Error, match="got float32 \\[1, 4, "):
+        rt.moe(x[None])
+    with pytest.raises(moeshard.Error, match="got float64"):
+        rt.moe(x.tolist())  # a list becomes a float64 array
+    with pytest.raises(moeshard.Error, match="'token_ids': expected a token id in"):
+        rt.moe(x, token_ids=np.full(4, 10**6, np.int64))
+    with pytest.raises(moeshard.Error, match="does-not-exist"):
+        moeshard.Runtime(MODEL, checkpoint=tmp_path / "does-not-exist").moe(x)
+    with pytest.raises(TypeError, match="'tp': expected int, got str"):
+        moeshard.Runtime(MODEL, tp="2")
+    with pytest.raises(TypeError, match="'ep': expected bool"):
+        moeshard.plan(MODEL, ep=1)
+    assert moeshard.plan(MODEL, tp=np.int64(2)).topology["tp"] == 2

@@ -1,5 +1,4 @@
 #include "cli/run_api.h"
-
 #include "moeshard/config/config_loader.h"
 #include "moeshard/weights/presharded.h"
 #include "weights/presharded_manifest.h"
