@@ -10,6 +10,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev clang-format clang-tidy python3
   pybind11-dev python3-dev python3-numpy python3-pytest python3-pip python3-setuptools python3-wheel
+  python3-torch  # docs/python.md compares the runtime with a PyTorch reference (large; accepted)
 )
 
 missing=()

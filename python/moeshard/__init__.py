@@ -7,11 +7,17 @@ computes: ``plan(...).to_dict()`` equals ``json.loads`` of ``moeshard plan --for
 ``moeshard.Error`` (a ``ValueError``) whose message is the one the CLI prints after ``error:``.
 """
 import json as _json
+import logging as _logging
+import os as _os
 
 from ._core import Error  # noqa: F401  (a ValueError; re-exported)
 from . import _core
 
-__all__ = ["Error", "Plan", "Rank", "plan", "sweep", "check"]
+__all__ = ["Error", "Plan", "Rank", "Findings", "Runtime", "plan", "sweep", "check", "ownership",
+           "check_against"]
+
+#: Where progress of long builds goes when no ``progress=`` callable is given (INFO records).
+logger = _logging.getLogger("moeshard")
 
 
 def _options(**kwargs):
@@ -57,6 +63,7 @@ class Plan:
 
     def __init__(self, data):
         self._data = data
+        self._plan_options = {}
         self.ranks = [Rank(r) for r in data["ranks"]]
 
     @property
@@ -86,7 +93,7 @@ class Plan:
 
     def __getattr__(self, name):
         # model, topology, backend, memory, params, routed_experts, notes, padding_policy, ...
-        if name == "_data":
+        if name in ("_data", "_plan_options"):
             raise AttributeError(name)
         try:
             return self._data[name]
@@ -129,7 +136,13 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, overhead_gib=overhead_gib))
-    return Plan(_json.loads(text))
+    p = Plan(_json.loads(text))
+    p._plan_options = dict(
+        model=model, tp=tp, dp=dp, pp=pp, pcp=pcp, ep=ep, moe_tp=moe_tp, moe_ep=moe_ep, backend=backend,
+        padding_policy=padding_policy, expert_placement=expert_placement,
+        num_redundant_experts=num_redundant_experts, shared_experts=shared_experts,
+        latent_proj=latent_proj)
+    return p
 
 
 def sweep(model, gpus=(8, 16, 32, 64), with_pp=False, fits_only=False, strategy=None,
@@ -151,3 +164,189 @@ def check(model, max_gpus=64, with_pp=False, **options):
     empty when the contract holds. ``options``: backend, padding_policy, ... as in plan()."""
     return _json.loads(_core.check_json(model, max_gpus=max_gpus, with_pp=with_pp,
                                         **_options(**options)))
+
+
+_PLAN_KEYS = ("tp", "dp", "pp", "pcp", "ep", "moe_tp", "moe_ep", "backend", "padding_policy",
+              "expert_placement", "num_redundant_experts", "shared_experts", "latent_proj")
+
+
+def ownership(model, **options):
+    """``moeshard plan --ownership FILE``: what every rank holds, as the map's dict (schema
+    ``moeshard-ownership``, docs/ownership.md): per rank its coordinates, expert slots and
+    tensors (checkpoint slice, logical, local and padded shapes, dtype, padding). ``options``:
+    plan()'s keywords (topology, backend, padding and memory)."""
+    return _json.loads(_core.ownership_json(model, **_options(**options)))
+
+
+class Findings(list):
+    """What ``check_against`` found: a list of findings, each a dict {rule, tensor, ranks,
+    expected, actual} (empty when the dump matches the plan), with the rest of ``moeshard check
+    --against DUMP --format json``'s report as attributes (model, topology, backend,
+    padding_policy, rank_records, params_matched, coverage_checked, coverage_undeclared,
+    unknown_params, absent_tensors, ok); ``to_dict()`` is that whole document."""
+
+    def __init__(self, data):
+        super().__init__(data["findings"])
+        self._data = data
+
+    def __getattr__(self, name):
+        if name == "_data":
+            raise AttributeError(name)
+        try:
+            return self._data[name]
+        except KeyError:
+            raise AttributeError(f"Findings has no attribute '{name}' (keys: {sorted(self._data)})")
+
+    def to_dict(self):
+        return _json.loads(_json.dumps(self._data))
+
+    def lines(self):
+        """The lines the CLI prints for the findings: "[rule] tensor, rank R: expected E, got A"."""
+        return [f"[{d['rule']}] {d['tensor']}, rank {d['ranks']}: expected {d['expected']}, "
+                f"got {d['actual']}" for d in self]
+
+
+def _param_record(name, value):
+    """One dump param from (shape, dtype), a dict, or an object with .shape and .dtype (a torch
+    tensor or parameter, a NumPy array)."""
+    if isinstance(value, dict):
+        record = dict(value)
+        record.setdefault("name", name)
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):
+        record = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+    else:
+        try:
+            shape, dtype = value
+        except (TypeError, ValueError):
+            raise Error(f"check_against: parameter '{name}': expected (shape, dtype), a dict "
+                        f"with shape and dtype, or a tensor; got {value!r}")
+        record = {"name": name, "shape": list(shape), "dtype": str(dtype)}
+    record["shape"] = [int(d) for d in record.get("shape", [])]
+    if "dtype" in record:
+        record["dtype"] = str(record["dtype"])
+    return record
+
+
+def _dump_document(named_params_by_rank):
+    """The engine-dump document (docs/ownership.md) of check_against's first argument."""
+    if isinstance(named_params_by_rank, dict) and "ranks" in named_params_by_rank:
+        return named_params_by_rank  # already a dump
+    if isinstance(named_params_by_rank, dict):
+        items = sorted(named_params_by_rank.items())
+    else:
+        items = list(enumerate(named_params_by_rank))
+    ranks = []
+    for rank, params in items:
+        if isinstance(params, dict):
+            records = [_param_record(n, v) for n, v in params.items()]
+        else:
+            records = [_param_record(p["name"], p) if isinstance(p, dict) else
+                       _param_record(p[0], p[1]) for p in params]
+        ranks.append({"rank": int(rank), "params": records})
+    return {"format": "moeshard-engine-dump", "version": 1, "world": len(ranks),
+            "engine": "python", "ranks": ranks}
+
+
+def check_against(named_params_by_rank, model, **options):
+    """``moeshard check --against DUMP``: an engine's per-rank parameters compared with the plan
+    of the same topology (docs/ownership.md has the rules: world, missing, dtype, shape,
+    padding, slice, data, coverage).
+
+    named_params_by_rank: one entry per rank, in rank order (a list) or by rank (a dict
+    {rank: ...}); each entry maps parameter names to (shape, dtype), to a dict with shape,
+    dtype and optionally slices and padding, or to a tensor (``dict(model.named_parameters())``).
+    Also accepted: the dump's JSON object ({"world", "ranks": [...]}) or a path to a dump file
+    or folder (what scripts/dump_named_parameters.py writes).
+    model: a preset, config.json or checkpoint directory; or a Plan (its model and topology are
+    used, and ``options`` must then be empty).
+    options: plan()'s topology, backend and padding keywords.
+    Returns ``Findings`` (a list; empty when the parameters match the plan).
+    """
+    if isinstance(model, Plan):
+        if options:
+            raise TypeError("check_against(): with a Plan, give no other keyword arguments "
+                            f"(got {sorted(options)})")
+        model, options = model._plan_options["model"], dict(model._plan_options)
+        del options["model"]
+    if isinstance(named_params_by_rank, (str, _os.PathLike)):
+        text = _core.check_against_json(model, path=_os.fspath(named_params_by_rank),
+                                        **_options(**options))
+    else:
+        dump = _json.dumps(_dump_document(named_params_by_rank))
+        text = _core.check_against_json(model, dump=dump, **_options(**options))
+    return Findings(_json.loads(text))
+
+
+def _progress_sink(progress):
+    """The callable (done_bytes, total_bytes) the C++ side reports loading to: the user's, or
+    INFO records on the "moeshard" logger."""
+    if progress is not None:
+        if not callable(progress):
+            raise TypeError(f"progress: expected a callable (done_bytes, total_bytes), got "
+                            f"{progress!r}")
+        return progress
+
+    def log(done, total):
+        percent = 100.0 * done / total if total else 100.0
+        logger.info("loading weights: %.0f%% (%.1f of %.1f MiB)", percent, done / 2**20,
+                    total / 2**20)
+    return log
+
+
+class Runtime:
+    """``moeshard run`` on NumPy arrays: the sharded MoE layers of a plan, on local ranks.
+
+    model: a preset, config.json or checkpoint directory. tp, dp, ep, moe_tp, moe_ep, backend
+    (default ``"auto"``: moeshard's CPU kernels), ...: plan()'s topology keywords.
+    load_format: ``"auto"`` (dummy weights without a checkpoint, else the checkpoint's format),
+    ``"dummy"``, ``"safetensors"`` or ``"presharded"``; checkpoint: its directory. seed: the
+    dummy weights' seed. layers: run the first N MoE layers (None: all). threads: kernel threads
+    per rank (None: cores / ranks). progress: a callable (done_bytes, total_bytes) told how
+    loading goes; without one, progress goes to the "moeshard" logger at INFO.
+
+    The plan is built once; each ``moe`` call builds the rank set (dummy weights are generated,
+    a checkpoint is read) on local threads and runs it, with the GIL released.
+    """
+
+    def __init__(self, model, load_format="auto", checkpoint=None, seed=0, layers=None,
+                 threads=None, progress=None, **options):
+        self._core = _core.Runtime(str(model), load_format=load_format,
+                                   checkpoint="" if checkpoint is None else _os.fspath(checkpoint),
+                                   seed=seed, layers=-1 if layers is None else layers,
+                                   threads=0 if threads is None else threads,
+                                   **_options(**options))
+        self._progress = progress
+        self.verification = None
+
+    @property
+    def layers(self):
+        """The decoder layer indices of the MoE layers run, in order."""
+        return self._core.layers()
+
+    world = property(lambda self: self._core.world(), doc="ranks of the plan")
+    topology = property(lambda self: self._core.label(), doc="the topology label, e.g. 'TP2 EP2'")
+    backend = property(lambda self: self._core.backend(), doc="the plan's MoE backend")
+    hidden_size = property(lambda self: self._core.hidden_size())
+    top_k = property(lambda self: self._core.top_k())
+    num_experts = property(lambda self: self._core.num_experts())
+
+    def moe(self, x, topk_ids=None, topk_weights=None, token_ids=None, all_layers=False,
+            verify=False):
+        """Runs the MoE layers on x, [T, hidden_size] float32 (or bf16 bits as uint16): for each
+        layer y = x + MoE(RMSNorm_post_attention(x)) (include/moeshard/runtime/moe_runtime.h),
+        layer l's y feeding layer l + 1. topk_ids ([T, top_k] int32/int64 global expert ids) and
+        topk_weights ([T, top_k] float32, used as given) bypass the router in every layer;
+        token_ids ([T]) feed hash-routed layers. Returns the last layer's output (float32 for
+        float32 input, bf16 bits for uint16), or with all_layers every layer's, [L, T, H].
+        verify: also run the single-rank reference and store its comparison in
+        ``self.verification`` (max_abs_err, limit, passes, summary, ...)."""
+        out, layers, stats = self._core.moe(x, topk_ids=topk_ids, topk_weights=topk_weights,
+                                            token_ids=token_ids, all_layers=all_layers,
+                                            verify=verify,
+                                            progress=_progress_sink(self._progress))
+        self.verification = stats
+        return out
+
+    def __repr__(self):
+        return (f"<moeshard.Runtime {self.topology} on {self.world} local ranks, backend "
+                f"{self.backend}, MoE layers {self.layers}>")

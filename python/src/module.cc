@@ -10,28 +10,48 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cli/plan_api.h"
+#include "errors.h"
+#include "plan/ownership.h"
 
 namespace py = pybind11;
 
 namespace moeshard::python {
+
+// python/src/runtime.cc: moeshard._core.Runtime.
+void BindRuntime(py::module_& m);
+
 namespace {
 
-// Thrown for a moeshard Status error; registered as moeshard._core.Error(ValueError).
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-void ThrowIfError(const Status& status) {
-  if (!status.ok()) throw Error(status.message());
+template <typename T>
+constexpr const char* TypeName() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  if constexpr (std::is_same_v<T, std::string>) return "str";
+  if constexpr (std::is_floating_point_v<T>) return "float";
+  return "int";
 }
 
+// kw[key] into `out` when given and not None; a value of another type is a TypeError naming it
+// (not pybind11's "Unable to cast").
 template <typename T>
-T ValueOrThrow(Result<T> result) {
-  ThrowIfError(result.status());
-  return std::move(result).value();
+void Get(const py::dict& kw, const char* key, T& out) {
+  if (!kw.contains(key) || kw[key].is_none()) return;
+  const py::object value = kw[key];
+  // No silent bool -> int or float -> int: tp=True or tp=2.5 is a mistake.
+  const bool is_bool = py::isinstance<py::bool_>(value);
+  const bool ok = std::is_same_v<T, bool> ? is_bool
+                  : std::is_same_v<T, std::string>
+                      ? py::isinstance<py::str>(value)
+                      : (PyIndex_Check(value.ptr()) && !is_bool) ||
+                            (std::is_floating_point_v<T> && py::isinstance<py::float_>(value));
+  if (!ok) {
+    throw py::type_error(std::string("'") + key + "': expected " + TypeName<T>() + ", got " +
+                         py::str(value.get_type().attr("__name__")).cast<std::string>() + " " +
+                         py::repr(value).cast<std::string>());
+  }
+  out = value.cast<T>();
 }
 
 // num_redundant_experts: an int or "auto".
@@ -41,22 +61,24 @@ int64_t RedundantExperts(const py::object& value) {
     if (s == "auto") return kRedundantExpertsAuto;
     throw Error("'--num-redundant-experts " + s + "': expected a non-negative integer or auto");
   }
-  return value.cast<int64_t>();
+  int64_t n = 0;
+  Get(py::dict(py::arg("num_redundant_experts") = value), "num_redundant_experts", n);
+  return n;
 }
 
 // max_model_len: None (the model's maximum), an int, or a string the CLI accepts ("128k", "auto").
 std::string MaxModelLen(const py::object& value) {
   if (value.is_none()) return "";
   if (py::isinstance<py::str>(value)) return value.cast<std::string>();
-  return std::to_string(value.cast<int64_t>());
+  int64_t n = 0;
+  Get(py::dict(py::arg("max_model_len") = value), "max_model_len", n);
+  return std::to_string(n);
 }
 
 cli::PlanFlags PlanFlagsOf(const std::string& model, const py::kwargs& kw) {
   cli::PlanFlags f;
   f.model = model;
-  auto get = [&](const char* key, auto& out) {
-    if (kw.contains(key) && !kw[key].is_none()) out = kw[key].cast<std::decay_t<decltype(out)>>();
-  };
+  auto get = [&](const char* key, auto& out) { Get(kw, key, out); };
   get("tp", f.tp);
   get("dp", f.dp);
   get("pp", f.pp);
@@ -78,9 +100,7 @@ cli::PlanFlags PlanFlagsOf(const std::string& model, const py::kwargs& kw) {
 
 cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
   cli::MemoryFlags f;
-  auto get = [&](const char* key, auto& out) {
-    if (kw.contains(key) && !kw[key].is_none()) out = kw[key].cast<std::decay_t<decltype(out)>>();
-  };
+  auto get = [&](const char* key, auto& out) { Get(kw, key, out); };
   get("gpu", f.gpu);
   get("gpu_memory", f.gpu_memory_gib);
   get("gpu_memory_utilization", f.utilization);
@@ -131,12 +151,10 @@ std::string SweepJson(const std::string& model, const std::string& gpus, const p
   const cli::MemoryFlags memory = MemoryFlagsOf(kw);
   cli::SweepOptions options;
   options.gpus = gpus;
-  if (kw.contains("with_pp")) options.pp = kw["with_pp"].cast<bool>();
-  if (kw.contains("fits_only")) options.fits_only = kw["fits_only"].cast<bool>();
-  if (kw.contains("strategy") && !kw["strategy"].is_none()) {
-    options.strategy = kw["strategy"].cast<std::string>();
-  }
-  if (kw.contains("sort")) options.sort = kw["sort"].cast<std::string>();
+  Get(kw, "with_pp", options.pp);
+  Get(kw, "fits_only", options.fits_only);
+  Get(kw, "strategy", options.strategy);
+  Get(kw, "sort", options.sort);
   py::gil_scoped_release release;
   const cli::SweepSetup setup = ValueOrThrow(cli::PrepareSweep(plan, memory, options));
   return cli::SweepRowsToJson(cli::ComputeSweepRows(setup, options)).dump();
@@ -148,14 +166,69 @@ std::string CheckJson(const std::string& model, int64_t max_gpus, bool with_pp,
   const cli::PlanFlags plan = PlanFlagsOf(model, kw);
   py::gil_scoped_release release;
   const cli::CheckOutcome outcome = ValueOrThrow(cli::ComputeCheck(plan, max_gpus, with_pp));
+  return cli::ViolationsToJson(outcome.violations).dump();
+}
+
+// The grid `moeshard check` walks, one {strategy, gpus, topology, tp, dp, pp, pcp, moe_tp,
+// moe_ep, ep} per valid topology (moeshard.testing.topologies).
+std::string GridJson(const std::string& model, int64_t max_gpus, bool with_pp,
+                     const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, "topologies");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  py::gil_scoped_release release;
+  const cli::CheckOutcome outcome = ValueOrThrow(cli::ComputeCheck(plan, max_gpus, with_pp));
   nlohmann::json j = nlohmann::json::array();
-  for (const Violation& v : outcome.violations) {
-    j.push_back({{"invariant", v.invariant}, {"topology", v.topology}, {"detail", v.detail}});
+  for (const GridPoint& p : outcome.grid) {
+    const ResolvedTopology& t = p.plan.topology;
+    j.push_back({{"strategy", p.strategy},
+                 {"gpus", p.gpus},
+                 {"topology", t.Label()},
+                 {"tp", t.tp},
+                 {"dp", t.dp},
+                 {"pp", t.pp},
+                 {"pcp", t.pcp},
+                 {"moe_tp", t.moe_tp},
+                 {"moe_ep", t.moe_ep}});
   }
   return j.dump();
 }
 
+// `moeshard plan --ownership FILE`'s document (the plan of the same flags, memory flags included).
+std::string OwnershipJson(const std::string& model, const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS}, "ownership");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  const cli::MemoryFlags memory = MemoryFlagsOf(kw);
+  py::gil_scoped_release release;
+  const cli::PlanOutcome outcome = ValueOrThrow(cli::ComputePlan(plan, memory));
+  return OwnershipMapJson(outcome.plan);
+}
+
+// `moeshard check --against DUMP --format json`: the dump as the text of one dump file (`dump`,
+// named `source` in errors) or a file or folder path (`path`).
+std::string CheckAgainstJson(const std::string& model, const std::string& dump_text,
+                             const std::string& path, const py::kwargs& kw) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, "check_against");
+  const cli::PlanFlags plan = PlanFlagsOf(model, kw);
+  py::gil_scoped_release release;
+  cli::AgainstOutcome outcome = ValueOrThrow(cli::PrepareCheckAgainst(plan));
+  EngineDump dump;
+  if (!path.empty()) {
+    ThrowIfError(cli::ReadEngineDump(path, dump));
+  } else {
+    ThrowIfError(ParseEngineDump(dump_text, "named_params_by_rank", dump));
+  }
+  cli::CompareDump(dump, outcome);
+  return cli::AgainstOutcomeToJson(outcome).dump();
+}
+
 }  // namespace
+
+cli::PlanFlags PlanFlagsFromKwargs(const std::string& model, const py::kwargs& kw,
+                                   const char* function) {
+  RejectUnknown(kw, {MOESHARD_PLAN_KEYS}, function);
+  return PlanFlagsOf(model, kw);
+}
+
 }  // namespace moeshard::python
 
 PYBIND11_MODULE(_core, m) {
@@ -169,4 +242,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("check_json", &CheckJson, py::arg("model"), py::arg("max_gpus") = 64,
         py::arg("with_pp") = false,
         "the violations `moeshard check` lists, as a JSON array of {invariant, topology, detail}");
+  m.def("ownership_json", &OwnershipJson, py::arg("model"),
+        "`moeshard plan --ownership FILE`'s document for the keyword arguments, as a JSON string");
+  m.def("check_against_json", &CheckAgainstJson, py::arg("model"), py::arg("dump") = "",
+        py::arg("path") = "",
+        "`moeshard check --against DUMP --format json` for a dump's text or path, as a JSON "
+        "string");
+  m.def("grid_json", &GridJson, py::arg("model"), py::arg("max_gpus") = 64,
+        py::arg("with_pp") = false,
+        "the topologies `moeshard check` walks, as a JSON array (moeshard.testing.topologies)");
+  BindRuntime(m);
 }

@@ -6,13 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "cli/plan_api.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/plan/invariants.h"
 #include "plan/ownership.h"
@@ -25,37 +23,8 @@ struct CheckFlags {
   int64_t max_gpus = 64;
   bool pp = false;
   std::string against;  // an engine dump: a file, or a folder of per-rank files
+  std::string format = "text";
 };
-
-// Reads a dump file, or every *.json / *.jsonl file of a folder (one per rank).
-Status ReadDump(const std::string& path, EngineDump& dump) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
-      const std::string ext = e.path().extension().string();
-      if (e.is_regular_file() && (ext == ".json" || ext == ".jsonl")) files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
-    if (files.empty()) {
-      return NotFoundError(fmt::format(
-          "check: '{}': no .json or .jsonl files in the folder (expected one dump per rank, "
-          "written by scripts/dump_named_parameters.py)",
-          path));
-    }
-  } else {
-    files.push_back(path);
-  }
-  for (const std::string& file : files) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) return NotFoundError(fmt::format("check: '{}': cannot open the dump", file));
-    std::ostringstream text;
-    text << in.rdbuf();
-    MOESHARD_RETURN_IF_ERROR(ParseEngineDump(text.str(), file, dump));
-  }
-  return Status::Ok();
-}
 
 void PrintNames(const char* what, const std::vector<std::string>& names) {
   if (names.empty()) return;
@@ -64,21 +33,26 @@ void PrintNames(const char* what, const std::vector<std::string>& names) {
   for (size_t i = 0; i < names.size() && i < 5; ++i) std::printf("  %s\n", names[i].c_str());
 }
 
-int RunCheckAgainst(const CheckFlags& f, const ModelConfig& model, const PlanOptions& options) {
-  Result<ShardPlan> plan = BuildShardPlan(model, options);
-  if (!plan.ok()) return ReportError("check", plan.status());
+int RunCheckAgainst(const CheckFlags& f) {
+  Result<AgainstOutcome> o = PrepareCheckAgainst(f.plan);
+  if (!o.ok()) return ReportError("check", o.status());
   EngineDump dump;
-  const Status read = ReadDump(f.against, dump);
+  const Status read = ReadEngineDump(f.against, dump);
   if (!read.ok()) return ReportError("check", read);
-  const OwnershipReport r = CheckOwnership(*plan, dump);
+  CompareDump(dump, *o);
+  const OwnershipReport& r = o->report;
+  if (f.format == "json") {
+    std::printf("%s\n", AgainstOutcomeToJson(*o).dump(2).c_str());
+    return r.diffs.empty() ? 0 : 1;
+  }
   std::printf(
-      "moeshard check --against %s: %s %s, backend %s, padding policy %s: %zu rank "
+      "moeshard check --against %s: %s %s, backend %s, padding policy %s: %lld rank "
       "records, %lld params matched; coverage compared for %lld split tensors (%lld "
       "without declared slices)\n",
-      f.against.c_str(), model.name.c_str(), plan->topology.Label().c_str(),
-      plan->backend.name.c_str(), f.plan.padding.c_str(), dump.ranks.size(),
-      static_cast<long long>(r.params_matched), static_cast<long long>(r.coverage_checked),
-      static_cast<long long>(r.coverage_undeclared));
+      f.against.c_str(), o->model.name.c_str(), o->plan.topology.Label().c_str(),
+      o->plan.backend.name.c_str(), o->padding_policy.c_str(),
+      static_cast<long long>(o->rank_records), static_cast<long long>(r.params_matched),
+      static_cast<long long>(r.coverage_checked), static_cast<long long>(r.coverage_undeclared));
   PrintNames("dump params the plan does not know", r.unknown_params);
   PrintNames("non-expert plan tensors absent from the dump", r.absent_tensors);
   if (r.diffs.empty()) {
@@ -93,12 +67,25 @@ int RunCheckAgainst(const CheckFlags& f, const ModelConfig& model, const PlanOpt
   return 1;
 }
 
+// --format json without --against: the violations as JSON (what moeshard.check returns).
+int RunCheckJson(const CheckFlags& f) {
+  Result<CheckOutcome> o = ComputeCheck(f.plan, f.max_gpus, f.pp);
+  if (!o.ok()) return ReportError("check", o.status());
+  std::printf("%s\n", ViolationsToJson(o->violations).dump(2).c_str());
+  return o->violations.empty() ? 0 : 1;
+}
+
 int RunCheck(const CheckFlags& f) {
+  if (f.format != "text" && f.format != "json") {
+    return ReportError("check", InvalidArgumentError(
+                                    fmt::format("'--format {}': expected text or json", f.format)));
+  }
+  if (!f.against.empty()) return RunCheckAgainst(f);
+  if (f.format == "json") return RunCheckJson(f);
   Result<ModelConfig> model = LoadModelConfig(f.plan.model);
   if (!model.ok()) return ReportError("check", model.status());
   Result<PlanOptions> base = ToPlanOptions(f.plan);
   if (!base.ok()) return ReportError("check", base.status());
-  if (!f.against.empty()) return RunCheckAgainst(f, *model, *base);
   if (f.max_gpus < 1) {
     return ReportError("check", InvalidArgumentError(fmt::format(
                                     "'--max-gpus {}': expected a positive integer", f.max_gpus)));
@@ -151,6 +138,9 @@ MOESHARD_REGISTER_COMMAND(
           sub->add_option("--against", f->against,
                           "compare an engine's per-rank parameter dump (a file, or a folder of "
                           "per-rank files; docs/ownership.md) with the plan of the given topology");
+          sub->add_option("--format", f->format,
+                          "text (default) or json (the violations, or with --against the "
+                          "report; what moeshard.check / check_against return)");
           return [f] { return RunCheck(*f); };
         }});
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "cli/plan_api.h"
@@ -192,6 +194,81 @@ Result<CheckOutcome> ComputeCheck(const PlanFlags& plan, int64_t max_gpus, bool 
   }
   o.violations = CheckGrid(o.model, o.grid);
   return o;
+}
+
+nlohmann::json ViolationsToJson(const std::vector<Violation>& violations) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const Violation& v : violations) {
+    j.push_back({{"invariant", v.invariant}, {"topology", v.topology}, {"detail", v.detail}});
+  }
+  return j;
+}
+
+Status ReadEngineDump(const std::string& path, EngineDump& dump) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && (ext == ".json" || ext == ".jsonl")) files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) {
+      return NotFoundError(fmt::format(
+          "check: '{}': no .json or .jsonl files in the folder (expected one dump per rank, "
+          "written by scripts/dump_named_parameters.py)",
+          path));
+    }
+  } else {
+    files.push_back(path);
+  }
+  for (const std::string& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return NotFoundError(fmt::format("check: '{}': cannot open the dump", file));
+    std::ostringstream text;
+    text << in.rdbuf();
+    MOESHARD_RETURN_IF_ERROR(ParseEngineDump(text.str(), file, dump));
+  }
+  return Status::Ok();
+}
+
+Result<AgainstOutcome> PrepareCheckAgainst(const PlanFlags& plan) {
+  AgainstOutcome o;
+  MOESHARD_ASSIGN_OR_RETURN(o.model, LoadModelConfig(plan.model));
+  MOESHARD_ASSIGN_OR_RETURN(PlanOptions options, ToPlanOptions(plan));
+  MOESHARD_ASSIGN_OR_RETURN(o.plan, BuildShardPlan(o.model, options));
+  o.padding_policy = plan.padding;
+  return o;
+}
+
+void CompareDump(const EngineDump& dump, AgainstOutcome& o) {
+  o.rank_records = static_cast<int64_t>(dump.ranks.size());
+  o.report = CheckOwnership(o.plan, dump);
+}
+
+nlohmann::json AgainstOutcomeToJson(const AgainstOutcome& o) {
+  const OwnershipReport& r = o.report;
+  nlohmann::json findings = nlohmann::json::array();
+  for (const OwnershipDiff& d : r.diffs) {
+    findings.push_back({{"rule", d.rule},
+                        {"tensor", d.tensor},
+                        {"ranks", d.ranks},
+                        {"expected", d.expected},
+                        {"actual", d.actual}});
+  }
+  return {{"model", o.model.name},
+          {"topology", o.plan.topology.Label()},
+          {"backend", o.plan.backend.name},
+          {"padding_policy", o.padding_policy},
+          {"rank_records", o.rank_records},
+          {"params_matched", r.params_matched},
+          {"coverage_checked", r.coverage_checked},
+          {"coverage_undeclared", r.coverage_undeclared},
+          {"unknown_params", r.unknown_params},
+          {"absent_tensors", r.absent_tensors},
+          {"ok", r.diffs.empty()},
+          {"findings", findings}};
 }
 
 }  // namespace moeshard::cli

@@ -11,6 +11,7 @@
 #include "cli/plan_report.h"
 #include "moeshard/plan/invariants.h"
 #include "moeshard/plan/memory.h"
+#include "plan/ownership.h"
 
 namespace moeshard::cli {
 
@@ -79,5 +80,28 @@ struct CheckOutcome {
   std::vector<Violation> violations;
 };
 Result<CheckOutcome> ComputeCheck(const PlanFlags& plan, int64_t max_gpus, bool pp);
+// `moeshard check --format json`'s document without --against: [{invariant, topology, detail}].
+nlohmann::json ViolationsToJson(const std::vector<Violation>& violations);
+
+// check --against: reads a dump file, or every *.json / *.jsonl file of a folder (one per rank),
+// into `dump` (docs/ownership.md).
+Status ReadEngineDump(const std::string& path, EngineDump& dump);
+
+// An engine dump compared with the plan of the flags' topology (no memory flags: the same plan
+// `moeshard check --against` builds).
+struct AgainstOutcome {
+  ModelConfig model;
+  ShardPlan plan;
+  std::string padding_policy;  // as given (--padding-policy)
+  int64_t rank_records = 0;    // the dump's rank records
+  OwnershipReport report;
+};
+// The model and plan (errors as the CLI's, checked before the dump is read), then the comparison.
+Result<AgainstOutcome> PrepareCheckAgainst(const PlanFlags& plan);
+void CompareDump(const EngineDump& dump, AgainstOutcome& outcome);
+// `moeshard check --against DUMP --format json`'s document: model, topology, backend,
+// padding_policy, rank_records, params_matched, coverage_checked, coverage_undeclared,
+// unknown_params, absent_tensors, ok, and findings [{rule, tensor, ranks, expected, actual}].
+nlohmann::json AgainstOutcomeToJson(const AgainstOutcome& outcome);
 
 }  // namespace moeshard::cli

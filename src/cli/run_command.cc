@@ -12,6 +12,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/command.h"
+#include "cli/run_api.h"
 #include "moeshard/base/numa.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/comm/launcher.h"
@@ -251,36 +252,15 @@ Status WriteOutputs(const std::string& path, const ShardPlan& plan, const Sharde
 
 int RunRun(const RunFlags& f) {
   auto fail = [](const Status& s) { return ReportError("run", s); };
-  auto model = LoadModelConfig(f.plan.model);
-  if (!model.ok()) return fail(model.status());
-  auto source = ParseLoadFormat(f.load_format, f.checkpoint);
-  if (!source.ok()) return fail(source.status().WithContext("run"));
-  PlanFlags pf = f.plan;
-  if (pf.backend == "auto") {
-    // The kernels this binary runs; a pre-sharded directory holds the layout of the backend it
-    // was sharded for, so take that one.
-    pf.backend = "moeshard-cpu";
-    if (*source == LoadOptions::Source::kPresharded) {
-      auto manifest = ReadPreshardedManifest(f.checkpoint);
-      if (!manifest.ok()) return fail(manifest.status());
-      pf.backend = (*manifest)["plan"].value("/backend/name"_json_pointer, pf.backend);
-    }
-  }
-  auto options = ToPlanOptions(pf);
-  if (!options.ok()) return fail(options.status());
-  auto plan = BuildShardPlan(*model, *options);
-  if (!plan.ok()) return fail(plan.status());
+  Result<RunSetup> setup = PrepareRun(f.plan, f.load_format, f.checkpoint, f.seed, f.verify);
+  if (!setup.ok()) return fail(setup.status());
+  const ModelConfig* model = &setup->model;
+  const ShardPlan* plan = &setup->plan;
 
   ShardedJobSpec spec;
-  spec.plan = &*plan;
-  spec.load.source = *source;
-  spec.load.checkpoint_dir = f.checkpoint;
-  if (*source == LoadOptions::Source::kPresharded && f.verify) {
-    auto origin = PreshardedOrigin(f.checkpoint);
-    if (!origin.ok()) return fail(origin.status());
-    spec.reference_load = *origin;
-  }
-  spec.load.seed = f.seed;
+  spec.plan = plan;
+  spec.load = setup->load;
+  spec.reference_load = setup->reference_load;
   spec.num_layers = f.layers;
   spec.tokens_per_unit = f.tokens;
   spec.input_seed = f.seed;
