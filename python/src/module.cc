@@ -94,6 +94,7 @@ cli::PlanFlags PlanFlagsOf(const std::string& model, const py::kwargs& kw) {
   }
   get("shared_experts", f.shared_experts);
   get("latent_proj", f.latent_proj);
+  get("expert_load", f.expert_load);
   ThrowIfError(cli::ValidatePlanFlags(f));
   return f;
 }
@@ -129,7 +130,7 @@ void RejectUnknown(const py::kwargs& kw, std::initializer_list<const char*> grou
 
 #define MOESHARD_PLAN_KEYS                                                        \
   "tp", "dp", "pp", "pcp", "ep", "moe_tp", "moe_ep", "backend", "padding_policy", \
-      "expert_placement", "num_redundant_experts", "shared_experts", "latent_proj"
+      "expert_placement", "num_redundant_experts", "shared_experts", "latent_proj", "expert_load"
 #define MOESHARD_MEMORY_KEYS                                                        \
   "gpu", "gpu_memory", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len", \
       "max_num_seqs", "max_num_batched_tokens", "overhead_gib"
