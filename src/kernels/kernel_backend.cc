@@ -80,9 +80,9 @@ Status CheckSettingNames(const KernelBackendOptions& options,
     bool found = false;
     for (const std::string& k : known) found |= k == key;
     if (!found) {
-      return InvalidArgumentError(fmt::format(
-          "kernel backend '{}': setting '{}': expected one of [{}]", options.name, key,
-          fmt::join(known, ", ")));
+      return InvalidArgumentError(
+          fmt::format("kernel backend '{}': setting '{}': expected one of [{}]", options.name, key,
+                      fmt::join(known, ", ")));
     }
   }
   return Status::Ok();

@@ -77,8 +77,8 @@ struct ExpertRowsArgs {
   int64_t num_rows = 0;
   int64_t cols = 0;
   int64_t padded_cols = 0;
-  bf16_t* rows = nullptr;         // out: [num_rows, padded_cols] bf16
-  float* row_weights = nullptr;   // optional [num_rows] fp32 (in/out)
+  bf16_t* rows = nullptr;        // out: [num_rows, padded_cols] bf16
+  float* row_weights = nullptr;  // optional [num_rows] fp32 (in/out)
 };
 
 // y[r, :] += x[r, :], or (gate_logits) y[r, :] += sigmoid(gate_logits[r]) * x[r, :].
@@ -173,7 +173,7 @@ class KernelBackend {
 //   "reference":  none (the scalar oracle of kernels/reference.h; serial; for tests).
 struct KernelBackendOptions {
   std::string name = "cpu";
-  int num_threads = 0;    // 0: the hardware's (serial backends ignore it)
+  int num_threads = 0;         // 0: the hardware's (serial backends ignore it)
   std::vector<int> cpus = {};  // pin thread i to cpus[i % size]; empty: not pinned
   std::map<std::string, std::string> settings = {};
 };

@@ -3,9 +3,10 @@
 // variants in this folder) and the dense operations of dense_ops.h.
 //
 // Its weight preparation is the bf16 row-group layout (expert_gemm.h): with expert-layout auto
-// and the avx512-bf16 instruction set (or expert-layout row-groups), PrepareExperts rewrites a layer's bf16 experts in place
-// when their shape fits and records the tensors' addresses; ExpertGemm and MoeExperts on those
-// tensors then run the row-group kernels. Nothing above the kernels sees the layout.
+// and the avx512-bf16 instruction set (or expert-layout row-groups), PrepareExperts rewrites a
+// layer's bf16 experts in place when their shape fits and records the tensors' addresses;
+// ExpertGemm and MoeExperts on those tensors then run the row-group kernels. Nothing above the
+// kernels sees the layout.
 //
 // Thread safety: as KernelBackend (one call at a time).
 #pragma once

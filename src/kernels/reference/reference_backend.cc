@@ -141,9 +141,8 @@ Status ReferenceKernelBackend::MoeExperts(const MoeExpertsParams& p) {
   g.y_sorted = y_sorted_.data();
   g.add_down_bias = p.add_down_bias;
   MOESHARD_RETURN_IF_ERROR(ExpertGemm(g));
-  return Unpermute(perm_, UnpermuteParams{.y_sorted = y_sorted_.data(),
-                                          .hidden = w.hidden,
-                                          .out = p.out});
+  return Unpermute(perm_,
+                   UnpermuteParams{.y_sorted = y_sorted_.data(), .hidden = w.hidden, .out = p.out});
 }
 
 void ReferenceKernelBackend::Linear(const LinearArgs& a) {
