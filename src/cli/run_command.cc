@@ -17,6 +17,7 @@
 #include "moeshard/base/numeric.h"
 #include "moeshard/comm/launcher.h"
 #include "moeshard/config/config_loader.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/sharded_job.h"
 #include "moeshard/weights/presharded.h"
@@ -41,7 +42,9 @@ struct RunFlags {
   std::string input;
   std::string output;
   std::string dtype = "bf16";
-  std::string expert_layout = "auto";
+  std::string kernel_backend = "cpu";
+  std::string isa;            // cpu backend setting; empty: its default (auto)
+  std::string expert_layout;  // cpu backend setting; empty: its default (auto)
   int threads = 0;
   bool no_pin = false;
   double atol = Tolerance{}.atol;
@@ -161,9 +164,10 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
       "iterations\n",
       fmt::join(r.layers, ", "), r.total_tokens, r.unit_tokens.size(),
       fmt::join(r.unit_tokens, ", "), spec.warmup, spec.iters);
-  if (r.row_group_layers > 0) {
-    fmt::print("  bf16 experts in the CPU row-group layout ({} layers on rank 0; same bytes)\n",
-               r.row_group_layers);
+  fmt::print("  kernel backend {}\n", r.kernel_backend);
+  if (r.prepared_layers > 0) {
+    fmt::print("  routed experts prepared in the {} ({} layers on rank 0; same bytes)\n",
+               r.prepared_layout, r.prepared_layers);
   }
   fmt::print("  intermediate {} -> raw {} -> padded {}; expert hidden {} -> padded {}\n\n",
              plan.intermediate.logical, plan.intermediate.raw_local, plan.intermediate.padded_local,
@@ -268,13 +272,16 @@ int RunRun(const RunFlags& f) {
   spec.iters = f.iters;
   spec.verify = f.verify;
   spec.tolerance = Tolerance{.atol = f.atol, .rtol = f.rtol};
-  if (f.expert_layout != "auto" && f.expert_layout != "row-major") {
-    return fail(InvalidArgumentError(fmt::format(
-        "run: '--expert-layout {}': expected auto (bf16 experts in the row-group layout on "
-        "AVX-512 CPUs) or row-major",
-        f.expert_layout)));
+  spec.kernels.name = f.kernel_backend;
+  if (!f.isa.empty()) spec.kernels.settings["isa"] = f.isa;
+  if (!f.expert_layout.empty()) spec.kernels.settings["expert-layout"] = f.expert_layout;
+  {
+    // The backend's options checked once here (a backend of one thread), not on every rank.
+    KernelBackendOptions check = spec.kernels;
+    check.num_threads = 1;
+    const Result<std::unique_ptr<KernelBackend>> b = CreateKernelBackend(check);
+    if (!b.ok()) return fail(b.status().WithContext("run"));
   }
-  spec.cpu_row_groups = f.expert_layout == "auto";
   spec.collect_outputs = !f.output.empty();
   if (f.dtype == "bf16") {
     spec.io_dtype = DType::kBF16;
@@ -575,9 +582,16 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--output", f->output,
                                "write every layer's output as safetensors (F32 [T, H])");
                sub->add_option("--dtype", f->dtype, "hidden-state dtype: bf16 (default) or f32");
+               sub->add_option("--kernel-backend", f->kernel_backend,
+                               "kernel backend by name: cpu (default) or reference (the scalar "
+                               "oracle; slow, for tests)");
+               sub->add_option("--isa", f->isa,
+                               "cpu backend: instruction set, auto (default; or "
+                               "MOESHARD_CPU_ISA), avx512-bf16, avx512, avx2, neon, sve, "
+                               "portable");
                sub->add_option("--expert-layout", f->expert_layout,
-                               "bf16 routed experts: auto (default; the row-group layout on "
-                               "AVX-512 CPUs) or row-major");
+                               "cpu backend: bf16 routed experts auto (default; the row-group "
+                               "layout on AVX-512 BF16 CPUs) or row-major");
                sub->add_option("--threads", f->threads,
                                "kernel threads per rank (default: cores / ranks, at least 1)");
                sub->add_flag("--no-pin", f->no_pin,

@@ -333,7 +333,421 @@ int64_t PackedTokenBlock(int64_t k) {
 
 }  // namespace
 
-Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
+namespace internal {
+
+// The work split of one GroupedExpertGemm call, built by BuildGemmSchedule from the weights'
+// shape, the rows per expert and the thread count, and executed by RunGemmSchedule. A plain
+// description: which path each expert takes, the block sizes, and the task lists of the two
+// parallel loops; its arrays live in the context's scratch (KernelScratch), valid until the
+// next call.
+//
+//   pass 0 (pack_tasks):  16-row groups of input rows: packed-path experts' inputs packed into
+//                         x_packed, the others' rows converted/gathered into contiguous bf16
+//   pass 1 (tasks):       [gate_up tasks 0 .. num_gate_up) [down tasks num_gate_up ..)
+//                         gate_up: (expert, token block, j block) -> h or h_packed
+//                         down:    (expert, token block, output-row block) -> y_sorted;
+//                         a down task waits for its expert's gate_up_pending to reach 0
+struct GemmSchedule {
+  int64_t num_experts = 0;  // E_local
+  int64_t hidden = 0;       // H
+  int64_t inter = 0;        // I
+  int64_t rows_per_j = 1;   // w13 rows per intermediate index (2 when gated)
+  int64_t num_rows = 0;     // grouped rows
+  // Per expert: first packed group (-1: the dot path), and its last tokens left unpacked.
+  const int64_t* packed_base = nullptr;  // [E_local]
+  const int64_t* packed_rem = nullptr;   // [E_local]
+  int64_t total_groups = 0;              // packed groups of 16 tokens over all experts
+  int64_t x_group_stride = 0;            // uint32 per packed input group
+  int64_t h_group_stride = 0;            // uint32 per packed activation group
+  bool copy_rows = false;                // pass 0 writes contiguous bf16 rows for dot experts
+  // Tokens per task (dot path tb*, packed path ptb*) for gate_up (1) and down (2), and the
+  // dot path's output blocks (the packed path's are kPackedGateUpBlock / kPackedDownBlock).
+  int64_t tb1 = 0, tb2 = 0, ptb1 = 0, ptb2 = 0;
+  int64_t gu_block = 0, down_block = 0;
+  const std::vector<GemmTask>* pack_tasks = nullptr;
+  const std::vector<GemmTask>* tasks = nullptr;
+  int64_t num_gate_up = 0;
+  int32_t* gate_up_pending = nullptr;  // [E_local] gate_up tasks per expert not finished yet
+};
+
+}  // namespace internal
+
+namespace {
+
+using internal::GemmSchedule;
+using internal::GemmTask;
+using internal::KernelScratch;
+using internal::kPackedGroup;
+
+// The dot path's output block for one phase: grows up to kMaxBlockMultiple times `base` while
+// every thread keeps at least kMinTasksPerThread tasks.
+int64_t DotOutBlock(const GemmSchedule& g, const int64_t* offsets, int64_t token_block,
+                    int64_t out_size, int64_t base, int num_threads) {
+  int64_t pairs = 0;  // (expert, token block) pairs on the dot path
+  for (int64_t e = 0; e < g.num_experts; ++e) {
+    if (g.packed_base[e] < 0) pairs += CeilDiv(offsets[e + 1] - offsets[e], token_block);
+  }
+  const int64_t units = pairs * CeilDiv(out_size, base);
+  return base *
+         std::clamp<int64_t>(units / (kMinTasksPerThread * num_threads), 1, kMaxBlockMultiple);
+}
+
+// Appends one phase's tasks to `tasks`, expert by expert; the expert's task counts go to
+// `per_expert` when non-null.
+void AppendPhaseTasks(const GemmSchedule& g, const int64_t* offsets, int64_t token_block,
+                      int64_t packed_block, int64_t out_size, int64_t dot_out_block,
+                      int64_t packed_out_block, std::vector<GemmTask>* tasks, int32_t* per_expert) {
+  for (int64_t e = 0; e < g.num_experts; ++e) {
+    const size_t before = tasks->size();
+    const bool packed = g.packed_base[e] >= 0;
+    const int64_t tb = packed ? packed_block : token_block;
+    const int64_t ob = packed ? packed_out_block : dot_out_block;
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; r += tb) {
+      for (int64_t o = 0; o < out_size; o += ob) {
+        tasks->push_back({static_cast<int32_t>(e), r, std::min(r + tb, offsets[e + 1]), o,
+                          std::min(o + ob, out_size)});
+      }
+    }
+    if (per_expert != nullptr) per_expert[e] = static_cast<int32_t>(tasks->size() - before);
+  }
+}
+
+// Sizes every per-thread scratch buffer the schedule's tasks use.
+void GrowPerThread(const GemmSchedule& g, const internal::CpuBackend& be, KernelScratch& s) {
+  const int64_t rows_per_j = g.rows_per_j;
+  for (auto& pt : s.per_thread) {
+    KernelScratch::Grow(
+        pt.tile, std::max({g.tb1 * g.gu_block * rows_per_j, g.tb2 * g.down_block,
+                           (g.ptb1 + internal::kPackedMaxRem) * kPackedGateUpBlock * rows_per_j,
+                           (g.ptb2 + internal::kPackedMaxRem) * kPackedDownBlock}));
+    KernelScratch::Grow(pt.work,
+                        std::max(be.work_floats(g.tb1, g.hidden), be.work_floats(g.tb2, g.inter)));
+    KernelScratch::Grow(pt.rows, std::max({g.gu_block * rows_per_j, g.down_block,
+                                           kPackedGateUpBlock * rows_per_j, kPackedDownBlock}));
+    KernelScratch::Grow(pt.act, 2 * g.ptb1);
+    if (g.total_groups > 0) {
+      KernelScratch::Grow(pt.packed_work,
+                          internal::kPackedWorkBytesPerCol * std::max(g.hidden, g.inter));
+    }
+  }
+}
+
+// The schedule of one call (REQUIRES: validated params with at least one row). Grows the
+// scratch it describes.
+GemmSchedule BuildGemmSchedule(const GroupedGemmParams& p, const internal::CpuBackend& be,
+                               int num_threads, KernelScratch& s) {
+  const ExpertWeights& w = *p.weights;
+  const int64_t* offsets = p.expert_offsets;
+  GemmSchedule g;
+  g.num_experts = w.num_experts_local;
+  g.hidden = w.hidden;
+  g.inter = w.intermediate;
+  g.rows_per_j = w.gated ? 2 : 1;
+  g.num_rows = offsets[g.num_experts];
+  // Which experts take the packed path, and where their packed inputs and activations live.
+  g.x_group_stride = internal::PackedPairs(g.hidden) * kPackedGroup;
+  g.h_group_stride = internal::PackedPairs(g.inter) * kPackedGroup;
+  int64_t* packed_base = KernelScratch::Grow(s.packed_base, g.num_experts);
+  // A packed expert's last n % 16 tokens, when at most kPackedMaxRem, stay unpacked (PackedGemmArgs
+  // rem_x: dot products on the L1-hot strips) instead of filling a zero-padded group; 0 otherwise.
+  int64_t* packed_rem = KernelScratch::Grow(s.packed_rem, g.num_experts);
+  for (int64_t e = 0; e < g.num_experts; ++e) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.scheme.format) &&
+                        !w.bf16_row_groups && n >= kPackedMinTokens;
+    packed_base[e] = packed ? g.total_groups : -1;
+    packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;
+    if (packed) g.total_groups += CeilDiv(n - packed_rem[e], kPackedGroup);
+  }
+  g.packed_base = packed_base;
+  g.packed_rem = packed_rem;
+  // Pass 0: pack the packed experts' inputs (16 tokens per task) and give the other experts
+  // contiguous bf16 rows (rounding fp32 inputs, gathering through x_rows): the dot kernels reuse
+  // each row for many weight rows.
+  g.copy_rows = p.x_dtype == DType::kF32 || p.x_rows != nullptr;
+  s.pack_tasks.clear();
+  for (int64_t e = 0; e < g.num_experts; ++e) {
+    if (packed_base[e] < 0 && !g.copy_rows) continue;
+    const int64_t end = g.copy_rows ? offsets[e + 1] : offsets[e + 1] - packed_rem[e];
+    for (int64_t r = offsets[e]; r < end; r += kPackedGroup) {
+      s.pack_tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, end), 0, 0});
+    }
+  }
+  g.pack_tasks = &s.pack_tasks;
+  g.tb1 = TokenBlock(g.hidden);
+  g.tb2 = TokenBlock(g.inter);
+  g.ptb1 = PackedTokenBlock(g.hidden);
+  g.ptb2 = PackedTokenBlock(g.inter);
+  g.gu_block = DotOutBlock(g, offsets, g.tb1, g.inter, kGateUpBlock, num_threads);
+  g.down_block = DotOutBlock(g, offsets, g.tb2, g.hidden, kDownBlock, num_threads);
+  // Pass 1: both phases as one loop over [gate_up tasks..., down tasks...].
+  s.tasks.clear();
+  g.gate_up_pending = KernelScratch::Grow(s.gate_up_pending, g.num_experts);
+  AppendPhaseTasks(g, offsets, g.tb1, g.ptb1, g.inter, g.gu_block, kPackedGateUpBlock, &s.tasks,
+                   g.gate_up_pending);
+  g.num_gate_up = static_cast<int64_t>(s.tasks.size());
+  AppendPhaseTasks(g, offsets, g.tb2, g.ptb2, g.hidden, g.down_block, kPackedDownBlock, &s.tasks,
+                   nullptr);
+  g.tasks = &s.tasks;
+  return g;
+}
+
+// What every task of one call reads and writes: the schedule, the call's parameters and the
+// scratch buffers the schedule sized.
+struct GemmRun {
+  const GemmSchedule* g = nullptr;
+  const GroupedGemmParams* p = nullptr;
+  const internal::CpuBackend* be = nullptr;
+  KernelScratch* s = nullptr;
+  uint32_t* x_packed = nullptr;  // [total_groups, x_group_stride]
+  uint32_t* h_packed = nullptr;  // [total_groups, h_group_stride]
+  bf16_t* h = nullptr;           // [num_rows, I] dot-path activations
+  bf16_t* x_bf16 = nullptr;      // [num_rows, H] (copy_rows) or null
+  const bf16_t* x = nullptr;     // the dot path's bf16 input rows
+
+  // A packed task's unpacked remainder tokens (its expert's last ones, in its last block).
+  int64_t TaskRem(const GemmTask& t) const {
+    return t.row_end == p->expert_offsets[t.expert + 1] ? g->packed_rem[t.expert] : int64_t{0};
+  }
+  // A packed task's groups: the first one's index and the count.
+  std::pair<int64_t, int64_t> TaskGroups(const GemmTask& t) const {
+    return {g->packed_base[t.expert] + (t.row_begin - p->expert_offsets[t.expert]) / kPackedGroup,
+            CeilDiv(t.row_end - t.row_begin - TaskRem(t), kPackedGroup)};
+  }
+};
+
+// Pass 0, one task: packs a group of inputs or converts/gathers rows into x_bf16.
+void PackInputsTask(const GemmRun& run, const GemmTask& t) {
+  const GroupedGemmParams& p = *run.p;
+  const GemmSchedule& g = *run.g;
+  const int64_t hidden = g.hidden;
+  const int64_t* offsets = p.expert_offsets;
+  int32_t src_rows[kPackedGroup];
+  for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+    src_rows[r - t.row_begin] = p.x_rows != nullptr ? p.x_rows[r] : static_cast<int32_t>(r);
+  }
+  const bool unpacked = t.row_begin >= offsets[t.expert + 1] - g.packed_rem[t.expert];
+  if (g.packed_base[t.expert] >= 0 && !unpacked) {
+    const int64_t grp = g.packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
+    run.be->pack_group(p.x_sorted, p.x_dtype, hidden, src_rows, t.row_end - t.row_begin, hidden,
+                       run.x_packed + grp * g.x_group_stride);
+    return;
+  }
+  const size_t elem = p.x_dtype == DType::kF32 ? 4 : 2;
+  const uint8_t* x_bytes = static_cast<const uint8_t*>(p.x_sorted);
+  for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+    const uint8_t* src = x_bytes + static_cast<size_t>(src_rows[r - t.row_begin] * hidden) * elem;
+    if (p.x_dtype == DType::kF32) {
+      run.be->to_bf16(reinterpret_cast<const float*>(src), hidden, run.x_bf16 + r * hidden);
+    } else {
+      std::memcpy(run.x_bf16 + r * hidden, src, static_cast<size_t>(hidden) * 2);
+    }
+  }
+}
+
+// A packed task's product: tile[r][token] for its rows and its groups of `packed` (inputs
+// with `group_stride`), then its remainder tokens (unpacked rows of `rows_x`, `ldx` apart);
+// returns the tile's row stride (the task's tokens, the groups padded to 16).
+int64_t RunPacked(const GemmRun& run, int tid, const GemmTask& t, const internal::MatrixRef& m,
+                  const int32_t* rows, int64_t num_rows, const uint32_t* packed,
+                  int64_t group_stride, const bf16_t* rows_x, int64_t ldx, float* tile) {
+  const auto [g0, ng] = run.TaskGroups(t);
+  const int64_t rem = run.TaskRem(t);
+  internal::PackedGemmArgs a;
+  a.w = &m;
+  a.row_idx = rows;
+  a.num_rows = num_rows;
+  a.x = packed + g0 * group_stride;
+  a.group_stride = group_stride;
+  a.num_groups = ng;
+  a.out = tile;
+  a.ldo = ng * kPackedGroup + rem;
+  a.work = run.s->per_thread[static_cast<size_t>(tid)].packed_work.data();
+  a.num_rem = rem;
+  a.rem_x = rows_x + (t.row_end - rem) * ldx;
+  a.rem_ldx = ldx;
+  run.be->packed_gemm(a);
+  return a.ldo;
+}
+
+// A dot-path task's product: out[token * ldo + r] for `num_tokens` bf16 input rows of x.
+void RunDot(const GemmRun& run, int tid, const internal::MatrixRef& m, const bf16_t* x_rows,
+            int64_t ldx, int64_t num_tokens, const int32_t* rows, int64_t num_rows, float* out,
+            int64_t ldo) {
+  internal::DotRowsArgs a;
+  a.w = &m;
+  a.x = x_rows;
+  a.ldx = ldx;
+  a.num_tokens = num_tokens;
+  a.row_idx = rows;
+  a.num_rows = num_rows;
+  a.out = out;
+  a.ldo = ldo;
+  a.work = run.s->per_thread[static_cast<size_t>(tid)].work.data();
+  run.be->dot_rows(a);
+}
+
+// Gate_up epilogue of a packed task: bias, then the activations of the tile [nrows, ldt] written
+// as column pairs of the packed h, and the remainder tokens' into their rows of h.
+void PackedGateUpEpilogue(const GemmRun& run, int tid, const GemmTask& t, const int32_t* rows,
+                          const float* bias, int64_t ldt, float* tile) {
+  const GroupedGemmParams& p = *run.p;
+  const ExpertWeights& w = *p.weights;
+  const GemmSchedule& g = *run.g;
+  auto& pt = run.s->per_thread[static_cast<size_t>(tid)];
+  const int64_t nj = t.out_end - t.out_begin;
+  const int64_t nrows = nj * g.rows_per_j;
+  const int64_t g0 = run.TaskGroups(t).first;
+  const int64_t rem = run.TaskRem(t);
+  const int64_t packed_cols = ldt - rem;
+  if (bias != nullptr) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
+    }
+  }
+  // Two activation rows (j, j + 1) at a time, interleaved into the packed h's column pairs
+  // (uint32 = low half j, high half j + 1; an odd I's last pair has a zero high half).
+  bf16_t* act0 = pt.act.data();
+  bf16_t* act1 = act0 + ldt;
+  uint32_t* hp = run.h_packed + g0 * g.h_group_stride;
+  for (int64_t j = 0; j < nj; j += 2) {
+    const int64_t jj = t.out_begin + j;
+    for (int64_t q = 0; q < 2; ++q) {
+      bf16_t* act = q == 0 ? act0 : act1;
+      if (j + q == nj) {
+        std::fill(act, act + packed_cols, bf16_t{});
+        continue;
+      }
+      run.be->activate(p.activation, w.gated ? tile + (j + q) * ldt : nullptr,
+                       tile + (w.gated ? nj + j + q : j + q) * ldt, packed_cols, act);
+    }
+    for (int64_t c0 = 0; c0 < packed_cols; c0 += kPackedGroup) {
+      uint32_t* dst = hp + (c0 / kPackedGroup) * g.h_group_stride + (jj / 2) * kPackedGroup;
+      for (int64_t c = 0; c < kPackedGroup; ++c) {
+        dst[c] = uint32_t{act0[c0 + c].bits} | (uint32_t{act1[c0 + c].bits} << 16);
+      }
+    }
+  }
+  // Remainder tokens: activations into their rows of h, like the dot path's.
+  for (int64_t q = 0; q < rem; ++q) {
+    float gate[kPackedGateUpBlock], up[kPackedGateUpBlock];
+    for (int64_t j = 0; j < nj; ++j) {
+      gate[j] = w.gated ? tile[j * ldt + packed_cols + q] : 0.0f;
+      up[j] = tile[(w.gated ? nj + j : j) * ldt + packed_cols + q];
+    }
+    run.be->activate(p.activation, w.gated ? gate : nullptr, up, nj,
+                     run.h + (t.row_end - rem + q) * g.inter + t.out_begin);
+  }
+}
+
+// Phase 1, one task (expert, token block, j block): gate_up + bias + activation -> h (dot path)
+// or h_packed (packed path).
+void GateUpTask(const GemmRun& run, int tid, const GemmTask& t) {
+  const ExpertWeights& w = *run.p->weights;
+  const GemmSchedule& g = *run.g;
+  auto& pt = run.s->per_thread[static_cast<size_t>(tid)];
+  const internal::MatrixRef m = internal::ExpertMatrix(w, /*w13=*/true, t.expert);
+  const int64_t nj = t.out_end - t.out_begin;
+  const int64_t nrows = nj * g.rows_per_j;
+  int32_t* rows = pt.rows.data();
+  // Row list: [gate rows of the block..., up rows of the block...] (or just the rows).
+  for (int64_t j = 0; j < nj; ++j) {
+    const int64_t jj = t.out_begin + j;
+    if (!w.gated) {
+      rows[j] = static_cast<int32_t>(jj);
+    } else if (w.gate_up_interleaved) {
+      rows[j] = static_cast<int32_t>(2 * jj);
+      rows[nj + j] = static_cast<int32_t>(2 * jj + 1);
+    } else {
+      rows[j] = static_cast<int32_t>(jj);
+      rows[nj + j] = static_cast<int32_t>(g.inter + jj);
+    }
+  }
+  const float* bias = w.w13_bias == nullptr ? nullptr : w.w13_bias + t.expert * w.w13_rows();
+  float* tile = pt.tile.data();
+  if (g.packed_base[t.expert] >= 0) {
+    // tile[r][token]; activations written as column pairs of the packed h.
+    const int64_t ldt = RunPacked(run, tid, t, m, rows, nrows, run.x_packed, g.x_group_stride,
+                                  run.x, g.hidden, tile);
+    PackedGateUpEpilogue(run, tid, t, rows, bias, ldt, tile);
+    return;
+  }
+  const int64_t ntok = t.row_end - t.row_begin;
+  RunDot(run, tid, m, run.x + t.row_begin * g.hidden, g.hidden, ntok, rows, nrows, tile, nrows);
+  for (int64_t m_i = 0; m_i < ntok; ++m_i) {
+    float* o = tile + m_i * nrows;
+    if (bias != nullptr) {
+      for (int64_t r = 0; r < nrows; ++r) o[r] += bias[rows[r]];
+    }
+    bf16_t* hrow = run.h + (t.row_begin + m_i) * g.inter + t.out_begin;
+    if (w.gated) {
+      run.be->activate(run.p->activation, o, o + nj, nj, hrow);
+    } else {
+      run.be->activate(run.p->activation, nullptr, o, nj, hrow);
+    }
+  }
+}
+
+// Phase 2, one task (expert, token block, output-row block): down (+ bias) -> y_sorted.
+void DownTask(const GemmRun& run, int tid, const GemmTask& t) {
+  const GroupedGemmParams& p = *run.p;
+  const ExpertWeights& w = *p.weights;
+  const GemmSchedule& g = *run.g;
+  auto& pt = run.s->per_thread[static_cast<size_t>(tid)];
+  const internal::MatrixRef m = internal::ExpertMatrix(w, /*w13=*/false, t.expert);
+  const int64_t nr = t.out_end - t.out_begin;
+  int32_t* rows = pt.rows.data();
+  for (int64_t r = 0; r < nr; ++r) rows[r] = static_cast<int32_t>(t.out_begin + r);
+  const int64_t ntok = t.row_end - t.row_begin;
+  const float* bias = p.add_down_bias && w.w2_bias != nullptr
+                          ? w.w2_bias + t.expert * g.hidden + t.out_begin
+                          : nullptr;
+  float* y = p.y_sorted + t.row_begin * g.hidden + t.out_begin;
+  if (g.packed_base[t.expert] >= 0) {
+    const int64_t ldt = RunPacked(run, tid, t, m, rows, nr, run.h_packed, g.h_group_stride, run.h,
+                                  g.inter, pt.tile.data());
+    run.be->store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, g.hidden);
+    return;
+  }
+  RunDot(run, tid, m, run.h + t.row_begin * g.inter, g.inter, ntok, rows, nr, y, g.hidden);
+  if (bias != nullptr) {
+    for (int64_t m_i = 0; m_i < ntok; ++m_i) {
+      float* o = y + m_i * g.hidden;
+      for (int64_t r = 0; r < nr; ++r) o[r] += bias[r];
+    }
+  }
+}
+
+// Executes `g` on the pool: pass 0, then both phases as one parallel loop over [gate_up
+// tasks..., down tasks...]: a down task waits until its expert's gate_up tasks are done, which
+// (tasks being claimed in order) are already running. So threads move on to down projections
+// while the last gate_up tasks finish, instead of idling at a barrier between the phases (up to
+// a task per thread, 5 % of a small-expert decode step).
+void RunGemmSchedule(ThreadPool& pool, const GemmRun& run) {
+  const GemmSchedule& g = *run.g;
+  const GemmRun* r = &run;
+  auto pack = [r](int64_t b, int64_t e, int) {
+    for (int64_t ti = b; ti < e; ++ti) PackInputsTask(*r, (*r->g->pack_tasks)[ti]);
+  };
+  pool.ParallelFor(static_cast<int64_t>(g.pack_tasks->size()), 1, pack);
+  auto phases = [r](int64_t b, int64_t e, int tid) {
+    for (int64_t ti = b; ti < e; ++ti) {
+      const GemmTask& t = (*r->g->tasks)[static_cast<size_t>(ti)];
+      std::atomic_ref<int32_t> pending(r->g->gate_up_pending[t.expert]);
+      if (ti < r->g->num_gate_up) {
+        GateUpTask(*r, tid, t);
+        pending.fetch_sub(1, std::memory_order_release);
+      } else {
+        while (pending.load(std::memory_order_acquire) > 0) CpuRelax();
+        DownTask(*r, tid, t);
+      }
+    }
+  };
+  pool.ParallelFor(static_cast<int64_t>(g.tasks->size()), 1, phases);
+}
+
+// InvalidArgument naming the field when `p` cannot be run.
+Status ValidateGemmParams(const GroupedGemmParams& p) {
   if (p.weights == nullptr) {
     return InvalidArgumentError("grouped gemm: 'weights': expected non-null");
   }
@@ -358,320 +772,32 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
           p.expert_offsets[e], e + 1, p.expert_offsets[e + 1]));
     }
   }
-  const int64_t num_rows = p.expert_offsets[num_experts];
-  if (num_rows == 0) return Status::Ok();
-  if (p.x_sorted == nullptr || p.y_sorted == nullptr) {
+  if (p.expert_offsets[num_experts] > 0 && (p.x_sorted == nullptr || p.y_sorted == nullptr)) {
     return InvalidArgumentError("grouped gemm: 'x_sorted/y_sorted': expected non-null");
   }
+  return Status::Ok();
+}
 
-  using internal::KernelScratch;
-  using internal::kPackedGroup;
+}  // namespace
+
+Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
+  MOESHARD_RETURN_IF_ERROR(ValidateGemmParams(p));
+  if (p.expert_offsets[p.weights->num_experts_local] == 0) return Status::Ok();
   const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
   KernelScratch& s = ctx.scratch();
-  ThreadPool& pool = ctx.pool();
-  const int64_t hidden = w.hidden;
-  const int64_t inter = w.intermediate;
-  const int64_t* offsets = p.expert_offsets;
-  const int64_t rows_per_j = w.gated ? 2 : 1;
-
-  // Which experts take the packed path, and where their packed inputs and activations live.
-  const int64_t x_group_stride = internal::PackedPairs(hidden) * kPackedGroup;
-  const int64_t h_group_stride = internal::PackedPairs(inter) * kPackedGroup;
-  int64_t* packed_base = KernelScratch::Grow(s.packed_base, num_experts);  // first group, or -1
-  // A packed expert's last n % 16 tokens, when at most kPackedMaxRem, stay unpacked (PackedGemmArgs
-  // rem_x: dot products on the L1-hot strips) instead of filling a zero-padded group; 0 otherwise.
-  int64_t* packed_rem = KernelScratch::Grow(s.packed_rem, num_experts);
-  int64_t total_groups = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.scheme.format) &&
-                        !w.bf16_row_groups && n >= kPackedMinTokens;
-    packed_base[e] = packed ? total_groups : -1;
-    packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;
-    if (packed) total_groups += CeilDiv(n - packed_rem[e], kPackedGroup);
-  }
-  uint32_t* x_packed = KernelScratch::Grow(s.x_packed, total_groups * x_group_stride);
-  uint32_t* h_packed = KernelScratch::Grow(s.h_packed, total_groups * h_group_stride);
-  bf16_t* h = KernelScratch::Grow(s.h, num_rows * inter);  // dot-path experts' activations
-
-  // Pass 0: pack the packed experts' inputs (16 tokens per task) and give the other experts
-  // contiguous bf16 rows (rounding fp32 inputs, gathering through x_rows): the dot kernels reuse
-  // each row for many weight rows.
-  const bool copy_rows = p.x_dtype == DType::kF32 || p.x_rows != nullptr;
-  bf16_t* x_bf16 = copy_rows ? KernelScratch::Grow(s.x_bf16, num_rows * hidden) : nullptr;
-  const size_t elem = p.x_dtype == DType::kF32 ? 4 : 2;
-  const uint8_t* x_bytes = static_cast<const uint8_t*>(p.x_sorted);
-  s.tasks.clear();
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (packed_base[e] < 0 && !copy_rows) continue;
-    const int64_t end = copy_rows ? offsets[e + 1] : offsets[e + 1] - packed_rem[e];
-    for (int64_t r = offsets[e]; r < end; r += kPackedGroup) {
-      s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, end), 0, 0});
-    }
-  }
-  pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t ti = b; ti < e; ++ti) {
-      const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];
-      int32_t src_rows[kPackedGroup];
-      for (int64_t r = t.row_begin; r < t.row_end; ++r) {
-        src_rows[r - t.row_begin] = p.x_rows != nullptr ? p.x_rows[r] : static_cast<int32_t>(r);
-      }
-      const bool unpacked = t.row_begin >= offsets[t.expert + 1] - packed_rem[t.expert];
-      if (packed_base[t.expert] >= 0 && !unpacked) {
-        const int64_t g = packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup;
-        be.pack_group(p.x_sorted, p.x_dtype, hidden, src_rows, t.row_end - t.row_begin, hidden,
-                      x_packed + g * x_group_stride);
-        continue;
-      }
-      for (int64_t r = t.row_begin; r < t.row_end; ++r) {
-        const uint8_t* src =
-            x_bytes + static_cast<size_t>(src_rows[r - t.row_begin] * hidden) * elem;
-        if (p.x_dtype == DType::kF32) {
-          be.to_bf16(reinterpret_cast<const float*>(src), hidden, x_bf16 + r * hidden);
-        } else {
-          std::memcpy(x_bf16 + r * hidden, src, static_cast<size_t>(hidden) * 2);
-        }
-      }
-    }
-  });
-  const bf16_t* x = copy_rows ? x_bf16 : static_cast<const bf16_t*>(p.x_sorted);
-
-  const int64_t tb1 = TokenBlock(hidden);
-  const int64_t tb2 = TokenBlock(inter);
-  const int64_t ptb1 = PackedTokenBlock(hidden);
-  const int64_t ptb2 = PackedTokenBlock(inter);
-  auto dot_block = [&](int64_t token_block, int64_t out_size, int64_t base) {
-    int64_t pairs = 0;  // (expert, token block) pairs on the dot path
-    for (int64_t e = 0; e < num_experts; ++e) {
-      if (packed_base[e] < 0) pairs += CeilDiv(offsets[e + 1] - offsets[e], token_block);
-    }
-    const int64_t units = pairs * CeilDiv(out_size, base);
-    return base * std::clamp<int64_t>(units / (kMinTasksPerThread * pool.num_threads()), 1,
-                                      kMaxBlockMultiple);
-  };
-  const int64_t gu_block = dot_block(tb1, inter, kGateUpBlock);
-  const int64_t down_block = dot_block(tb2, hidden, kDownBlock);
-  for (auto& pt : s.per_thread) {
-    KernelScratch::Grow(
-        pt.tile, std::max({tb1 * gu_block * rows_per_j, tb2 * down_block,
-                           (ptb1 + internal::kPackedMaxRem) * kPackedGateUpBlock * rows_per_j,
-                           (ptb2 + internal::kPackedMaxRem) * kPackedDownBlock}));
-    KernelScratch::Grow(pt.work, std::max(be.work_floats(tb1, hidden), be.work_floats(tb2, inter)));
-    KernelScratch::Grow(pt.rows, std::max({gu_block * rows_per_j, down_block,
-                                           kPackedGateUpBlock * rows_per_j, kPackedDownBlock}));
-    KernelScratch::Grow(pt.act, 2 * ptb1);
-    if (total_groups > 0) {
-      KernelScratch::Grow(pt.packed_work,
-                          internal::kPackedWorkBytesPerCol * std::max(hidden, inter));
-    }
-  }
-  // Appends one phase's tasks to s.tasks, expert by expert; returns the expert's task counts
-  // in `per_expert` when non-null.
-  auto make_tasks = [&](int64_t token_block, int64_t packed_block, int64_t out_size,
-                        int64_t dot_out_block, int64_t packed_out_block, int32_t* per_expert) {
-    for (int64_t e = 0; e < num_experts; ++e) {
-      const size_t before = s.tasks.size();
-      const bool packed = packed_base[e] >= 0;
-      const int64_t tb = packed ? packed_block : token_block;
-      const int64_t ob = packed ? packed_out_block : dot_out_block;
-      for (int64_t r = offsets[e]; r < offsets[e + 1]; r += tb) {
-        for (int64_t o = 0; o < out_size; o += ob) {
-          s.tasks.push_back({static_cast<int32_t>(e), r, std::min(r + tb, offsets[e + 1]), o,
-                             std::min(o + ob, out_size)});
-        }
-      }
-      if (per_expert != nullptr) per_expert[e] = static_cast<int32_t>(s.tasks.size() - before);
-    }
-  };
-  // A packed task's unpacked remainder tokens (its expert's last ones, in its last block).
-  auto task_rem = [&](const internal::GemmTask& t) {
-    return t.row_end == offsets[t.expert + 1] ? packed_rem[t.expert] : int64_t{0};
-  };
-  // A packed task's groups: the first one's index and the count.
-  auto task_groups = [&](const internal::GemmTask& t) {
-    return std::pair<int64_t, int64_t>{
-        packed_base[t.expert] + (t.row_begin - offsets[t.expert]) / kPackedGroup,
-        CeilDiv(t.row_end - t.row_begin - task_rem(t), kPackedGroup)};
-  };
-
-  // A packed task's product: tile[r][token] for its rows and its groups of `packed` (inputs
-  // with `group_stride`), then its remainder tokens (unpacked rows of `rows_x`, `ldx` apart);
-  // returns the tile's row stride (the task's tokens, the groups padded to 16).
-  auto run_packed = [&](int tid, const internal::GemmTask& t, const internal::MatrixRef& m,
-                        const int32_t* rows, int64_t num_rows, const uint32_t* packed,
-                        int64_t group_stride, const bf16_t* rows_x, int64_t ldx, float* tile) {
-    const auto [g0, ng] = task_groups(t);
-    const int64_t rem = task_rem(t);
-    internal::PackedGemmArgs a;
-    a.w = &m;
-    a.row_idx = rows;
-    a.num_rows = num_rows;
-    a.x = packed + g0 * group_stride;
-    a.group_stride = group_stride;
-    a.num_groups = ng;
-    a.out = tile;
-    a.ldo = ng * kPackedGroup + rem;
-    a.work = s.per_thread[static_cast<size_t>(tid)].packed_work.data();
-    a.num_rem = rem;
-    a.rem_x = rows_x + (t.row_end - rem) * ldx;
-    a.rem_ldx = ldx;
-    be.packed_gemm(a);
-    return a.ldo;
-  };
-
-  // A dot-path task's product: out[token * ldo + r] for `num_tokens` bf16 input rows of x.
-  auto run_dot = [&](int tid, const internal::MatrixRef& m, const bf16_t* x_rows, int64_t ldx,
-                     int64_t num_tokens, const int32_t* rows, int64_t num_rows, float* out,
-                     int64_t ldo) {
-    internal::DotRowsArgs a;
-    a.w = &m;
-    a.x = x_rows;
-    a.ldx = ldx;
-    a.num_tokens = num_tokens;
-    a.row_idx = rows;
-    a.num_rows = num_rows;
-    a.out = out;
-    a.ldo = ldo;
-    a.work = s.per_thread[static_cast<size_t>(tid)].work.data();
-    be.dot_rows(a);
-  };
-
-  // Phase 1: gate_up + bias + activation -> h (dot path) or h_packed (packed path).
-  // Tasks: (expert, token block, j block).
-  auto gate_up_task = [&](int tid, const internal::GemmTask& t) {
-    auto& pt = s.per_thread[static_cast<size_t>(tid)];
-    const internal::MatrixRef m = internal::ExpertMatrix(w, /*w13=*/true, t.expert);
-    const int64_t nj = t.out_end - t.out_begin;
-    const int64_t nrows = nj * rows_per_j;
-    int32_t* rows = pt.rows.data();
-    // Row list: [gate rows of the block..., up rows of the block...] (or just the rows).
-    for (int64_t j = 0; j < nj; ++j) {
-      const int64_t jj = t.out_begin + j;
-      if (!w.gated) {
-        rows[j] = static_cast<int32_t>(jj);
-      } else if (w.gate_up_interleaved) {
-        rows[j] = static_cast<int32_t>(2 * jj);
-        rows[nj + j] = static_cast<int32_t>(2 * jj + 1);
-      } else {
-        rows[j] = static_cast<int32_t>(jj);
-        rows[nj + j] = static_cast<int32_t>(inter + jj);
-      }
-    }
-    const float* bias = w.w13_bias == nullptr ? nullptr : w.w13_bias + t.expert * w.w13_rows();
-    float* tile = pt.tile.data();
-    if (packed_base[t.expert] >= 0) {
-      // tile[r][token]; activations written as column pairs of the packed h.
-      const int64_t g0 = task_groups(t).first;
-      const int64_t ldt =
-          run_packed(tid, t, m, rows, nrows, x_packed, x_group_stride, x, hidden, tile);
-      const int64_t rem = task_rem(t);
-      const int64_t packed_cols = ldt - rem;
-      if (bias != nullptr) {
-        for (int64_t r = 0; r < nrows; ++r) {
-          for (int64_t c = 0; c < ldt; ++c) tile[r * ldt + c] += bias[rows[r]];
-        }
-      }
-      // Two activation rows (j, j + 1) at a time, interleaved into the packed h's column pairs
-      // (uint32 = low half j, high half j + 1; an odd I's last pair has a zero high half).
-      bf16_t* act0 = pt.act.data();
-      bf16_t* act1 = act0 + ldt;
-      uint32_t* hp = h_packed + g0 * h_group_stride;
-      for (int64_t j = 0; j < nj; j += 2) {
-        const int64_t jj = t.out_begin + j;
-        for (int64_t q = 0; q < 2; ++q) {
-          bf16_t* act = q == 0 ? act0 : act1;
-          if (j + q == nj) {
-            std::fill(act, act + packed_cols, bf16_t{});
-            continue;
-          }
-          be.activate(p.activation, w.gated ? tile + (j + q) * ldt : nullptr,
-                      tile + (w.gated ? nj + j + q : j + q) * ldt, packed_cols, act);
-        }
-        for (int64_t c0 = 0; c0 < packed_cols; c0 += kPackedGroup) {
-          uint32_t* dst = hp + (c0 / kPackedGroup) * h_group_stride + (jj / 2) * kPackedGroup;
-          for (int64_t c = 0; c < kPackedGroup; ++c) {
-            dst[c] = uint32_t{act0[c0 + c].bits} | (uint32_t{act1[c0 + c].bits} << 16);
-          }
-        }
-      }
-      // Remainder tokens: activations into their rows of h, like the dot path's.
-      for (int64_t q = 0; q < rem; ++q) {
-        float gate[kPackedGateUpBlock], up[kPackedGateUpBlock];
-        for (int64_t j = 0; j < nj; ++j) {
-          gate[j] = w.gated ? tile[j * ldt + packed_cols + q] : 0.0f;
-          up[j] = tile[(w.gated ? nj + j : j) * ldt + packed_cols + q];
-        }
-        be.activate(p.activation, w.gated ? gate : nullptr, up, nj,
-                    h + (t.row_end - rem + q) * inter + t.out_begin);
-      }
-      return;
-    }
-    const int64_t ntok = t.row_end - t.row_begin;
-    run_dot(tid, m, x + t.row_begin * hidden, hidden, ntok, rows, nrows, tile, nrows);
-    for (int64_t m_i = 0; m_i < ntok; ++m_i) {
-      float* o = tile + m_i * nrows;
-      if (bias != nullptr) {
-        for (int64_t r = 0; r < nrows; ++r) o[r] += bias[rows[r]];
-      }
-      bf16_t* hrow = h + (t.row_begin + m_i) * inter + t.out_begin;
-      if (w.gated) {
-        be.activate(p.activation, o, o + nj, nj, hrow);
-      } else {
-        be.activate(p.activation, nullptr, o, nj, hrow);
-      }
-    }
-  };
-
-  // Phase 2: down (+ bias) -> y_sorted. Tasks: (expert, token block, output-row block).
-  auto down_task = [&](int tid, const internal::GemmTask& t) {
-    auto& pt = s.per_thread[static_cast<size_t>(tid)];
-    const internal::MatrixRef m = internal::ExpertMatrix(w, /*w13=*/false, t.expert);
-    const int64_t nr = t.out_end - t.out_begin;
-    int32_t* rows = pt.rows.data();
-    for (int64_t r = 0; r < nr; ++r) rows[r] = static_cast<int32_t>(t.out_begin + r);
-    const int64_t ntok = t.row_end - t.row_begin;
-    const float* bias = p.add_down_bias && w.w2_bias != nullptr
-                            ? w.w2_bias + t.expert * hidden + t.out_begin
-                            : nullptr;
-    float* y = p.y_sorted + t.row_begin * hidden + t.out_begin;
-    if (packed_base[t.expert] >= 0) {
-      const int64_t ldt =
-          run_packed(tid, t, m, rows, nr, h_packed, h_group_stride, h, inter, pt.tile.data());
-      be.store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, hidden);
-      return;
-    }
-    run_dot(tid, m, h + t.row_begin * inter, inter, ntok, rows, nr, y, hidden);
-    if (bias != nullptr) {
-      for (int64_t m_i = 0; m_i < ntok; ++m_i) {
-        float* o = y + m_i * hidden;
-        for (int64_t r = 0; r < nr; ++r) o[r] += bias[r];
-      }
-    }
-  };
-
-  // Both phases run as one parallel loop over [gate_up tasks..., down tasks...]: a down task
-  // waits until its expert's gate_up tasks are done, which (tasks being claimed in order) are
-  // already running. So threads move on to down projections while the last gate_up tasks
-  // finish, instead of idling at a barrier between the phases (up to a task per thread, 5 % of
-  // a small-expert decode step).
-  s.tasks.clear();
-  int32_t* gate_up_pending = KernelScratch::Grow(s.gate_up_pending, num_experts);
-  make_tasks(tb1, ptb1, inter, gu_block, kPackedGateUpBlock, gate_up_pending);
-  const int64_t num_gate_up = static_cast<int64_t>(s.tasks.size());
-  make_tasks(tb2, ptb2, hidden, down_block, kPackedDownBlock, nullptr);
-  pool.ParallelFor(static_cast<int64_t>(s.tasks.size()), 1, [&](int64_t b, int64_t e, int tid) {
-    for (int64_t ti = b; ti < e; ++ti) {
-      const internal::GemmTask& t = s.tasks[static_cast<size_t>(ti)];
-      std::atomic_ref<int32_t> pending(gate_up_pending[t.expert]);
-      if (ti < num_gate_up) {
-        gate_up_task(tid, t);
-        pending.fetch_sub(1, std::memory_order_release);
-      } else {
-        while (pending.load(std::memory_order_acquire) > 0) CpuRelax();
-        down_task(tid, t);
-      }
-    }
-  });
+  const GemmSchedule g = BuildGemmSchedule(p, be, ctx.pool().num_threads(), s);
+  GemmRun run;
+  run.g = &g;
+  run.p = &p;
+  run.be = &be;
+  run.s = &s;
+  run.x_packed = KernelScratch::Grow(s.x_packed, g.total_groups * g.x_group_stride);
+  run.h_packed = KernelScratch::Grow(s.h_packed, g.total_groups * g.h_group_stride);
+  run.h = KernelScratch::Grow(s.h, g.num_rows * g.inter);
+  run.x_bf16 = g.copy_rows ? KernelScratch::Grow(s.x_bf16, g.num_rows * g.hidden) : nullptr;
+  run.x = g.copy_rows ? run.x_bf16 : static_cast<const bf16_t*>(p.x_sorted);
+  GrowPerThread(g, be, s);
+  RunGemmSchedule(ctx.pool(), run);
   return Status::Ok();
 }
 

@@ -64,7 +64,8 @@ struct KernelScratch {
   std::vector<int64_t> packed_rem;  // per expert: last tokens left unpacked (see expert_gemm.cc)
   LineVector<uint32_t> x_packed;
   LineVector<uint32_t> h_packed;
-  std::vector<GemmTask> tasks;
+  std::vector<GemmTask> pack_tasks;  // the grouped GEMM's pass 0 (GemmSchedule)
+  std::vector<GemmTask> tasks;       // its gate_up and down tasks
   // Per expert: gate_up tasks not finished yet (atomically decremented; its down tasks wait).
   std::vector<int32_t> gate_up_pending;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)

@@ -3,13 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "moeshard/kernels/routing.h"
-
 namespace moeshard::internal {
 
 LayerSteps::LayerSteps(const LayerParts& p)
-    : kc_(*p.kernels),
-      scratch_(*p.scratch),
+    : kb_(*p.kernels),
       shape_(*p.shape),
       topo_(*p.topology),
       coords_(*p.coords),
@@ -40,30 +37,42 @@ void LayerSteps::PreNorm(const LayerWeights& ly, const LayerInput& in) {
   const int64_t H = shape_.hidden;
   // The chunk, or all T tokens when TP-sharded shared experts need them.
   const TokenRange rows = shape_.shared_split ? TokenRange{0, in.num_tokens} : in.chunk;
-  RmsNorm(ws_.stream.data() + rows.begin * H, H, rows.size(), H, ly.pre_norm, shape_.rms_norm_eps,
-          ws_.xn.data() + rows.begin * H, H, shape_.norm_weight_offset);
+  kb_.RmsNorm({.x = ws_.stream.data() + rows.begin * H,
+               .x_stride = H,
+               .num_tokens = rows.size(),
+               .n = H,
+               .weight = ly.pre_norm,
+               .eps = shape_.rms_norm_eps,
+               .y = ws_.xn.data() + rows.begin * H,
+               .y_stride = H,
+               .weight_offset = shape_.norm_weight_offset});
 }
 
 Status LayerSteps::RouteChunk(const LayerWeights& ly, const LayerInput& in, const float* xc) {
   const int64_t C = in.chunk.size(), k = shape_.top_k;
   if (in.given_ids != nullptr) {
-    std::memcpy(ws_.chunk_ids.data(), in.given_ids + in.chunk.begin * k, C * k * sizeof(int32_t));
-    std::memcpy(ws_.chunk_w.data(), in.given_weights + in.chunk.begin * k, C * k * sizeof(float));
+    kb_.CopyRows({.dst = ws_.chunk_ids.data(),
+                  .src = in.given_ids + in.chunk.begin * k,
+                  .num_rows = 1,
+                  .row_bytes = C * k * static_cast<int64_t>(sizeof(int32_t))});
+    kb_.CopyRows({.dst = ws_.chunk_w.data(),
+                  .src = in.given_weights + in.chunk.begin * k,
+                  .num_rows = 1,
+                  .row_bytes = C * k * static_cast<int64_t>(sizeof(float))});
     return Status::Ok();
   }
   if (C == 0) return Status::Ok();
-  Linear(kc_, scratch_,
-         LinearArgs{.w = &ly.router,
-                    .x = xc,
-                    .x_stride = shape_.hidden,
-                    .num_tokens = C,
-                    .y = ws_.logits.data(),
-                    .y_stride = shape_.num_experts,
-                    .bias = ly.router_bias.empty() ? nullptr : ly.router_bias.data()});
+  kb_.Linear(LinearArgs{.w = &ly.router,
+                        .x = xc,
+                        .x_stride = shape_.hidden,
+                        .num_tokens = C,
+                        .y = ws_.logits.data(),
+                        .y_stride = shape_.num_experts,
+                        .bias = ly.router_bias.empty() ? nullptr : ly.router_bias.data()});
   RoutingParams rp = ly.routing;
   rp.e_score_correction_bias = ly.correction_bias;
-  return Route(
-      kc_, rp,
+  return kb_.Route(
+      rp,
       RoutingArgs{.router_logits = ws_.logits.data(),
                   .num_tokens = C,
                   .topk_ids = ws_.chunk_ids.data(),
@@ -76,62 +85,69 @@ void LayerSteps::ExpertInputs(const LayerWeights& ly, const float* xc, int64_t C
   const float* zsrc = xc;
   int64_t zstride = H;
   if (shape_.latent && C > 0) {
-    Linear(kc_, scratch_,
-           LinearArgs{.w = &ly.latent_down,
-                      .x = xc,
-                      .x_stride = H,
-                      .num_tokens = C,
-                      .y = ws_.lat.data(),
-                      .y_stride = L});
+    kb_.Linear(LinearArgs{.w = &ly.latent_down,
+                          .x = xc,
+                          .x_stride = H,
+                          .num_tokens = C,
+                          .y = ws_.lat.data(),
+                          .y_stride = L});
     if (ly.latent_norm != nullptr) {
-      RmsNorm(ws_.lat.data(), L, C, L, ly.latent_norm, shape_.rms_norm_eps, ws_.lat.data(), L);
+      kb_.RmsNorm({.x = ws_.lat.data(),
+                   .x_stride = L,
+                   .num_tokens = C,
+                   .n = L,
+                   .weight = ly.latent_norm,
+                   .eps = shape_.rms_norm_eps,
+                   .y = ws_.lat.data(),
+                   .y_stride = L});
     }
     zsrc = ws_.lat.data();
     zstride = L;
   }
-  // bf16 [C, Lp], zero beyond the logical width.
-  for (int64_t c = 0; c < C; ++c) {
-    bf16_t* row = ws_.chunk_rows.data() + c * Lp;
-    if (shape_.weight_on_input) {
-      // Llama-4: the expert sees x * w (top-1), and its output is taken with weight 1.
-      const float wt = ws_.chunk_w[c];
-      for (int64_t i = 0; i < L; ++i) row[i] = FloatToBf16(zsrc[c * zstride + i] * wt);
-      ws_.chunk_w[c] = 1.0f;
-    } else {
-      for (int64_t i = 0; i < L; ++i) row[i] = FloatToBf16(zsrc[c * zstride + i]);
-    }
-    std::fill(row + L, row + Lp, bf16_t{});
-  }
+  // bf16 [C, Lp], zero beyond the logical width. Llama-4: the expert sees x * w (top-1), and
+  // its output is taken with weight 1.
+  kb_.ToExpertRows({.x = zsrc,
+                    .x_stride = zstride,
+                    .num_rows = C,
+                    .cols = L,
+                    .padded_cols = Lp,
+                    .rows = ws_.chunk_rows.data(),
+                    .row_weights = shape_.weight_on_input ? ws_.chunk_w.data() : nullptr});
 }
 
 void LayerSteps::ToHidden(const LayerWeights& ly, const Routed& r, int64_t C) {
   const int64_t H = shape_.hidden, Lp = shape_.routed_width_padded;
   if (shape_.latent) {
     if (C == 0) return;
-    Linear(kc_, scratch_,
-           LinearArgs{.w = &ly.latent_up,
-                      .x = r.output,
-                      .x_stride = Lp,
-                      .num_tokens = C,
-                      .y = ws_.chunk_y.data(),
-                      .y_stride = H});
+    kb_.Linear(LinearArgs{.w = &ly.latent_up,
+                          .x = r.output,
+                          .x_stride = Lp,
+                          .num_tokens = C,
+                          .y = ws_.chunk_y.data(),
+                          .y_stride = H});
     return;
   }
-  for (int64_t c = 0; c < C; ++c) {
-    std::memcpy(ws_.chunk_y.data() + c * H, r.output + c * Lp, H * sizeof(float));
-  }
+  kb_.CopyRows({.dst = ws_.chunk_y.data(),
+                .dst_stride = H * static_cast<int64_t>(sizeof(float)),
+                .src = r.output,
+                .src_stride = Lp * static_cast<int64_t>(sizeof(float)),
+                .num_rows = C,
+                .row_bytes = H * static_cast<int64_t>(sizeof(float))});
 }
 
 Status LayerSteps::GatherUnit(const LayerInput& in) {
   const int64_t H = shape_.hidden, C = in.chunk.size();
   const float* res = ws_.stream.data() + in.chunk.begin * H;
-  for (int64_t i = 0; i < C * H; ++i) ws_.chunk_y[i] += res[i];
+  kb_.AddRows({.y = ws_.chunk_y.data(), .x = res, .num_rows = C, .cols = H});
   // Every rank of the unit gets the unit's new hidden states.
   if (topo_.tp > 1) {
     return groups_.tp->AllGatherV(ws_.chunk_y.data(), C, ws_.stream.data(), ws_.tp_rows, {},
                                   H * sizeof(float));
   }
-  std::memcpy(ws_.stream.data(), ws_.chunk_y.data(), C * H * sizeof(float));
+  kb_.CopyRows({.dst = ws_.stream.data(),
+                .src = ws_.chunk_y.data(),
+                .num_rows = 1,
+                .row_bytes = C * H * static_cast<int64_t>(sizeof(float))});
   return Status::Ok();
 }
 

@@ -24,11 +24,10 @@
 #include <cstdint>
 
 #include "moeshard/base/status.h"
-#include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/plan/topology.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "runtime/comm_groups.h"
-#include "runtime/dense_ops.h"
 #include "runtime/layer_shape.h"
 #include "runtime/layer_weights.h"
 #include "runtime/workspace.h"
@@ -46,8 +45,7 @@ struct LayerInput {
 
 // The parts a layer runs over (owned by the runtime, outliving the steps).
 struct LayerParts {
-  KernelContext* kernels = nullptr;
-  DenseScratch* scratch = nullptr;
+  KernelBackend* kernels = nullptr;
   const LayerShape* shape = nullptr;
   const ResolvedTopology* topology = nullptr;
   const RankCoords* coords = nullptr;
@@ -87,8 +85,7 @@ class LayerSteps {
   void AddSharedOutput(const LayerWeights& ly, const float* xc, int64_t C);
   Status GatherUnit(const LayerInput& in);
 
-  KernelContext& kc_;
-  DenseScratch& scratch_;
+  KernelBackend& kb_;
   const LayerShape& shape_;
   const ResolvedTopology& topo_;
   const RankCoords& coords_;

@@ -255,15 +255,6 @@ Status WeightBinder::BindExperts(LayerWeights* ly) {
     const bool is_w13 = role == R::kExpertsW13;
     MOESHARD_ASSIGN_OR_RETURN(const WeightView* v, View(role, P::kWeight, true));
     (is_w13 ? x.w13 : x.w2) = v->data;
-    if (is_w13) {
-      x.bf16_row_groups = v->bf16_row_groups;
-    } else if (v->bf16_row_groups != x.bf16_row_groups) {
-      return InvalidArgumentError(fmt::format(
-          "runtime: routed experts of layer {}: expected w2 in the layout of w13 ({}), got {} "
-          "(rewrite both or neither)",
-          layer_, x.bf16_row_groups ? "row groups" : "row-major",
-          v->bf16_row_groups ? "row groups" : "row-major"));
-    }
     if (x.scheme.quantized()) {
       MOESHARD_ASSIGN_OR_RETURN(const WeightView* sv, View(role, P::kScale, true));
       (is_w13 ? x.w13_scales : x.w2_scales) = sv->data;

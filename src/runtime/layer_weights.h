@@ -12,11 +12,11 @@
 
 #include "moeshard/base/numeric.h"
 #include "moeshard/base/status.h"
+#include "moeshard/kernels/dense_ops.h"
 #include "moeshard/kernels/expert_gemm.h"
 #include "moeshard/kernels/routing.h"
 #include "moeshard/plan/shard_plan.h"
 #include "moeshard/runtime/weight_views.h"
-#include "runtime/dense_ops.h"
 #include "runtime/layer_shape.h"
 
 namespace moeshard::internal {

@@ -10,7 +10,6 @@
 #include "moeshard/base/numeric.h"
 #include "moeshard/plan/topology.h"
 #include "runtime/comm_groups.h"
-#include "runtime/dense_ops.h"
 #include "runtime/layer_shape.h"
 #include "runtime/layer_steps.h"
 #include "runtime/layer_weights.h"
@@ -138,16 +137,15 @@ int64_t Bytes(const std::vector<T>& v) {
 struct MoeRuntime::Impl {
   const ShardPlan* plan = nullptr;
   const RankPlan* rank_plan = nullptr;
-  KernelContext* kernels = nullptr;
+  KernelBackend* kernels = nullptr;
   internal::LayerShape shape;
   std::vector<int64_t> layer_ids;
   std::vector<internal::LayerWeights> layers;  // [layer_ids.size()]
   std::vector<int32_t> global_to_local;        // [E] local slot of each global expert, or -1
-  internal::DenseScratch scratch;
   internal::CommGroups groups;
   internal::Workspace workspace;
 
-  Status Init(const ShardPlan& p, const WeightViews& w, Communicator& world, KernelContext& kc,
+  Status Init(const ShardPlan& p, const WeightViews& w, Communicator& world, KernelBackend& kb,
               const MoeRuntimeOptions& o);
   Status CheckArgs(const ForwardArgs& a) const;
   // COLLECTIVE over the world: every rank's T, checked to agree within each unit, and the row
@@ -157,16 +155,14 @@ struct MoeRuntime::Impl {
 };
 
 Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communicator& world,
-                              KernelContext& kc, const MoeRuntimeOptions& o) {
+                              KernelBackend& kb, const MoeRuntimeOptions& o) {
   plan = &p;
-  kernels = &kc;
+  kernels = &kb;
   MOESHARD_RETURN_IF_ERROR(CheckPlanAndOptions(p, world, o));
   rank_plan = &p.ranks[world.rank()];
   MOESHARD_ASSIGN_OR_RETURN(shape, internal::ResolveLayerShape(p, *rank_plan));
   MOESHARD_ASSIGN_OR_RETURN(layer_ids, SelectLayers(p.model, *rank_plan, o.layers));
   global_to_local = internal::LocalExpertSlots(*rank_plan, shape.num_experts);
-  scratch.Reserve(kc.num_threads(), std::max({shape.hidden, shape.routed_width,
-                                              shape.shared_width_local, int64_t{1}}));
   layers.resize(layer_ids.size());
   for (size_t i = 0; i < layer_ids.size(); ++i) {
     MOESHARD_RETURN_IF_ERROR(
@@ -179,7 +175,7 @@ Status MoeRuntime::Impl::Init(const ShardPlan& p, const WeightViews& w, Communic
   const internal::WorkspaceSizes sizes =
       internal::SizeWorkspace(shape, p.topology, o.max_tokens, max_slots);
   MOESHARD_ASSIGN_OR_RETURN(groups, internal::CreateCommGroups(p, shape, sizes, world));
-  workspace = internal::Workspace(shape, p.topology, sizes);
+  MOESHARD_ASSIGN_OR_RETURN(workspace, internal::Workspace::Create(kb, shape, p.topology, sizes));
   return Status::Ok();
 }
 
@@ -264,7 +260,7 @@ Status MoeRuntime::Impl::LayOutChunks(int64_t T) {
 }
 
 int64_t MoeRuntime::Impl::WorkspaceBytes() const {
-  int64_t b = workspace.Bytes() + Bytes(global_to_local) + Bytes(scratch.rows);
+  int64_t b = workspace.Bytes() + Bytes(global_to_local) + kernels->ScratchBytes();
   for (const internal::LayerWeights& l : layers) b += l.ConvertedBytes();
   if (groups.dispatcher) b += groups.dispatcher->WorkspaceBytes();
   return b;
@@ -275,7 +271,7 @@ MoeRuntime::~MoeRuntime() = default;
 
 Result<std::unique_ptr<MoeRuntime>> MoeRuntime::Create(const ShardPlan& plan,
                                                        const WeightViews& weights,
-                                                       Communicator& world, KernelContext& kernels,
+                                                       Communicator& world, KernelBackend& kernels,
                                                        const MoeRuntimeOptions& options) {
   auto impl = std::make_unique<Impl>();
   MOESHARD_RETURN_IF_ERROR(impl->Init(plan, weights, world, kernels, options));
@@ -292,13 +288,13 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
   MOESHARD_RETURN_IF_ERROR(s.CheckArgs(a));
   const int64_t T = a.num_tokens, H = s.shape.hidden;
   MOESHARD_RETURN_IF_ERROR(s.LayOutChunks(T));
-  std::vector<float>& stream = s.workspace.stream;
-  for (int64_t i = 0; i < T * H; ++i) {
-    stream[i] = a.x_dtype == DType::kF32 ? static_cast<const float*>(a.x)[i]
-                                         : Bf16ToFloat(static_cast<const bf16_t*>(a.x)[i]);
-  }
+  const internal::BackendArray<float>& stream = s.workspace.stream;
+  s.kernels->Convert({.src = a.x,
+                      .src_dtype = a.x_dtype,
+                      .dst = stream.data(),
+                      .dst_dtype = DType::kF32,
+                      .n = T * H});
   internal::LayerSteps steps({.kernels = s.kernels,
-                              .scratch = &s.scratch,
                               .shape = &s.shape,
                               .topology = &s.plan->topology,
                               .coords = &s.rank_plan->coords,
@@ -316,20 +312,22 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
     const Status st = steps.Run(s.layers[li], in);
     if (!st.ok()) return st.WithContext(fmt::format("layer {}", s.layers[li].layer));
     if (a.layer_outputs != nullptr) {
-      std::memcpy(a.layer_outputs + li * T * H, stream.data(), T * H * sizeof(float));
+      s.kernels->Convert({.src = stream.data(),
+                          .src_dtype = DType::kF32,
+                          .dst = a.layer_outputs + li * T * H,
+                          .dst_dtype = DType::kF32,
+                          .n = T * H});
     }
     if (a.layer_seconds != nullptr) {
       a.layer_seconds[li] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
   }
-  for (int64_t i = 0; i < T * H; ++i) {
-    if (a.x_dtype == DType::kF32) {
-      static_cast<float*>(a.out)[i] = stream[i];
-    } else {
-      static_cast<bf16_t*>(a.out)[i] = FloatToBf16(stream[i]);
-    }
-  }
+  s.kernels->Convert({.src = stream.data(),
+                      .src_dtype = DType::kF32,
+                      .dst = a.out,
+                      .dst_dtype = a.x_dtype,
+                      .n = T * H});
   return Status::Ok();
 }
 

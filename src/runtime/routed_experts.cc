@@ -1,7 +1,6 @@
 // The routed-expert steps of LayerSteps (4-6 of layer_steps.h): gather over MoE TP, the
 // experts (locally, or dispatched over the EP group and combined back), and the MoE-TP
 // reduce-scatter back into this rank's chunk.
-#include "moeshard/kernels/moe_forward.h"
 #include "runtime/layer_steps.h"
 
 namespace moeshard::internal {
@@ -42,7 +41,7 @@ Status LayerSteps::RoutedExperts(const LayerWeights& ly, Routed* r) {
     mp.top_k = shape_.top_k;
     mp.x = r->rows;
     mp.out = ws_.union_out.data();
-    return MoeExpertsForward(kc_, mp);
+    return kb_.MoeExperts(mp);
   }
   ExpertDispatcher& dispatcher = *groups_.dispatcher;
   MOESHARD_RETURN_IF_ERROR(dispatcher.Dispatch(r->rows, r->ids, r->num_rows));
@@ -58,7 +57,7 @@ Status LayerSteps::RoutedExperts(const LayerWeights& ly, Routed* r) {
     mp.top_k = 1;
     mp.x = dispatcher.received_rows();
     mp.out = dispatcher.received_outputs();
-    MOESHARD_RETURN_IF_ERROR(MoeExpertsForward(kc_, mp));
+    MOESHARD_RETURN_IF_ERROR(kb_.MoeExperts(mp));
   }
   return dispatcher.Combine(r->weights, ws_.union_out.data(), shape_.routed_width_padded, false);
 }

@@ -11,7 +11,7 @@
 #include <type_traits>
 
 #include "moeshard/base/numeric.h"
-#include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/plan/topology.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/weight_views.h"
@@ -28,19 +28,20 @@ struct Instance {
   RankWeights weights{0};
   WeightViews views;
   LoadStats stats;
-  int64_t row_group_layers = 0;
+  int64_t prepared_layers = 0;
   std::unique_ptr<MoeRuntime> runtime;
 };
 
+// `prepare`: offer the routed experts to the backend's weight preparation.
 Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Communicator& comm,
-             KernelContext& ctx, int64_t max_tokens, Instance* out) {
+             KernelBackend& kernels, bool prepare, int64_t max_tokens, Instance* out) {
   LoadOptions lo = spec.load;
   lo.max_moe_layers = spec.num_layers;
   lo.num_threads = std::max(1, spec.kernel_threads);
   MOESHARD_ASSIGN_OR_RETURN(out->weights, LoadRankWeights(plan, rank, lo, &out->stats));
-  if (spec.cpu_row_groups && ctx.isa() == CpuIsa::kAvx512Bf16) {
-    MOESHARD_ASSIGN_OR_RETURN(out->row_group_layers,
-                              UseCpuRowGroupLayout(ctx, plan, &out->weights));
+  if (prepare) {
+    MOESHARD_ASSIGN_OR_RETURN(out->prepared_layers,
+                              PrepareExpertWeights(kernels, plan, &out->weights));
   }
   out->views = ViewRankWeights(out->weights);
   MoeRuntimeOptions ro;
@@ -49,7 +50,7 @@ Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Co
   const int64_t n = spec.num_layers < 0 ? static_cast<int64_t>(moe.size())
                                         : std::min<int64_t>(spec.num_layers, moe.size());
   ro.layers.assign(moe.begin(), moe.begin() + n);
-  MOESHARD_ASSIGN_OR_RETURN(out->runtime, MoeRuntime::Create(plan, out->views, comm, ctx, ro));
+  MOESHARD_ASSIGN_OR_RETURN(out->runtime, MoeRuntime::Create(plan, out->views, comm, kernels, ro));
   return Status::Ok();
 }
 
@@ -140,20 +141,21 @@ Result<UnitInputs> PrepareInputs(const ShardedJobSpec& spec, int64_t rank) {
 // The single-rank reference of this unit's tokens, on this rank alone (COLLECTIVE over `world`
 // for the split), compared with the sharded run's last layer `last_layer` ([T, H] fp32).
 Result<ErrorStats> VerifyAgainstReference(const ShardedJobSpec& spec, Communicator& world,
-                                          KernelContext& ctx, const ForwardArgs& args,
+                                          KernelBackend& kernels, const ForwardArgs& args,
                                           std::span<const float> last_layer, int64_t num_layers) {
   const ShardPlan& plan = *spec.plan;
   const int64_t T = args.num_tokens, H = plan.model.hidden_size;
   MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(static_cast<int>(world.rank()), 0));
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1,
                             BuildShardPlan(plan.model, SingleRankPlanOptions(plan.options)));
-  // The reference keeps bf16 experts row-major, so verification also crosses the layouts.
+  // The reference keeps the experts as loaded (not prepared), so verification also crosses the
+  // backend's layouts.
   ShardedJobSpec ref_spec = spec;
-  ref_spec.cpu_row_groups = false;
   if (spec.reference_load) ref_spec.load = *spec.reference_load;
   Instance ref;
-  MOESHARD_RETURN_IF_ERROR(Build(plan1, 0, ref_spec, *solo, ctx, std::max<int64_t>(T, 1), &ref)
-                               .WithContext("run: single-rank reference"));
+  MOESHARD_RETURN_IF_ERROR(
+      Build(plan1, 0, ref_spec, *solo, kernels, /*prepare=*/false, std::max<int64_t>(T, 1), &ref)
+          .WithContext("run: single-rank reference"));
   std::vector<uint8_t> ref_bytes(T * H * 4);
   std::vector<float> ref_layers(num_layers * T * H);
   ForwardArgs ra = args;
@@ -273,18 +275,18 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   MOESHARD_ASSIGN_OR_RETURN(const UnitInputs in, PrepareInputs(spec, rank));
   const int64_t T = in.num_tokens();
 
-  MOESHARD_ASSIGN_OR_RETURN(
-      KernelContext ctx,
-      KernelContext::Create({.num_threads = std::max(1, spec.kernel_threads),
-                             .cpus = static_cast<size_t>(rank) < spec.rank_cpus.size()
-                                         ? spec.rank_cpus[static_cast<size_t>(rank)]
-                                         : std::vector<int>{}}));
-  // Pin this rank's thread (the pool's thread 0) before loading, so the pages it first touches
-  // (the weights it copies in) come from its own NUMA node's memory.
-  ctx.pool().ParallelFor(1, 1, [](int64_t, int64_t, int) {});
+  // The backend pins this rank's threads at creation, before loading, so the pages they first
+  // touch (the weights copied in) come from their own NUMA node's memory.
+  KernelBackendOptions ko = spec.kernels;
+  ko.num_threads = std::max(1, spec.kernel_threads);
+  ko.cpus = static_cast<size_t>(rank) < spec.rank_cpus.size()
+                ? spec.rank_cpus[static_cast<size_t>(rank)]
+                : std::vector<int>{};
+  MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<KernelBackend> kernels, CreateKernelBackend(ko));
   Instance inst;
   const auto load_start = std::chrono::steady_clock::now();
-  MOESHARD_RETURN_IF_ERROR(Build(plan, rank, spec, world, ctx, in.max_tokens(), &inst));
+  MOESHARD_RETURN_IF_ERROR(
+      Build(plan, rank, spec, world, *kernels, /*prepare=*/true, in.max_tokens(), &inst));
   const double load_seconds = Seconds(load_start);
   MoeRuntime& rt = *inst.runtime;
   const int64_t nl = rt.num_layers();
@@ -326,14 +328,17 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
     const std::span<const float> last =
         nl > 0 ? std::span<const float>(layer_out).subspan((nl - 1) * T * H, T * H)
                : std::span<const float>();
-    MOESHARD_ASSIGN_OR_RETURN(me.error, VerifyAgainstReference(spec, world, ctx, args, last, nl));
+    MOESHARD_ASSIGN_OR_RETURN(me.error,
+                              VerifyAgainstReference(spec, world, *kernels, args, last, nl));
   }
 
   ShardedJobResult result;
   result.layers = rt.layers();
   result.total_tokens = in.total_tokens();
   result.unit_tokens = in.unit_tokens;
-  result.row_group_layers = inst.row_group_layers;
+  result.kernel_backend = kernels->Describe();
+  result.prepared_layers = inst.prepared_layers;
+  result.prepared_layout = kernels->PreparedLayout();
   MOESHARD_ASSIGN_OR_RETURN(result.ranks, GatherReports(world, me));
   for (const RankReport& rr : result.ranks) {
     result.iter_seconds = std::max(result.iter_seconds, rr.iter_seconds);

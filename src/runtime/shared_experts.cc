@@ -1,8 +1,6 @@
 // The shared-expert step of LayerSteps (8 of layer_steps.h): replicated shared experts run on
 // the chunk; TP-split ones run their columns on all T rows of the unit and are reduce-scattered
 // into the chunks. A gated shared output is scaled per token by sigmoid(shared_out_gate . x).
-#include <cmath>
-
 #include "runtime/layer_steps.h"
 
 namespace moeshard::internal {
@@ -22,7 +20,7 @@ Status LayerSteps::SharedExperts(const LayerWeights& ly, const LayerInput& in, c
     mlp.x = ws_.xn.data();
     mlp.num_tokens = in.num_tokens;
     mlp.y = ws_.shared_partial.data();
-    GatedMlp(kc_, scratch_, mlp);
+    kb_.GatedMlp(mlp);
     MOESHARD_RETURN_IF_ERROR(groups_.tp->ReduceScatterSumV(ws_.shared_partial.data(),
                                                            ws_.shared_chunk.data(), ws_.tp_floats));
     AddSharedOutput(ly, xc, C);
@@ -34,7 +32,7 @@ Status LayerSteps::SharedExperts(const LayerWeights& ly, const LayerInput& in, c
   mlp.num_tokens = C;
   mlp.y = shape_.shared_gated ? ws_.shared_chunk.data() : ws_.chunk_y.data();
   mlp.accumulate = !shape_.shared_gated;
-  GatedMlp(kc_, scratch_, mlp);
+  kb_.GatedMlp(mlp);
   if (shape_.shared_gated) AddSharedOutput(ly, xc, C);
   return Status::Ok();
 }
@@ -42,21 +40,21 @@ Status LayerSteps::SharedExperts(const LayerWeights& ly, const LayerInput& in, c
 void LayerSteps::AddSharedOutput(const LayerWeights& ly, const float* xc, int64_t C) {
   const int64_t H = shape_.hidden;
   if (!shape_.shared_gated) {
-    for (int64_t i = 0; i < C * H; ++i) ws_.chunk_y[i] += ws_.shared_chunk[i];
+    kb_.AddRows({.y = ws_.chunk_y.data(), .x = ws_.shared_chunk.data(), .num_rows = C, .cols = H});
     return;
   }
   if (C == 0) return;
-  Linear(kc_, scratch_,
-         LinearArgs{.w = &ly.shared_out_gate,
-                    .x = xc,
-                    .x_stride = H,
-                    .num_tokens = C,
-                    .y = ws_.shared_gate_logit.data(),
-                    .y_stride = 1});
-  for (int64_t c = 0; c < C; ++c) {
-    const float g = 1.0f / (1.0f + std::exp(-ws_.shared_gate_logit[c]));
-    for (int64_t i = 0; i < H; ++i) ws_.chunk_y[c * H + i] += g * ws_.shared_chunk[c * H + i];
-  }
+  kb_.Linear(LinearArgs{.w = &ly.shared_out_gate,
+                        .x = xc,
+                        .x_stride = H,
+                        .num_tokens = C,
+                        .y = ws_.shared_gate_logit.data(),
+                        .y_stride = 1});
+  kb_.AddRows({.y = ws_.chunk_y.data(),
+               .x = ws_.shared_chunk.data(),
+               .num_rows = C,
+               .cols = H,
+               .gate_logits = ws_.shared_gate_logit.data()});
 }
 
 }  // namespace moeshard::internal

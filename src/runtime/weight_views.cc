@@ -4,9 +4,10 @@
 #include <fmt/ranges.h>
 
 #include "base/check.h"
-#include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/plan/shard_plan.h"
 #include "moeshard/weights/rank_weights.h"
+#include "runtime/layer_shape.h"
 
 namespace moeshard {
 
@@ -34,19 +35,50 @@ Result<const WeightView*> WeightViews::Get(std::string_view name, DType dtype,
 WeightViews ViewRankWeights(const RankWeights& weights) {
   WeightViews views;
   for (const TensorBuffer& t : weights.tensors()) {
-    views.Add(t.name, WeightView{.data = t.data.data(),
-                                 .dtype = t.dtype,
-                                 .shape = t.shape,
-                                 .num_bytes = t.data.size(),
-                                 .bf16_row_groups = t.bf16_row_groups});
+    views.Add(
+        t.name,
+        WeightView{
+            .data = t.data.data(), .dtype = t.dtype, .shape = t.shape, .num_bytes = t.data.size()});
   }
   return views;
 }
 
-Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
+namespace {
+
+// One layer's routed-expert data tensors as an ExpertWeights (scales, zero points and biases
+// not bound: what a backend's in-place preparation rewrites), checked against the plan.
+Result<ExpertWeights> ExpertDataOf(const ShardPlan& plan, const internal::LayerShape& shape,
+                                   const TensorBuffer& w13, const TensorBuffer& w2) {
+  ExpertWeights ew;
+  ew.scheme = plan.expert_scheme;
+  ew.num_experts_local = w13.shape.empty() ? 0 : w13.shape[0];
+  ew.hidden = shape.routed_width_padded;
+  ew.intermediate = plan.intermediate.padded_local;
+  ew.gated = plan.model.gated();
+  ew.gate_up_interleaved = plan.experts.gate_up_interleaved;
+  ew.w13 = w13.data.data();
+  ew.w2 = w2.data.data();
+  const int64_t E = ew.num_experts_local, H = ew.hidden, I = ew.intermediate;
+  const bool bf16 = ew.scheme.format == WeightFormat::kBf16;
+  const std::vector<int64_t> want13 = {E, ew.w13_rows(), H}, want2 = {E, H, I};
+  const bool ok = w13.shape.size() == 3 && w2.shape.size() == 3 && w2.shape[0] == E &&
+                  (!bf16 || (w13.dtype == DType::kBF16 && w2.dtype == DType::kBF16 &&
+                             w13.shape == want13 && w2.shape == want2));
+  if (!ok) {
+    return InvalidArgumentError(fmt::format(
+        "runtime: '{}' and '{}': expected the plan's [{}] and [{}]{}, got {} [{}] and {} [{}]",
+        w13.name, w2.name, fmt::join(want13, ", "), fmt::join(want2, ", "), bf16 ? " BF16" : "",
+        DTypeName(w13.dtype), fmt::join(w13.shape, ", "), DTypeName(w2.dtype),
+        fmt::join(w2.shape, ", ")));
+  }
+  return ew;
+}
+
+}  // namespace
+
+Result<int64_t> PrepareExpertWeights(KernelBackend& backend, const ShardPlan& plan,
                                      RankWeights* weights) {
-  MOESHARD_CHECK(weights != nullptr, "UseCpuRowGroupLayout: null weights");
-  if (plan.expert_scheme.format != WeightFormat::kBf16) return int64_t{0};
+  MOESHARD_CHECK(weights != nullptr, "PrepareExpertWeights: null weights");
   const RankPlan& rp = plan.ranks[static_cast<size_t>(weights->rank())];
   const TensorShard* s13 = nullptr;
   const TensorShard* s2 = nullptr;
@@ -56,40 +88,20 @@ Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
     if (s.role == TensorRole::kExpertsW2) s2 = &s;
   }
   if (s13 == nullptr || s2 == nullptr) return int64_t{0};
+  MOESHARD_ASSIGN_OR_RETURN(const internal::LayerShape shape,
+                            internal::ResolveLayerShape(plan, rp));
   int64_t layers = 0;
   for (int64_t layer : s13->layers) {
-    const std::string w13_name = ExpandName(s13->name, layer);
-    const std::string w2_name = ExpandName(s2->name, layer);
-    TensorBuffer* w13 = weights->FindMutable(w13_name);
-    TensorBuffer* w2 = weights->FindMutable(w2_name);
-    if (w13 == nullptr || w13->bf16_row_groups) continue;  // layer not built, or done
-    const int64_t rows_per_i = plan.model.gated() ? 2 : 1;
-    if (w2 == nullptr || w13->dtype != DType::kBF16 || w2->dtype != DType::kBF16 ||
-        w13->shape.size() != 3 || w2->shape.size() != 3 || w2->shape[0] != w13->shape[0] ||
-        w2->shape[1] != w13->shape[2] || w13->shape[1] != rows_per_i * w2->shape[2]) {
-      return InvalidArgumentError(fmt::format(
-          "runtime: '{}': expected BF16 [{}, {}, {}] beside '{}' {} [{}], got {}", w2_name,
-          w13->shape[0], w13->shape.size() == 3 ? w13->shape[2] : -1,
-          w13->shape.size() == 3 ? w13->shape[1] / rows_per_i : -1, w13_name, DTypeName(w13->dtype),
-          fmt::join(w13->shape, ", "),
-          w2 == nullptr
-              ? std::string("none")
-              : fmt::format("{} [{}]", DTypeName(w2->dtype), fmt::join(w2->shape, ", "))));
+    TensorBuffer* w13 = weights->FindMutable(ExpandName(s13->name, layer));
+    TensorBuffer* w2 = weights->FindMutable(ExpandName(s2->name, layer));
+    if (w13 == nullptr || w2 == nullptr) continue;  // layer not built
+    MOESHARD_ASSIGN_OR_RETURN(const ExpertWeights ew, ExpertDataOf(plan, shape, *w13, *w2));
+    const Result<bool> rewritten =
+        backend.PrepareExperts({.weights = ew, .w13 = w13->data.data(), .w2 = w2->data.data()});
+    if (!rewritten.ok()) {
+      return rewritten.status().WithContext(fmt::format("runtime: '{}'", w13->name));
     }
-    ExpertWeights ew;
-    ew.scheme = plan.expert_scheme;
-    ew.num_experts_local = w13->shape[0];
-    ew.hidden = w13->shape[2];
-    ew.intermediate = w2->shape[2];
-    ew.gated = plan.model.gated();
-    ew.gate_up_interleaved = plan.experts.gate_up_interleaved;
-    ew.w13 = w13->data.data();
-    ew.w2 = w2->data.data();
-    if (!CheckBf16RowGroupShape(ew).ok()) continue;  // stays row-major
-    MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(ctx, &ew, w13->data.data(), w2->data.data())
-                                 .WithContext(fmt::format("runtime: '{}'", w13_name)));
-    w13->bf16_row_groups = w2->bf16_row_groups = true;
-    ++layers;
+    if (*rewritten) ++layers;
   }
   return layers;
 }

@@ -10,6 +10,11 @@ int64_t VectorBytes(const std::vector<T>& v) {
   return static_cast<int64_t>(v.size() * sizeof(T));
 }
 
+template <typename T>
+int64_t VectorBytes(const BackendArray<T>& v) {
+  return v.Bytes();
+}
+
 }  // namespace
 
 WorkspaceSizes SizeWorkspace(const LayerShape& shape, const ResolvedTopology& topo,
@@ -24,40 +29,49 @@ WorkspaceSizes SizeWorkspace(const LayerShape& shape, const ResolvedTopology& to
   return s;
 }
 
-Workspace::Workspace(const LayerShape& shape, const ResolvedTopology& topo, const WorkspaceSizes& z)
-    : sizes(z) {
+Result<Workspace> Workspace::Create(KernelBackend& backend, const LayerShape& shape,
+                                    const ResolvedTopology& topo, const WorkspaceSizes& z) {
+  Workspace w;
+  w.sizes = z;
   const int64_t H = shape.hidden, L = shape.routed_width, Lp = shape.routed_width_padded;
   const int64_t E = shape.num_experts, k = shape.top_k, S = shape.shared_width_local;
   const int64_t T_max = z.max_tokens, C_max = z.max_chunk, U_max = z.max_union;
-  all_tokens.assign(topo.world, 0);
-  mt_rows.assign(topo.moe_tp, 0);
-  mt_floats.assign(topo.moe_tp, 0);
-  tp_rows.assign(topo.tp, 0);
-  tp_floats.assign(topo.tp, 0);
-  stream.assign(T_max * H, 0.0f);
-  xn.assign(T_max * H, 0.0f);
-  logits.assign(C_max * E, 0.0f);
-  chunk_ids.assign(C_max * k, 0);
-  chunk_w.assign(C_max * k, 0.0f);
-  if (shape.latent) lat.assign(C_max * L, 0.0f);
-  chunk_rows.assign(C_max * Lp, bf16_t{});
+  w.all_tokens.assign(topo.world, 0);
+  w.mt_rows.assign(topo.moe_tp, 0);
+  w.mt_floats.assign(topo.moe_tp, 0);
+  w.tp_rows.assign(topo.tp, 0);
+  w.tp_floats.assign(topo.tp, 0);
+  auto& b = backend;
+  MOESHARD_RETURN_IF_ERROR(w.stream.Allocate(b, T_max * H));
+  MOESHARD_RETURN_IF_ERROR(w.xn.Allocate(b, T_max * H));
+  MOESHARD_RETURN_IF_ERROR(w.logits.Allocate(b, C_max * E));
+  MOESHARD_RETURN_IF_ERROR(w.chunk_ids.Allocate(b, C_max * k));
+  MOESHARD_RETURN_IF_ERROR(w.chunk_w.Allocate(b, C_max * k));
+  if (shape.latent) MOESHARD_RETURN_IF_ERROR(w.lat.Allocate(b, C_max * L));
+  MOESHARD_RETURN_IF_ERROR(w.chunk_rows.Allocate(b, C_max * Lp));
   if (topo.moe_tp > 1) {
-    union_ids.assign(U_max * k, 0);
-    union_w.assign(U_max * k, 0.0f);
-    union_rows.assign(U_max * Lp, bf16_t{});
-    chunk_out.assign(C_max * Lp, 0.0f);
+    MOESHARD_RETURN_IF_ERROR(w.union_ids.Allocate(b, U_max * k));
+    MOESHARD_RETURN_IF_ERROR(w.union_w.Allocate(b, U_max * k));
+    MOESHARD_RETURN_IF_ERROR(w.union_rows.Allocate(b, U_max * Lp));
+    MOESHARD_RETURN_IF_ERROR(w.chunk_out.Allocate(b, C_max * Lp));
   }
-  union_out.assign(U_max * Lp, 0.0f);
-  chunk_y.assign(C_max * H, 0.0f);
+  MOESHARD_RETURN_IF_ERROR(w.union_out.Allocate(b, U_max * Lp));
+  MOESHARD_RETURN_IF_ERROR(w.chunk_y.Allocate(b, C_max * H));
   if (S > 0) {
     const int64_t rows = shape.shared_split ? T_max : C_max;
-    gate_buf.assign(rows * S, 0.0f);
-    up_buf.assign(rows * S, 0.0f);
-    if (shape.shared_split) shared_partial.assign(T_max * H, 0.0f);
-    if (shape.shared_split || shape.shared_gated) shared_chunk.assign(C_max * H, 0.0f);
-    if (shape.shared_gated) shared_gate_logit.assign(C_max, 0.0f);
+    MOESHARD_RETURN_IF_ERROR(w.gate_buf.Allocate(b, rows * S));
+    MOESHARD_RETURN_IF_ERROR(w.up_buf.Allocate(b, rows * S));
+    if (shape.shared_split) MOESHARD_RETURN_IF_ERROR(w.shared_partial.Allocate(b, T_max * H));
+    if (shape.shared_split || shape.shared_gated) {
+      MOESHARD_RETURN_IF_ERROR(w.shared_chunk.Allocate(b, C_max * H));
+    }
+    if (shape.shared_gated) MOESHARD_RETURN_IF_ERROR(w.shared_gate_logit.Allocate(b, C_max));
   }
-  if (topo.moe_ep > 1) ones.assign(z.max_received, 1.0f);
+  if (topo.moe_ep > 1) {
+    MOESHARD_RETURN_IF_ERROR(w.ones.Allocate(b, z.max_received));
+    for (int64_t i = 0; i < z.max_received; ++i) w.ones[i] = 1.0f;
+  }
+  return w;
 }
 
 int64_t Workspace::Bytes() const {

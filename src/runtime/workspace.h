@@ -7,6 +7,9 @@
 //   U_max  moe_tp * C_max: the chunks of one moe_ep rank's moe_tp peers (the "union")
 //   R_max  rows one EP rank may receive: moe_ep * U_max * min(k, most expert slots of a rank)
 //
+// The activation buffers are the kernel backend's memory (KernelBackend::Allocate); the per-call
+// counts of the collectives are host vectors.
+//
 // Thread safety: owned by one runtime; one thread.
 #pragma once
 
@@ -15,6 +18,8 @@
 #include <vector>
 
 #include "moeshard/base/numeric.h"
+#include "moeshard/base/status.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/plan/topology.h"
 #include "runtime/layer_shape.h"
 
@@ -31,10 +36,32 @@ struct WorkspaceSizes {
 WorkspaceSizes SizeWorkspace(const LayerShape& shape, const ResolvedTopology& topo,
                              int64_t max_tokens, int64_t max_expert_slots);
 
+// `n` elements of T in one KernelBuffer (zero-filled), indexed like the vector it replaces.
+template <typename T>
+class BackendArray {
+ public:
+  BackendArray() = default;
+  Status Allocate(KernelBackend& backend, int64_t n) {
+    MOESHARD_ASSIGN_OR_RETURN(buffer_, backend.Allocate(n * static_cast<int64_t>(sizeof(T))));
+    size_ = n;
+    return Status::Ok();
+  }
+  T* data() const { return static_cast<T*>(buffer_.data()); }
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int64_t Bytes() const { return size_ * static_cast<int64_t>(sizeof(T)); }
+  T& operator[](int64_t i) const { return data()[i]; }
+
+ private:
+  KernelBuffer buffer_;
+  int64_t size_ = 0;
+};
+
 struct Workspace {
-  // Allocates every buffer for `sizes`; the buffers a layout does not use stay empty.
-  Workspace(const LayerShape& shape, const ResolvedTopology& topo, const WorkspaceSizes& sizes);
-  Workspace() = default;
+  // Allocates every buffer for `sizes` from `backend`; the buffers a layout does not use stay
+  // empty.
+  static Result<Workspace> Create(KernelBackend& backend, const LayerShape& shape,
+                                  const ResolvedTopology& topo, const WorkspaceSizes& sizes);
 
   // Bytes of every buffer.
   int64_t Bytes() const;
@@ -46,19 +73,19 @@ struct Workspace {
   std::vector<size_t> mt_rows, mt_floats;  // [moe_tp] chunk rows / Lp floats of each moe_tp peer
   std::vector<size_t> tp_rows, tp_floats;  // [tp] chunk rows / H floats of each attention-TP peer
 
-  std::vector<float> stream;                        // [T_max, H] fp32: the residual stream
-  std::vector<float> xn;                            // [T_max, H] fp32: its pre-MoE norm
-  std::vector<float> logits;                        // [C_max, E] fp32: router logits
-  std::vector<int32_t> chunk_ids, union_ids;        // [C_max, k], [U_max, k] global experts
-  std::vector<float> chunk_w, union_w;              // [C_max, k], [U_max, k] routing weights
-  std::vector<float> lat;                           // [C_max, L] fp32 (latent MoE)
-  std::vector<bf16_t> chunk_rows, union_rows;       // [C_max, Lp], [U_max, Lp] expert inputs
-  std::vector<float> union_out, chunk_out;          // [U_max, Lp], [C_max, Lp] expert outputs
-  std::vector<float> ones;                          // [R_max] unit weights of received rows
-  std::vector<float> chunk_y;                       // [C_max, H] the chunk's new hidden states
-  std::vector<float> gate_buf, up_buf;              // [T_max or C_max, S_local] shared MLP
-  std::vector<float> shared_partial, shared_chunk;  // [T_max, H], [C_max, H] shared output
-  std::vector<float> shared_gate_logit;             // [C_max] shared-expert gate logits
+  BackendArray<float> stream;                        // [T_max, H] fp32: the residual stream
+  BackendArray<float> xn;                            // [T_max, H] fp32: its pre-MoE norm
+  BackendArray<float> logits;                        // [C_max, E] fp32: router logits
+  BackendArray<int32_t> chunk_ids, union_ids;        // [C_max, k], [U_max, k] global experts
+  BackendArray<float> chunk_w, union_w;              // [C_max, k], [U_max, k] routing weights
+  BackendArray<float> lat;                           // [C_max, L] fp32 (latent MoE)
+  BackendArray<bf16_t> chunk_rows, union_rows;       // [C_max, Lp], [U_max, Lp] expert inputs
+  BackendArray<float> union_out, chunk_out;          // [U_max, Lp], [C_max, Lp] expert outputs
+  BackendArray<float> ones;                          // [R_max] unit weights of received rows
+  BackendArray<float> chunk_y;                       // [C_max, H] the chunk's new hidden states
+  BackendArray<float> gate_buf, up_buf;              // [T_max or C_max, S_local] shared MLP
+  BackendArray<float> shared_partial, shared_chunk;  // [T_max, H], [C_max, H] shared output
+  BackendArray<float> shared_gate_logit;             // [C_max] shared-expert gate logits
 };
 
 }  // namespace moeshard::internal

@@ -6,6 +6,7 @@
 #include "moeshard/config/config_loader.h"
 #include "moeshard/kernels/cpu_constraints.h"
 #include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/plan/backend.h"
 #include "moeshard/plan/shard_plan.h"
 
@@ -30,7 +31,15 @@ TEST(BackendConstraintsTest, CatalogMatchesKernels) {
 
 TEST(BackendConstraintsTest, PlannedShapesAreAcceptedByTheKernels) {
   // Every tiny preset at several topologies on moeshard-cpu: the padded per-rank expert shapes
-  // pass the kernels' own validation.
+  // pass the kernels' own validation, on every kernel backend.
+  std::vector<std::pair<std::string, std::unique_ptr<KernelBackend>>> backends;
+  for (const std::string& name : KernelBackendNames()) {
+    Result<std::unique_ptr<KernelBackend>> b =
+        CreateKernelBackend({.name = name, .num_threads = 1});
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    backends.emplace_back(name, std::move(*b));
+  }
+  ASSERT_GE(backends.size(), 2u);
   for (const char* preset :
        {"tiny-kimi-k3", "tiny-deepseek-v3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss"}) {
     const ModelConfig m = *LoadModelConfig(preset);
@@ -52,8 +61,25 @@ TEST(BackendConstraintsTest, PlannedShapesAreAcceptedByTheKernels) {
       w.w13 = w.w2 = dummy.data();
       if (w.scheme.quantized()) w.w13_scales = w.w2_scales = dummy.data();
       ActivationParams act;
+      act.kind = IsGated(act.kind) == w.gated ? act.kind : Activation::kReluSquared;
       EXPECT_TRUE(ValidateExpertWeights(w, act).ok())
           << preset << " tp" << tp << ": " << ValidateExpertWeights(w, act).ToString();
+      // And every kernel backend's MoeExperts takes them (an empty batch: validation only).
+      std::vector<int32_t> to_local(static_cast<size_t>(m.num_experts), -1);
+      for (size_t s = 0; s < p->ranks[0].expert_slots.size(); ++s) {
+        int32_t& l = to_local[static_cast<size_t>(p->ranks[0].expert_slots[s])];
+        if (l < 0) l = static_cast<int32_t>(s);
+      }
+      for (auto& [name, backend] : backends) {
+        MoeExpertsParams mp;
+        mp.top_k = m.num_experts_per_tok;
+        mp.num_experts_global = m.num_experts;
+        mp.expert_global_to_local = to_local.data();
+        mp.weights = &w;
+        mp.activation = act;
+        const Status st = backend->MoeExperts(mp);
+        EXPECT_TRUE(st.ok()) << preset << " tp" << tp << " on " << name << ": " << st.ToString();
+      }
     }
   }
 }

@@ -10,7 +10,7 @@
 #include "moeshard/base/numeric.h"
 #include "moeshard/comm/local_comm.h"
 #include "moeshard/config/config_loader.h"
-#include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/kernels/reference.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/verify.h"
@@ -112,10 +112,10 @@ std::vector<double> Norm(const std::vector<double>& x, const WeightView& w, doub
   return y;
 }
 
-// `row_groups`: bf16 experts rewritten into the CPU row-group layout after loading.
 }  // namespace
 
-void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t moe_layer_index) {
+void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t moe_layer_index,
+                                const std::string& kernel_backend) {
   PlanOptions o;
   o.backend = "moeshard-cpu";
   auto plan = BuildShardPlan(m, o);
@@ -125,11 +125,14 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
   lo.max_moe_layers = moe_layer_index + 1;
   auto weights = LoadRankWeights(*plan, 0, lo);
   ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  KernelBackendOptions ko{.name = row_groups ? "cpu" : kernel_backend, .num_threads = 1};
+  // The reference below reads the experts' bytes: row-major unless row groups are asked for.
+  if (ko.name == "cpu") ko.settings["expert-layout"] = row_groups ? "row-groups" : "row-major";
+  Result<std::unique_ptr<KernelBackend>> kernels = CreateKernelBackend(ko);
+  ASSERT_TRUE(kernels.ok()) << kernels.status().ToString();
+  const Result<int64_t> n = PrepareExpertWeights(**kernels, *plan, &*weights);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
   if (row_groups) {
-    Result<KernelContext> ctx = KernelContext::Create({.num_threads = 2});
-    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
-    const Result<int64_t> n = UseCpuRowGroupLayout(*ctx, *plan, &*weights);
-    ASSERT_TRUE(n.ok()) << n.status().ToString();
     ASSERT_EQ(*n, 1) << "the loaded MoE layer's experts should be rewritten";
   }
   const WeightViews v = ViewRankWeights(*weights);
@@ -144,9 +147,8 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
   DummyTokenIds(3, 0, T, m.vocab_size, tokens.data());
 
   const Status s = RunLocalRanks(1, {}, [&](Communicator& w) -> Status {
-    MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create({.num_threads = 1}));
     MOESHARD_ASSIGN_OR_RETURN(
-        auto rt, MoeRuntime::Create(*plan, v, w, ctx, {.max_tokens = T, .layers = {layer}}));
+        auto rt, MoeRuntime::Create(*plan, v, w, **kernels, {.max_tokens = T, .layers = {layer}}));
     return rt->Forward(
         {.x = x.data(), .num_tokens = T, .token_ids = tokens.data(), .out = out.data()});
   });
@@ -224,8 +226,7 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
   const WeightView* w13 = P.View(R::kExpertsW13);
   ew.w13 = w13->data;
   ew.w2 = P.View(R::kExpertsW2)->data;
-  ew.bf16_row_groups = w13->bf16_row_groups;
-  EXPECT_EQ(ew.bf16_row_groups, row_groups);
+  ew.bf16_row_groups = row_groups && *n == 1;  // the reference reads the prepared bytes
   if (m.expert_scheme().quantized()) {
     ew.w13_scales = P.View(R::kExpertsW13, TensorPart::kScale)->data;
     ew.w2_scales = P.View(R::kExpertsW2, TensorPart::kScale)->data;

@@ -3,6 +3,8 @@
 // the formats read from the config (layer_reference_test.cc). Shared with the regression tests.
 #pragma once
 
+#include <string>
+
 #include "moeshard/config/model_config.h"
 
 namespace moeshard {
@@ -10,8 +12,11 @@ namespace moeshard {
 // Plans `model` on one rank (moeshard-cpu), loads dummy weights for its `moe_layer_index`-th
 // MoE layer (0: the first), runs the runtime on five tokens (with token ids, for layers that
 // route by them) and compares with the reference (gtest assertions).
-// `row_groups`: bf16 experts rewritten into the CPU row-group layout after loading.
+// The runtime runs on the kernel backend `kernel_backend` (kernel_backend.h) with its weight
+// preparation; `row_groups`: on "cpu" with expert-layout row-groups, so the bf16 experts are
+// rewritten into the CPU row-group layout after loading (on any instruction set).
 void CheckLayerAgainstReference(const ModelConfig& model, bool row_groups = false,
-                                int64_t moe_layer_index = 0);
+                                int64_t moe_layer_index = 0,
+                                const std::string& kernel_backend = "cpu");
 
 }  // namespace moeshard

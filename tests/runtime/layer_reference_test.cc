@@ -9,16 +9,22 @@
 #include <gtest/gtest.h>
 
 #include "moeshard/config/config_loader.h"
+#include "moeshard/kernels/kernel_backend.h"
 
 namespace moeshard {
 namespace {
 
+// On every kernel backend (the CPU row-group layout on "cpu" only).
 void CheckPreset(const std::string& preset, bool row_groups = false, int64_t moe_layer = 0) {
-  SCOPED_TRACE(preset + (row_groups ? " row groups" : "") + " MoE layer " +
-               std::to_string(moe_layer));
   auto model = LoadModelConfig(preset);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  CheckLayerAgainstReference(*model, row_groups, moe_layer);
+  const std::vector<std::string> backends =
+      row_groups ? std::vector<std::string>{"cpu"} : KernelBackendNames();
+  for (const std::string& backend : backends) {
+    SCOPED_TRACE(preset + (row_groups ? " row groups" : "") + " MoE layer " +
+                 std::to_string(moe_layer) + " on kernel backend " + backend);
+    CheckLayerAgainstReference(*model, row_groups, moe_layer, backend);
+  }
 }
 
 TEST(RuntimeLayerReferenceTest, KimiK3) { CheckPreset("tiny-kimi-k3"); }

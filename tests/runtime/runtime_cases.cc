@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "moeshard/config/config_loader.h"
-#include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/runtime/expert_dispatch.h"
 #include "moeshard/runtime/moe_runtime.h"
 #include "moeshard/runtime/verify.h"
@@ -93,22 +93,23 @@ Status CheckExpectations(const EquivSpec& c, const ShardPlan& plan) {
 }
 
 // Runs `plan`'s layers on `comm` for one unit's tokens; out: [T, H].
-Status RunOn(const ShardPlan& plan, Communicator& comm, int64_t layers, int64_t max_tokens,
-             const std::vector<float>& x, const std::vector<int32_t>& tokens, int64_t T,
-             std::vector<float>* out) {
+Status RunOn(const ShardPlan& plan, Communicator& comm, const std::string& backend, int64_t layers,
+             int64_t max_tokens, const std::vector<float>& x, const std::vector<int32_t>& tokens,
+             int64_t T, std::vector<float>* out) {
   LoadOptions lo;
   lo.source = LoadOptions::Source::kDummy;
   lo.seed = kSeed;
   lo.max_moe_layers = layers;
   lo.num_threads = 1;
   MOESHARD_ASSIGN_OR_RETURN(RankWeights weights, LoadRankWeights(plan, comm.rank(), lo));
+  MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<KernelBackend> kernels, TestKernelBackend(backend));
+  MOESHARD_RETURN_IF_ERROR(PrepareExpertWeights(*kernels, plan, &weights).status());
   const WeightViews views = ViewRankWeights(weights);
-  MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create({.num_threads = 1}));
   MoeRuntimeOptions ro;
   ro.max_tokens = max_tokens;
   const std::vector<int64_t> moe = MoeLayersOf(plan.model, plan.ranks[comm.rank()].layers);
   ro.layers.assign(moe.begin(), moe.begin() + std::min<int64_t>(layers, moe.size()));
-  MOESHARD_ASSIGN_OR_RETURN(auto rt, MoeRuntime::Create(plan, views, comm, ctx, ro));
+  MOESHARD_ASSIGN_OR_RETURN(auto rt, MoeRuntime::Create(plan, views, comm, *kernels, ro));
   out->assign(x.size(), 0.0f);
   ForwardArgs a;
   a.x = x.data();
@@ -119,7 +120,7 @@ Status RunOn(const ShardPlan& plan, Communicator& comm, int64_t layers, int64_t 
   return rt->Forward(a);
 }
 
-Status EquivalenceBody(const EquivSpec& c, Communicator& world) {
+Status EquivalenceBody(const EquivSpec& c, Communicator& world, const std::string& backend) {
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan, PlanOf(c, c.topology));
   MOESHARD_RETURN_IF_ERROR(CheckExpectations(c, plan));
   const RankCoords& rc = plan.ranks[world.rank()].coords;
@@ -133,12 +134,12 @@ Status EquivalenceBody(const EquivSpec& c, Communicator& world) {
   std::vector<int32_t> tokens(T);
   DummyTokenIds(kSeed, unit, T, plan.model.vocab_size, tokens.data());
   std::vector<float> out, ref;
-  MOESHARD_RETURN_IF_ERROR(RunOn(plan, world, c.layers, max_tokens, x, tokens, T, &out));
+  MOESHARD_RETURN_IF_ERROR(RunOn(plan, world, backend, c.layers, max_tokens, x, tokens, T, &out));
 
   // The single-rank reference of the same tokens, on a communicator of this rank alone.
   MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(world.rank(), 0));
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1, PlanOf(c, Topology{}));
-  MOESHARD_RETURN_IF_ERROR(RunOn(plan1, *solo, c.layers, max_tokens, x, tokens, T, &ref));
+  MOESHARD_RETURN_IF_ERROR(RunOn(plan1, *solo, backend, c.layers, max_tokens, x, tokens, T, &ref));
 
   const ErrorStats stats = CompareOutputs(out, ref);
   // Tighter than the CLI's bf16 default (verify.h): both sides round the same values to bf16
@@ -321,7 +322,9 @@ std::vector<RuntimeCase> BuildCases() {
   std::vector<RuntimeCase> cases;
   auto add = [&](const std::string& name, EquivSpec spec) {
     const int world = static_cast<int>(spec.topology.tp * spec.topology.dp);
-    cases.push_back({name, world, [spec](Communicator& w) { return EquivalenceBody(spec, w); }});
+    cases.push_back({name, world, [spec](Communicator& w, const std::string& backend) {
+                       return EquivalenceBody(spec, w, backend);
+                     }});
   };
   const std::vector<Family> families = {
       {"tiny-kimi-k3", "kimi", "marlin", 2},
@@ -442,7 +445,9 @@ std::vector<RuntimeCase> BuildCases() {
     add("deepseek_tp4_shared_replicated", s);
   }
   for (int n : {1, 2, 4, 8}) {
-    cases.push_back({fmt::format("dispatch_{}ranks", n), n, DispatchBody});
+    cases.push_back({fmt::format("dispatch_{}ranks", n), n,
+                     [](Communicator& w, const std::string&) { return DispatchBody(w); },
+                     /*uses_kernels=*/false});
   }
   return cases;
 }
@@ -465,10 +470,10 @@ Status BadRankBody(Communicator& world, int bad_rank) {
   lo.num_threads = 1;
   MOESHARD_ASSIGN_OR_RETURN(RankWeights weights, LoadRankWeights(plan, world.rank(), lo));
   const WeightViews views = ViewRankWeights(weights);
-  MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create({.num_threads = 1}));
+  MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<KernelBackend> kernels, TestKernelBackend("cpu"));
   const std::vector<int64_t> moe = MoeLayersOf(plan.model, plan.ranks[world.rank()].layers);
   MOESHARD_ASSIGN_OR_RETURN(
-      auto rt, MoeRuntime::Create(plan, views, world, ctx,
+      auto rt, MoeRuntime::Create(plan, views, world, *kernels,
                                   MoeRuntimeOptions{.max_tokens = 8, .layers = {moe.front()}}));
   const int64_t T = world.rank() == bad_rank ? 9 : 8;
   std::vector<float> x(9 * plan.model.hidden_size, 0.5f), out(x.size());
@@ -477,6 +482,21 @@ Status BadRankBody(Communicator& world, int bad_rank) {
   a.num_tokens = T;
   a.out = out.data();
   return rt->Forward(a);
+}
+
+std::vector<CaseRun> AllCaseRuns(int world) {
+  std::vector<CaseRun> runs;
+  for (const RuntimeCase& c : AllRuntimeCases()) {
+    if (world > 0 && c.world != world) continue;
+    const std::vector<std::string> backends =
+        c.uses_kernels ? KernelBackendNames() : std::vector<std::string>{"cpu"};
+    for (const std::string& b : backends) runs.push_back({c.name + "_" + b, &c, b});
+  }
+  return runs;
+}
+
+Result<std::unique_ptr<KernelBackend>> TestKernelBackend(const std::string& name) {
+  return CreateKernelBackend({.name = name, .num_threads = 1});
 }
 
 }  // namespace moeshard::runtime_test

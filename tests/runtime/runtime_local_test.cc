@@ -23,10 +23,12 @@ LocalCommOptions TestOptions() {
 
 class RuntimeLocalTest : public ::testing::TestWithParam<std::string> {};
 
+// Every case on every kernel backend ("<case>_cpu", "<case>_reference").
 TEST_P(RuntimeLocalTest, MatchesOneRank) {
-  for (const RuntimeCase& c : AllRuntimeCases()) {
-    if (c.name != GetParam()) continue;
-    const Status s = RunLocalRanks(c.world, TestOptions(), c.body);
+  for (const runtime_test::CaseRun& run : runtime_test::AllCaseRuns()) {
+    if (run.name != GetParam()) continue;
+    const Status s = RunLocalRanks(run.runtime_case->world, TestOptions(),
+                                   [&run](Communicator& w) { return run.Run(w); });
     EXPECT_TRUE(s.ok()) << s.ToString();
     return;
   }
@@ -35,8 +37,19 @@ TEST_P(RuntimeLocalTest, MatchesOneRank) {
 
 std::vector<std::string> CaseNames() {
   std::vector<std::string> names;
-  for (const RuntimeCase& c : AllRuntimeCases()) names.push_back(c.name);
+  for (const runtime_test::CaseRun& run : runtime_test::AllCaseRuns()) names.push_back(run.name);
   return names;
+}
+
+TEST(RuntimeLocalBackendsTest, EveryKernelCaseRunsOnEveryBackend) {
+  // The parametrization above cannot silently drop the test backend.
+  int64_t kernel_cases = 0, reference_runs = 0;
+  for (const RuntimeCase& c : AllRuntimeCases()) kernel_cases += c.uses_kernels ? 1 : 0;
+  for (const runtime_test::CaseRun& run : runtime_test::AllCaseRuns()) {
+    reference_runs += run.kernel_backend == "reference" ? 1 : 0;
+  }
+  EXPECT_GT(kernel_cases, 10);
+  EXPECT_EQ(reference_runs, kernel_cases);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCases, RuntimeLocalTest, ::testing::ValuesIn(CaseNames()),

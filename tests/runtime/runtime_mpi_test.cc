@@ -1,6 +1,7 @@
 // The sharded runtime on the MPI backend: the cases of runtime_cases.h whose world size equals
-// the job's (ctest runs it with 2 and 4 processes). Its own main initialises MPI; a case that
-// fails on any rank ends the whole job through MpiSession::AbortJob with that rank's message.
+// the job's, on every kernel backend, (ctest runs it with 2 and 4 processes). Its own main
+// initialises MPI; a case that fails on any rank ends the whole job through MpiSession::AbortJob
+// with that rank's message.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,10 +20,10 @@ Communicator* g_world = nullptr;
 class RuntimeMpiTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RuntimeMpiTest, MatchesOneRank) {
-  for (const runtime_test::RuntimeCase& c : runtime_test::AllRuntimeCases()) {
-    if (c.name != GetParam()) continue;
-    const Status s = c.body(*g_world);
-    if (!s.ok()) g_session->AbortJob(s.WithContext("case " + c.name));
+  for (const runtime_test::CaseRun& run : runtime_test::AllCaseRuns()) {
+    if (run.name != GetParam()) continue;
+    const Status s = run.Run(*g_world);
+    if (!s.ok()) g_session->AbortJob(s.WithContext("case " + run.name));
     return;
   }
   FAIL() << "no case " << GetParam();
@@ -32,8 +33,8 @@ std::vector<std::string> CaseNames() {
   std::vector<std::string> names;
   // Before MPI is initialised (the test list is made first): what the launcher told us.
   const int size = ReadMpiLaunchInfo(ProcessLaunchEnv()).world_size;
-  for (const runtime_test::RuntimeCase& c : runtime_test::AllRuntimeCases()) {
-    if (c.world == size) names.push_back(c.name);
+  for (const runtime_test::CaseRun& run : runtime_test::AllCaseRuns(size)) {
+    names.push_back(run.name);
   }
   return names;
 }

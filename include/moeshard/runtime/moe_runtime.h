@@ -51,7 +51,7 @@
 #include "moeshard/base/status.h"
 #include "moeshard/comm/communicator.h"
 #include "moeshard/kernels/expert_gemm.h"
-#include "moeshard/kernels/kernel_context.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/kernels/routing.h"
 #include "moeshard/plan/shard_plan.h"
 #include "moeshard/runtime/weight_views.h"
@@ -90,12 +90,14 @@ struct ForwardArgs {
 class MoeRuntime {
  public:
   // COLLECTIVE over `world` (splits the sub-communicators). `plan`, `weights`, `world` and
-  // `kernels` must outlive the runtime. world.size() must equal the plan's world and
-  // world.rank() selects plan.ranks[rank]. Errors: a weight missing or of the wrong shape or
-  // dtype (naming the tensor), unsupported options (naming the flag).
+  // `kernels` must outlive the runtime. Every operation runs on `kernels` (any backend of
+  // kernel_backend.h; its buffers hold the activations), which must have prepared the
+  // weights' routed experts if it is to use its own layout (PrepareExpertWeights). world.size()
+  // must equal the plan's world and world.rank() selects plan.ranks[rank]. Errors: a weight missing
+  // or of the wrong shape or dtype (naming the tensor), unsupported options (naming the flag).
   static Result<std::unique_ptr<MoeRuntime>> Create(const ShardPlan& plan,
                                                     const WeightViews& weights, Communicator& world,
-                                                    KernelContext& kernels,
+                                                    KernelBackend& kernels,
                                                     const MoeRuntimeOptions& options);
   ~MoeRuntime();
 

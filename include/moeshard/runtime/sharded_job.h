@@ -26,6 +26,7 @@
 
 #include "moeshard/base/status.h"
 #include "moeshard/comm/communicator.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/plan/shard_plan.h"
 #include "moeshard/runtime/verify.h"
 #include "moeshard/weights/loader.h"
@@ -63,9 +64,12 @@ struct ShardedJobSpec {
   std::vector<std::vector<int>> rank_cpus;
   std::vector<int> rank_numa_nodes;  // the node of each rank's CPUs (-1: not placed by node)
   bool collect_outputs = false;      // rank 0 receives every layer's output of every token
-  // bf16 routed experts rewritten into the row-group layout after loading when the kernels run
-  // on AVX-512 (UseCpuRowGroupLayout); false keeps them row-major.
-  bool cpu_row_groups = true;
+  // The kernel backend each rank runs on (kernel_backend.h): its registry name and its own
+  // settings ("cpu": isa, expert-layout). num_threads and cpus are set from kernel_threads and
+  // rank_cpus. The routed experts are offered to its weight preparation after loading
+  // (PrepareExpertWeights); the verification reference keeps them as loaded, so verification
+  // also crosses the layouts.
+  KernelBackendOptions kernels;
 };
 
 struct RankReport {
@@ -84,7 +88,9 @@ struct ShardedJobResult {
   std::vector<int64_t> layers;       // the MoE layers run
   int64_t total_tokens = 0;          // over all units
   std::vector<int64_t> unit_tokens;  // [dp * pcp] tokens of each unit, in order
-  int64_t row_group_layers = 0;      // this rank's layers with bf16 experts in row-group layout
+  std::string kernel_backend;        // this rank's backend, described (KernelBackend::Describe)
+  int64_t prepared_layers = 0;       // this rank's layers the backend rewrote into its layout
+  std::string prepared_layout;       // that layout (KernelBackend::PreparedLayout)
   std::vector<RankReport> ranks;     // every rank's report (all ranks receive all)
   double iter_seconds = 0;           // slowest rank's mean forward time
   ErrorStats error;                  // merged over ranks

@@ -22,17 +22,13 @@ namespace moeshard {
 
 class RankWeights;
 struct ShardPlan;
-class KernelContext;
+class KernelBackend;
 
 struct WeightView {
-  const std::byte* data =
-      nullptr;  // the padded tensor, row-major (see bf16_row_groups), padding zero
+  const std::byte* data = nullptr;  // the padded tensor, row-major, padding zero
   DType dtype = DType::kBF16;
   std::vector<int64_t> shape;  // padded (allocated) shape
   size_t num_bytes = 0;
-  // Routed-expert bf16 matrices in the CPU kernels' row-group layout (kernels/expert_gemm.h)
-  // instead of row-major; the runtime hands this on to the kernels.
-  bool bf16_row_groups = false;
 
   template <typename T>
   const T* as() const {
@@ -59,13 +55,11 @@ class WeightViews {
 // Views of every tensor of `weights` (which must outlive the views).
 WeightViews ViewRankWeights(const RankWeights& weights);
 
-// Rewrites the routed experts' bf16 w13/w2 tensors of `weights` in place into the row-group
-// layout the AVX-512 kernels stream fastest (kernels/expert_gemm.h: the same bytes, so the
-// plan's memory is unchanged) and marks them. Layers whose expert shape the layout cannot hold
-// (H or I not a multiple of 16, interleaved gate/up) stay row-major. Returns how many layers
-// were rewritten (in parallel over `ctx`'s pool). Call it right after loading, before making
-// views or sharing the weights.
-Result<int64_t> UseCpuRowGroupLayout(KernelContext& ctx, const ShardPlan& plan,
+// Offers every MoE layer's routed-expert tensors of `weights` to `backend` for its in-place
+// weight preparation (KernelBackend::PrepareExperts: the CPU backend rewrites bf16 experts into
+// the row-group layout its AVX-512 kernels stream fastest, the same bytes, so the plan's memory
+// is unchanged). Returns how many layers the backend rewrote. Call it right after loading,
+// before making views or sharing the weights, and run the runtime on the same backend.
+Result<int64_t> PrepareExpertWeights(KernelBackend& backend, const ShardPlan& plan,
                                      RankWeights* weights);
-
 }  // namespace moeshard

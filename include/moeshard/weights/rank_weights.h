@@ -39,9 +39,6 @@ struct TensorBuffer {
   std::vector<int64_t> shape;        // padded (allocated) shape
   std::vector<int64_t> local_shape;  // unpadded slice shape
   AlignedBuffer data;                // bytes of `shape`; padding is zero
-  // Routed-expert bf16 matrices rewritten into the CPU kernels' row-group layout (same bytes,
-  // another element order; kernels/expert_gemm.h) by the runtime's UseCpuRowGroupLayout.
-  bool bf16_row_groups = false;
 };
 
 class RankWeights {

@@ -1,4 +1,4 @@
-#include "runtime/dense_ops.h"
+#include "kernels/cpu/dense_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -39,11 +39,9 @@ void DequantizeRow(const DenseWeight& w, int64_t r, float* out) {
                                  w.global);
 }
 
-void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {
-  MOESHARD_CHECK(a.w != nullptr && a.w->cols <= scratch.max_cols &&
-                     scratch.rows.size() >= static_cast<size_t>(ctx.num_threads()) *
-                                                static_cast<size_t>(scratch.max_cols),
-                 "Linear: scratch not reserved for {} columns", a.w ? a.w->cols : -1);
+void Linear(ThreadPool& pool, DenseScratch& scratch, const LinearArgs& a) {
+  MOESHARD_CHECK(a.w != nullptr, "Linear: null weight");
+  scratch.Reserve(pool.num_threads(), a.w->cols);
   if (a.num_tokens == 0 || a.w->rows == 0) return;
   struct Job {
     const LinearArgs* a;
@@ -51,7 +49,7 @@ void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {
   } job{&a, &scratch};
   // Captures one pointer: std::function stores it inline (no allocation per call).
   const Job* j = &job;
-  ctx.pool().ParallelFor(a.w->rows, 0, [j](int64_t begin, int64_t end, int thread_idx) {
+  pool.ParallelFor(a.w->rows, 0, [j](int64_t begin, int64_t end, int thread_idx) {
     const LinearArgs& a = *j->a;
     float* row = j->s->rows.data() + static_cast<size_t>(thread_idx) * j->s->max_cols;
     for (int64_t r = begin; r < end; ++r) {
@@ -66,28 +64,30 @@ void Linear(KernelContext& ctx, DenseScratch& scratch, const LinearArgs& a) {
   });
 }
 
-void RmsNorm(const float* x, int64_t x_stride, int64_t num_tokens, int64_t n, const bf16_t* weight,
-             float eps, float* y, int64_t y_stride, float weight_offset) {
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* xr = x + t * x_stride;
-    float* yr = y + t * y_stride;
+void RmsNorm(const RmsNormArgs& a) {
+  const int64_t n = a.n;
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const float* xr = a.x + t * a.x_stride;
+    float* yr = a.y + t * a.y_stride;
     float sum = 0.0f;
     for (int64_t i = 0; i < n; ++i) sum += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * (weight_offset + Bf16ToFloat(weight[i]));
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + a.eps);
+    for (int64_t i = 0; i < n; ++i) {
+      yr[i] = xr[i] * inv * (a.weight_offset + Bf16ToFloat(a.weight[i]));
+    }
   }
 }
 
-void GatedMlp(KernelContext& ctx, DenseScratch& scratch, const GatedMlpArgs& a) {
+void GatedMlp(ThreadPool& pool, DenseScratch& scratch, const GatedMlpArgs& a) {
   const int64_t s = a.gate->rows;
-  Linear(ctx, scratch,
+  Linear(pool, scratch,
          LinearArgs{.w = a.gate,
                     .x = a.x,
                     .x_stride = a.x_stride,
                     .num_tokens = a.num_tokens,
                     .y = a.gate_buf,
                     .y_stride = s});
-  Linear(ctx, scratch,
+  Linear(pool, scratch,
          LinearArgs{.w = a.up,
                     .x = a.x,
                     .x_stride = a.x_stride,
@@ -97,7 +97,7 @@ void GatedMlp(KernelContext& ctx, DenseScratch& scratch, const GatedMlpArgs& a) 
   for (int64_t i = 0; i < a.num_tokens * s; ++i) {
     a.gate_buf[i] = ApplyActivation(a.activation, a.gate_buf[i], a.up_buf[i]);
   }
-  Linear(ctx, scratch,
+  Linear(pool, scratch,
          LinearArgs{.w = a.down,
                     .x = a.gate_buf,
                     .x_stride = s,
