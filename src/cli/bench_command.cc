@@ -71,7 +71,8 @@ Result<WeightFormat> ParseFormat(const std::string& s) {
   return it->second;
 }
 
-Status RunKernels(const KernelsFlags& f) {
+// The benchmark's cases from the flags: tokens, shapes, formats and bf16 layouts.
+Result<KernelBenchOptions> KernelBenchOptionsOf(const KernelsFlags& f) {
   KernelBenchOptions o;
   if (f.quick) {
     o.tokens = {1, 8, 512};
@@ -116,6 +117,111 @@ Status RunKernels(const KernelsFlags& f) {
       o.bf16_row_groups.push_back(std::string(s) == "bf16-rg");
     }
   }
+  return o;
+}
+
+// One `bench kernels` run: its cases' results and the machine around them.
+struct KernelRun {
+  const char* peak = nullptr;  // the peak instruction's name
+  std::string load_before, load_after;
+  Roofline before, after, roof;  // roof: the run-wide best
+  std::vector<KernelBenchResult> results;
+};
+
+// The A/B table (with --versus) and the results table, markdown.
+void PrintKernelTables(const KernelRun& run, const KernelContext& ctx,
+                       const std::optional<KernelContext>& versus) {
+  const std::vector<KernelBenchResult>& results = run.results;
+  if (versus) {
+    fmt::print(
+        "| shape | format | tokens | {} ms | {} ms | {} / {} (median of pairs) |\n"
+        "|---|---|--:|--:|--:|--:|\n",
+        CpuIsaName(ctx.isa()), CpuIsaName(versus->isa()), CpuIsaName(versus->isa()),
+        CpuIsaName(ctx.isa()));
+    for (const KernelBenchResult& r : results) {
+      fmt::print("| {} | {} | {} | {:.3f} | {:.3f} | {:.2f} |\n", r.shape, KernelBenchFormatName(r),
+                 r.num_tokens, r.seconds * 1e3, r.versus_seconds * 1e3, r.versus_ratio);
+    }
+    fmt::print("\n");
+  }
+  fmt::print(
+      "| shape | format | tokens | experts | weights MB | time ms | route ms | GB/s | GFLOP/s "
+      "| roofline ms | bound | of roofline | of run-best |\n"
+      "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|\n");
+  for (const KernelBenchResult& r : results) {
+    fmt::print(
+        "| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.1f} | {:.0f} | {:.3f} | {} | "
+        "{:.1f}% | {:.1f}% |\n",
+        r.shape, KernelBenchFormatName(r), r.num_tokens, r.experts_touched, r.weight_bytes / 1e6,
+        r.seconds * 1e3, r.routing_seconds * 1e3, r.roofline.read_bytes_per_s / 1e9,
+        r.roofline.peak_flops_per_s / 1e9, std::max(r.memory_seconds, r.compute_seconds) * 1e3,
+        r.bound, r.fraction * 100, r.fraction_of_run_best * 100);
+  }
+}
+
+// The run as JSON at `path` (written to path.tmp, then renamed).
+Status WriteKernelJson(const std::string& path, const KernelRun& run, const KernelContext& ctx,
+                       const std::optional<KernelContext>& versus) {
+  const char* peak = run.peak;
+  const std::string& load_before = run.load_before;
+  const std::string& load_after = run.load_after;
+  const Roofline& before = run.before;
+  const Roofline& after = run.after;
+  const Roofline& roof = run.roof;
+  const std::vector<KernelBenchResult>& results = run.results;
+  nlohmann::json j;
+  j["machine"] = {
+      {"cpu", CpuModel()},        {"threads", ctx.num_threads()},  {"isa", CpuIsaName(ctx.isa())},
+      {"peak_instruction", peak}, {"loadavg_before", load_before}, {"loadavg_after", load_after}};
+  j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
+                   {"peak_flops_per_s", roof.peak_flops_per_s},
+                   {"before",
+                    {{"read_bytes_per_s", before.read_bytes_per_s},
+                     {"peak_flops_per_s", before.peak_flops_per_s}}},
+                   {"after",
+                    {{"read_bytes_per_s", after.read_bytes_per_s},
+                     {"peak_flops_per_s", after.peak_flops_per_s}}}};
+  j["results"] = nlohmann::json::array();
+  for (const KernelBenchResult& r : results) {
+    j["results"].push_back({{"shape", r.shape},
+                            {"format", KernelBenchFormatName(r)},
+                            {"tokens", r.num_tokens},
+                            {"repetitions", r.repetitions},
+                            {"experts_touched", r.experts_touched},
+                            {"weight_bytes", r.weight_bytes},
+                            {"flops", r.flops},
+                            {"seconds", r.seconds},
+                            {"routing_seconds", r.routing_seconds},
+                            {"memory_seconds", r.memory_seconds},
+                            {"compute_seconds", r.compute_seconds},
+                            {"bound", r.bound},
+                            {"roofline_read_bytes_per_s", r.roofline.read_bytes_per_s},
+                            {"roofline_peak_flops_per_s", r.roofline.peak_flops_per_s},
+                            {"fraction_of_roofline", r.fraction},
+                            {"fraction_of_run_best_roofline", r.fraction_of_run_best}});
+    if (versus) {
+      j["results"].back()["versus"] = {{"isa", CpuIsaName(versus->isa())},
+                                       {"seconds", r.versus_seconds},
+                                       {"ratio", r.versus_ratio}};
+    }
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) {
+      return InvalidArgumentError(fmt::format("bench kernels: '--json': cannot write '{}'", path));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return InvalidArgumentError(fmt::format("bench kernels: '--json': cannot write '{}'", path));
+  }
+  fmt::print("wrote {}\n", path);
+  return Status::Ok();
+}
+
+Status RunKernels(const KernelsFlags& f) {
+  MOESHARD_ASSIGN_OR_RETURN(KernelBenchOptions o, KernelBenchOptionsOf(f));
   KernelContextOptions co;
   co.num_threads = f.threads;
   MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseCpuIsa(f.isa));
@@ -158,84 +264,15 @@ Status RunKernels(const KernelsFlags& f) {
       "bandwidth {:.2f} GB/s (1 GiB buffer), peak {:.1f} GFLOP/s ({} on registers); load "
       "average after: {}\n\n",
       roof.read_bytes_per_s / 1e9, roof.peak_flops_per_s / 1e9, peak, load_after);
-  if (versus) {
-    fmt::print(
-        "| shape | format | tokens | {} ms | {} ms | {} / {} (median of pairs) |\n"
-        "|---|---|--:|--:|--:|--:|\n",
-        CpuIsaName(ctx.isa()), CpuIsaName(versus->isa()), CpuIsaName(versus->isa()),
-        CpuIsaName(ctx.isa()));
-    for (const KernelBenchResult& r : results) {
-      fmt::print("| {} | {} | {} | {:.3f} | {:.3f} | {:.2f} |\n", r.shape, KernelBenchFormatName(r),
-                 r.num_tokens, r.seconds * 1e3, r.versus_seconds * 1e3, r.versus_ratio);
-    }
-    fmt::print("\n");
-  }
-  fmt::print(
-      "| shape | format | tokens | experts | weights MB | time ms | route ms | GB/s | GFLOP/s "
-      "| roofline ms | bound | of roofline | of run-best |\n"
-      "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|\n");
-  for (const KernelBenchResult& r : results) {
-    fmt::print(
-        "| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.3f} | {:.1f} | {:.0f} | {:.3f} | {} | "
-        "{:.1f}% | {:.1f}% |\n",
-        r.shape, KernelBenchFormatName(r), r.num_tokens, r.experts_touched, r.weight_bytes / 1e6,
-        r.seconds * 1e3, r.routing_seconds * 1e3, r.roofline.read_bytes_per_s / 1e9,
-        r.roofline.peak_flops_per_s / 1e9, std::max(r.memory_seconds, r.compute_seconds) * 1e3,
-        r.bound, r.fraction * 100, r.fraction_of_run_best * 100);
-  }
-
-  if (!f.json.empty()) {
-    nlohmann::json j;
-    j["machine"] = {
-        {"cpu", CpuModel()},        {"threads", ctx.num_threads()},  {"isa", CpuIsaName(ctx.isa())},
-        {"peak_instruction", peak}, {"loadavg_before", load_before}, {"loadavg_after", load_after}};
-    j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
-                     {"peak_flops_per_s", roof.peak_flops_per_s},
-                     {"before",
-                      {{"read_bytes_per_s", before.read_bytes_per_s},
-                       {"peak_flops_per_s", before.peak_flops_per_s}}},
-                     {"after",
-                      {{"read_bytes_per_s", after.read_bytes_per_s},
-                       {"peak_flops_per_s", after.peak_flops_per_s}}}};
-    j["results"] = nlohmann::json::array();
-    for (const KernelBenchResult& r : results) {
-      j["results"].push_back({{"shape", r.shape},
-                              {"format", KernelBenchFormatName(r)},
-                              {"tokens", r.num_tokens},
-                              {"repetitions", r.repetitions},
-                              {"experts_touched", r.experts_touched},
-                              {"weight_bytes", r.weight_bytes},
-                              {"flops", r.flops},
-                              {"seconds", r.seconds},
-                              {"routing_seconds", r.routing_seconds},
-                              {"memory_seconds", r.memory_seconds},
-                              {"compute_seconds", r.compute_seconds},
-                              {"bound", r.bound},
-                              {"roofline_read_bytes_per_s", r.roofline.read_bytes_per_s},
-                              {"roofline_peak_flops_per_s", r.roofline.peak_flops_per_s},
-                              {"fraction_of_roofline", r.fraction},
-                              {"fraction_of_run_best_roofline", r.fraction_of_run_best}});
-      if (versus) {
-        j["results"].back()["versus"] = {{"isa", CpuIsaName(versus->isa())},
-                                         {"seconds", r.versus_seconds},
-                                         {"ratio", r.versus_ratio}};
-      }
-    }
-    const std::string tmp = f.json + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << j.dump(2) << "\n";
-      if (!out) {
-        return InvalidArgumentError(
-            fmt::format("bench kernels: '--json': cannot write '{}'", f.json));
-      }
-    }
-    if (std::rename(tmp.c_str(), f.json.c_str()) != 0) {
-      return InvalidArgumentError(
-          fmt::format("bench kernels: '--json': cannot write '{}'", f.json));
-    }
-    fmt::print("wrote {}\n", f.json);
-  }
+  const KernelRun run{.peak = peak,
+                      .load_before = load_before,
+                      .load_after = load_after,
+                      .before = before,
+                      .after = after,
+                      .roof = roof,
+                      .results = std::move(results)};
+  PrintKernelTables(run, ctx, versus);
+  if (!f.json.empty()) MOESHARD_RETURN_IF_ERROR(WriteKernelJson(f.json, run, ctx, versus));
   return Status::Ok();
 }
 

@@ -88,13 +88,10 @@ std::string Render(const Table& t, bool md) { return md ? t.Markdown() + "\n" : 
 
 std::string Heading(const std::string& s, bool md) { return md ? "### " + s + "\n\n" : s + "\n"; }
 
-}  // namespace
-
-std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const PlanInputs& in,
-                             const ReportOptions& ro) {
+// The title: model, topology, MoE group, backend, policies and parameter counts.
+std::string RenderTitle(const ShardPlan& plan, bool md) {
   const ModelConfig& m = plan.model;
   const ResolvedTopology& t = plan.topology;
-  const bool md = ro.markdown;
   std::string out;
   const ParamCounts params = CountParams(plan);
   out += fmt::format("{}{} ({}): {} on {} rank{}; MoE group {} = moe_tp {} x moe_ep {}\n",
@@ -107,6 +104,15 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
       PaddingPolicyName(plan.options.padding), ExpertPlacementName(plan.options.placement),
       params.total / 1e9, params.active / 1e9);
 
+  return out;
+}
+
+// The routed experts' dims (logical -> raw local -> padded local) and which experts each kind
+// of rank holds.
+std::string RenderExpertLayout(const ShardPlan& plan,
+                               const std::vector<std::vector<int64_t>>& rank_kinds, bool md) {
+  const ModelConfig& m = plan.model;
+  std::string out;
   // Routed-expert layout: logical -> raw local -> padded local.
   out += Heading(
       fmt::format(
@@ -131,7 +137,6 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   Table kinds({"ranks", "experts/rank", "expert ids (rank 1st of kind)", "routed bytes/rank",
                "padding bytes/rank"},
               {true, false, true});
-  const std::vector<std::vector<int64_t>> rank_kinds = plan.RoutedRankKinds();
   for (const auto& ranks : rank_kinds) {
     const RankPlan& r = plan.ranks[ranks.front()];
     std::vector<int64_t> ids = r.expert_slots;
@@ -143,7 +148,15 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   out += Render(kinds, md);
   out += "\n";
 
-  // Routed tensors of the first rank of each kind (or the requested rank / all tensors).
+  return out;
+}
+
+// The tensors of the first rank of each kind (or of the requested rank / all tensors).
+std::string RenderRankTensors(const ShardPlan& plan,
+                              const std::vector<std::vector<int64_t>>& rank_kinds,
+                              const ReportOptions& ro, bool md) {
+  const ModelConfig& m = plan.model;
+  std::string out;
   std::vector<int64_t> shown;
   if (ro.rank >= 0) {
     shown.push_back(ro.rank);
@@ -169,7 +182,12 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
     out += "\n";
   }
 
-  // Memory per rank, identical ranks grouped.
+  return out;
+}
+
+// Memory per rank by category, KV cache and fit; identical ranks grouped.
+std::string RenderMemory(const ShardPlan& plan, const MemoryPlan& mem, bool md) {
+  std::string out;
   const MemoryOptions& mo = mem.options;
   out += Heading(fmt::format("Memory per GPU: {} ({} GiB) x {:.2f} utilization = {} GiB; KV "
                              "cache {}, max_model_len {}, max_num_seqs {} per DP rank",
@@ -216,43 +234,61 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   out += Render(mt, md);
   out +=
       fmt::format("{}(GiB; weights include quantization scales and padding)\n", md ? "\n" : "  ");
-  for (const std::string& n : plan.notes) out += fmt::format("note: {}\n", n);
-  if (!in.checkpoint.empty()) {
-    const nlohmann::json& c = in.checkpoint_json;
+  return out;
+}
+
+// What the checkpoint's headers said: sizes, multi-token prediction layers, unplaced tensors.
+std::string RenderCheckpoint(const PlanInputs& in) {
+  std::string out;
+  const nlohmann::json& c = in.checkpoint_json;
+  out += fmt::format(
+      "\ncheckpoint {}: {} tensors, {} in {} shard(s), headers read in {:.3f} s; per-rank "
+      "weights above are exact from the headers (config formulas for rank 0: {})\n",
+      in.checkpoint, c["tensors"].get<int64_t>(), FormatBytes(c["bytes"].get<int64_t>()),
+      c["shards"].get<int64_t>(), in.header_seconds,
+      FormatBytes(c["ranks"][0]["weights_from_config"].get<int64_t>()));
+  if (in.mtp_tensors > 0) {
     out += fmt::format(
-        "\ncheckpoint {}: {} tensors, {} in {} shard(s), headers read in {:.3f} s; per-rank "
-        "weights above are exact from the headers (config formulas for rank 0: {})\n",
-        in.checkpoint, c["tensors"].get<int64_t>(), FormatBytes(c["bytes"].get<int64_t>()),
-        c["shards"].get<int64_t>(), in.header_seconds,
-        FormatBytes(c["ranks"][0]["weights_from_config"].get<int64_t>()));
-    if (in.mtp_tensors > 0) {
-      out += fmt::format(
-          "multi-token prediction layer{} {}: {} tensors, {} (engines load them only for "
-          "speculative decoding; not planned)\n",
-          in.mtp_layers.size() == 1 ? "" : "s", FormatRanges(in.mtp_layers), in.mtp_tensors,
-          FormatBytes(in.mtp_bytes));
+        "multi-token prediction layer{} {}: {} tensors, {} (engines load them only for "
+        "speculative decoding; not planned)\n",
+        in.mtp_layers.size() == 1 ? "" : "s", FormatRanges(in.mtp_layers), in.mtp_tensors,
+        FormatBytes(in.mtp_bytes));
+  }
+  if (in.unplaced_tensors.empty()) {
+    out += "every checkpoint tensor is placed\n";
+  } else {
+    out += fmt::format("warning: {} checkpoint tensor(s) have no place in this plan:\n",
+                       in.unplaced_tensors.size());
+    for (size_t i = 0; i < in.unplaced_tensors.size() && i < 20; ++i) {
+      out += "  " + in.unplaced_tensors[i] + "\n";
     }
-    if (in.unplaced_tensors.empty()) {
-      out += "every checkpoint tensor is placed\n";
-    } else {
-      out += fmt::format("warning: {} checkpoint tensor(s) have no place in this plan:\n",
-                         in.unplaced_tensors.size());
-      for (size_t i = 0; i < in.unplaced_tensors.size() && i < 20; ++i) {
-        out += "  " + in.unplaced_tensors[i] + "\n";
-      }
-      if (in.unplaced_tensors.size() > 20) {
-        out +=
-            fmt::format("  ... and {} more (see --format json)\n", in.unplaced_tensors.size() - 20);
-      }
+    if (in.unplaced_tensors.size() > 20) {
+      out +=
+          fmt::format("  ... and {} more (see --format json)\n", in.unplaced_tensors.size() - 20);
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const PlanInputs& in,
+                             const ReportOptions& ro) {
+  const bool md = ro.markdown;
+  const MemoryOptions& mo = mem.options;
+  std::string out = RenderTitle(plan, md);
+  const std::vector<std::vector<int64_t>> rank_kinds = plan.RoutedRankKinds();
+  out += RenderExpertLayout(plan, rank_kinds, md);
+  out += RenderRankTensors(plan, rank_kinds, ro, md);
+  out += RenderMemory(plan, mem, md);
+  for (const std::string& n : plan.notes) out += fmt::format("note: {}\n", n);
+  if (!in.checkpoint.empty()) out += RenderCheckpoint(in);
   if (mem.fits) {
     out += fmt::format("\nFITS: every rank holds its weights and {} x {} tokens of KV cache.\n",
                        mo.max_num_seqs, FormatCount(mem.max_model_len));
   } else {
     out += fmt::format("\nDOES NOT FIT: {}\n", mem.failure);
   }
-  (void)in;
   return out;
 }
 

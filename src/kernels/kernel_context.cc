@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
@@ -57,10 +60,13 @@ std::vector<CpuIsa> SupportedCpuIsas() {
 bool CpuSupportsAvx512Bf16() {
 #if defined(__x86_64__) || defined(__i386__)
   // __builtin_cpu_supports also checks that the OS enabled the ZMM state (XCR0).
+  // F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" feature string.
   __builtin_cpu_init();
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-         __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+         __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif

@@ -18,136 +18,164 @@ float Nvfp4GlobalScale(const float* w, int64_t n) {
   return amax > 0.0f ? amax / (6.0f * 448.0f) : 1.0f;
 }
 
-void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+namespace {
+
+// fp8 e4m3 in [block_rows, group] blocks, one f32 scale (amax / 448) per block.
+void QuantizeFp8Block(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                      uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
+  const int64_t group = scheme.group;
+  const int64_t b = scheme.block_rows, bw = group;
+  const int64_t sc = CeilDiv(cols, bw);
+  float* s = reinterpret_cast<float*>(scales);
+  for (int64_t br = 0; br < CeilDiv(rows, b); ++br) {
+    for (int64_t bc = 0; bc < sc; ++bc) {
+      float amax = 0.0f;
+      for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
+        for (int64_t c = bc * bw; c < std::min(cols, (bc + 1) * bw); ++c) {
+          amax = std::max(amax, std::abs(w[r * cols + c]));
+        }
+      }
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      s[br * sc + bc] = scale;
+      for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
+        for (int64_t c = bc * bw; c < std::min(cols, (bc + 1) * bw); ++c) {
+          data[r * cols + c] = FloatToFp8E4M3(w[r * cols + c] / scale);
+        }
+      }
+    }
+  }
+}
+
+// MXFP4: fp4 e2m1 codes, two a byte, one E8M0 scale per 32 columns (rounded up).
+void QuantizeMxfp4(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                   uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
+  const int64_t group = scheme.group;
+  MOESHARD_CHECK(cols % group == 0, "MXFP4 cols {} % 32 != 0", cols);
+  const int64_t groups = cols / group;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = w + r * cols + g * group;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
+      const uint8_t e = FloatToE8M0Ceil(amax / 6.0f);
+      scales[r * groups + g] = e;
+      const float inv = 1.0f / E8M0ToFloat(e);
+      for (int64_t i = 0; i < group; i += 2) {
+        const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
+        const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
+        data[(r * cols + g * group + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+      }
+    }
+  }
+}
+
+// Symmetric int4 (codes + 8), two a byte, one bf16 scale (amax / 7) per group.
+void QuantizeInt4(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                  uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
+  const int64_t group = scheme.group;
+  MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0, "int4 cols {} / group {}", cols,
+                 group);
+  const int64_t groups = cols / group;
+  bf16_t* s = reinterpret_cast<bf16_t*>(scales);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = w + r * cols + g * group;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
+      const bf16_t sb = FloatToBf16(amax > 0.0f ? amax / 7.0f : 1.0f);
+      s[r * groups + g] = sb;
+      const float scale = Bf16ToFloat(sb);
+      auto code = [&](float x) {
+        const float q = std::nearbyint(x / scale);
+        return static_cast<uint8_t>(std::clamp(q, -8.0f, 7.0f) + 8.0f);
+      };
+      for (int64_t i = 0; i < group; i += 2) {
+        data[(r * cols + g * group + i) / 2] =
+            static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
+      }
+    }
+  }
+}
+
+// Asymmetric int4 with zero points: one fp16 scale and one zero point per group.
+void QuantizeInt4Zp(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
                     uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
   const int64_t group = scheme.group;
+  MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0 && zeros != nullptr,
+                 "int4-zp cols {} / group {} / zeros", cols, group);
+  const int64_t groups = cols / group;
+  fp16_t* s = reinterpret_cast<fp16_t*>(scales);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = w + r * cols + g * group;
+      float lo = 0.0f, hi = 0.0f;
+      for (int64_t i = 0; i < group; ++i) {
+        lo = std::min(lo, v[i]);
+        hi = std::max(hi, v[i]);
+      }
+      const fp16_t sh = FloatToHalf(hi > lo ? (hi - lo) / 15.0f : 1.0f);
+      s[r * groups + g] = sh;
+      const float scale = HalfToFloat(sh);
+      const float zero = std::clamp(std::nearbyint(-lo / scale), 0.0f, 15.0f);
+      zeros[r * groups + g] = static_cast<uint8_t>(zero);
+      auto code = [&](float x) {
+        return static_cast<uint8_t>(std::clamp(std::nearbyint(x / scale) + zero, 0.0f, 15.0f));
+      };
+      for (int64_t i = 0; i < group; i += 2) {
+        data[(r * cols + g * group + i) / 2] =
+            static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
+      }
+    }
+  }
+}
+
+// NVFP4: fp4 e2m1 codes, one fp8 e4m3 scale per group under a per-tensor f32 global scale.
+void QuantizeNvfp4(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                   uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
+  const int64_t group = scheme.group;
+  MOESHARD_CHECK(group == kCpuNvfp4GroupSize && cols % group == 0 && global != nullptr,
+                 "nvfp4 cols {} / group {} / global", cols, group);
+  if (!(*global > 0.0f)) *global = Nvfp4GlobalScale(w, rows * cols);
+  const float gs = *global;
+  const int64_t groups = cols / group;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = w + r * cols + g * group;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
+      const uint8_t sc = FloatToFp8E4M3(amax / 6.0f / gs);
+      scales[r * groups + g] = sc;
+      const float step = Fp8E4M3ToFloat(sc) * gs;
+      const float inv = step > 0.0f ? 1.0f / step : 0.0f;
+      for (int64_t i = 0; i < group; i += 2) {
+        const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
+        const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
+        data[(r * cols + g * group + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void QuantizeMatrix(const WeightScheme& scheme, const float* w, int64_t rows, int64_t cols,
+                    uint8_t* data, uint8_t* scales, uint8_t* zeros, float* global) {
   switch (scheme.format) {
     case WeightFormat::kBf16: {
       bf16_t* out = reinterpret_cast<bf16_t*>(data);
       for (int64_t i = 0; i < rows * cols; ++i) out[i] = FloatToBf16(w[i]);
       return;
     }
-    case WeightFormat::kFp8Block: {
-      const int64_t b = scheme.block_rows, bw = group;
-      const int64_t sc = CeilDiv(cols, bw);
-      float* s = reinterpret_cast<float*>(scales);
-      for (int64_t br = 0; br < CeilDiv(rows, b); ++br) {
-        for (int64_t bc = 0; bc < sc; ++bc) {
-          float amax = 0.0f;
-          for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
-            for (int64_t c = bc * bw; c < std::min(cols, (bc + 1) * bw); ++c) {
-              amax = std::max(amax, std::abs(w[r * cols + c]));
-            }
-          }
-          const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-          s[br * sc + bc] = scale;
-          for (int64_t r = br * b; r < std::min(rows, (br + 1) * b); ++r) {
-            for (int64_t c = bc * bw; c < std::min(cols, (bc + 1) * bw); ++c) {
-              data[r * cols + c] = FloatToFp8E4M3(w[r * cols + c] / scale);
-            }
-          }
-        }
-      }
-      return;
-    }
-    case WeightFormat::kMxfp4: {
-      MOESHARD_CHECK(cols % group == 0, "MXFP4 cols {} % 32 != 0", cols);
-      const int64_t groups = cols / group;
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < groups; ++g) {
-          const float* v = w + r * cols + g * group;
-          float amax = 0.0f;
-          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
-          const uint8_t e = FloatToE8M0Ceil(amax / 6.0f);
-          scales[r * groups + g] = e;
-          const float inv = 1.0f / E8M0ToFloat(e);
-          for (int64_t i = 0; i < group; i += 2) {
-            const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
-            const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
-            data[(r * cols + g * group + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
-          }
-        }
-      }
-      return;
-    }
-    case WeightFormat::kInt4: {
-      MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0, "int4 cols {} / group {}",
-                     cols, group);
-      const int64_t groups = cols / group;
-      bf16_t* s = reinterpret_cast<bf16_t*>(scales);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < groups; ++g) {
-          const float* v = w + r * cols + g * group;
-          float amax = 0.0f;
-          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
-          const bf16_t sb = FloatToBf16(amax > 0.0f ? amax / 7.0f : 1.0f);
-          s[r * groups + g] = sb;
-          const float scale = Bf16ToFloat(sb);
-          auto code = [&](float x) {
-            const float q = std::nearbyint(x / scale);
-            return static_cast<uint8_t>(std::clamp(q, -8.0f, 7.0f) + 8.0f);
-          };
-          for (int64_t i = 0; i < group; i += 2) {
-            data[(r * cols + g * group + i) / 2] =
-                static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
-          }
-        }
-      }
-      return;
-    }
-    case WeightFormat::kInt4Zp: {
-      MOESHARD_CHECK(group > 0 && group % 2 == 0 && cols % group == 0 && zeros != nullptr,
-                     "int4-zp cols {} / group {} / zeros", cols, group);
-      const int64_t groups = cols / group;
-      fp16_t* s = reinterpret_cast<fp16_t*>(scales);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < groups; ++g) {
-          const float* v = w + r * cols + g * group;
-          float lo = 0.0f, hi = 0.0f;
-          for (int64_t i = 0; i < group; ++i) {
-            lo = std::min(lo, v[i]);
-            hi = std::max(hi, v[i]);
-          }
-          const fp16_t sh = FloatToHalf(hi > lo ? (hi - lo) / 15.0f : 1.0f);
-          s[r * groups + g] = sh;
-          const float scale = HalfToFloat(sh);
-          const float zero = std::clamp(std::nearbyint(-lo / scale), 0.0f, 15.0f);
-          zeros[r * groups + g] = static_cast<uint8_t>(zero);
-          auto code = [&](float x) {
-            return static_cast<uint8_t>(std::clamp(std::nearbyint(x / scale) + zero, 0.0f, 15.0f));
-          };
-          for (int64_t i = 0; i < group; i += 2) {
-            data[(r * cols + g * group + i) / 2] =
-                static_cast<uint8_t>(code(v[i]) | code(v[i + 1]) << 4);
-          }
-        }
-      }
-      return;
-    }
-    case WeightFormat::kNvfp4: {
-      MOESHARD_CHECK(group == kCpuNvfp4GroupSize && cols % group == 0 && global != nullptr,
-                     "nvfp4 cols {} / group {} / global", cols, group);
-      if (!(*global > 0.0f)) *global = Nvfp4GlobalScale(w, rows * cols);
-      const float gs = *global;
-      const int64_t groups = cols / group;
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < groups; ++g) {
-          const float* v = w + r * cols + g * group;
-          float amax = 0.0f;
-          for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::abs(v[i]));
-          const uint8_t sc = FloatToFp8E4M3(amax / 6.0f / gs);
-          scales[r * groups + g] = sc;
-          const float step = Fp8E4M3ToFloat(sc) * gs;
-          const float inv = step > 0.0f ? 1.0f / step : 0.0f;
-          for (int64_t i = 0; i < group; i += 2) {
-            const uint8_t lo = FloatToFp4E2M1(v[i] * inv);
-            const uint8_t hi = FloatToFp4E2M1(v[i + 1] * inv);
-            data[(r * cols + g * group + i) / 2] = static_cast<uint8_t>(lo | hi << 4);
-          }
-        }
-      }
-      return;
-    }
+    case WeightFormat::kFp8Block:
+      return QuantizeFp8Block(scheme, w, rows, cols, data, scales, zeros, global);
+    case WeightFormat::kMxfp4:
+      return QuantizeMxfp4(scheme, w, rows, cols, data, scales, zeros, global);
+    case WeightFormat::kInt4:
+      return QuantizeInt4(scheme, w, rows, cols, data, scales, zeros, global);
+    case WeightFormat::kInt4Zp:
+      return QuantizeInt4Zp(scheme, w, rows, cols, data, scales, zeros, global);
+    case WeightFormat::kNvfp4:
+      return QuantizeNvfp4(scheme, w, rows, cols, data, scales, zeros, global);
   }
 }
 

@@ -276,17 +276,24 @@ int64_t SplitExtent(const TensorDef& t, int dim) {
   return t.split_extent > 0 ? t.split_extent : block;
 }
 
-// Adds the shards of one non-routed tensor for one rank: the weight (or plain tensor), its
-// scales when quantized, and compressed-tensors' weight_shape.
-Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopology& topo,
-                 const RankCoords& rc, const LayerSet& layers, std::vector<TensorShard>& out) {
-  const int64_t tp = topo.tp, r = rc.tp_rank;
+// One rank's slice of a non-routed tensor: [begin, end) of `dim` (-1: the whole tensor) and the
+// rank's local shape.
+struct TpWindow {
+  int dim = -1;
+  int64_t begin = 0, end = 0;
+  std::vector<int64_t> local;
+};
+
+// The slice TP rank `r` of `tp` holds, or why the tensor does not split `tp` ways.
+Status TpWindowOf(const TensorDef& t, int64_t tp, int64_t r, TpWindow& w) {
   TpSplit split = t.split;
   if (t.split_heads > 0 && t.split_heads % tp != 0) split = TpSplit::kReplicated;
   const int64_t sections = std::max<int64_t>(1, t.sections);
-  int dim = -1;
-  int64_t begin = 0, end = 0;
-  std::vector<int64_t> local = t.shape;
+  int& dim = w.dim;
+  int64_t& begin = w.begin;
+  int64_t& end = w.end;
+  std::vector<int64_t>& local = w.local;
+  local = t.shape;
   switch (split) {
     case TpSplit::kReplicated: break;
     case TpSplit::kColumn:
@@ -344,8 +351,21 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
   if (dim >= 0 && sections == 1 && begin == 0 && end == t.shape[static_cast<size_t>(dim)]) {
     dim = -1;
   }
-  auto push = [&](std::string name, DType dtype, std::vector<int64_t> logical,
-                  const std::vector<int64_t>& shard_local, int64_t b, int64_t e, TensorPart part) {
+  return Status::Ok();
+}
+
+// Appends shards of one tensor (its value, or a part of a linear weight) with the tensor's
+// role, category and section layout.
+struct ShardSink {
+  const TensorDef& t;
+  const LayerSet& layers;
+  std::vector<TensorShard>& out;
+
+  // `dim` < 0: every holder keeps the whole part.
+  void Push(std::string name, DType dtype, std::vector<int64_t> logical,
+            const std::vector<int64_t>& shard_local, int dim, int64_t b, int64_t e,
+            TensorPart part) const {
+    const int64_t sections = std::max<int64_t>(1, t.sections);
     TensorShard s = MakeShard(std::move(name), t.category, dtype, std::move(logical), shard_local,
                               shard_local, dim, b, e, layers);
     s.role = t.role;
@@ -356,80 +376,103 @@ Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopolog
     s.tied_source = t.tied_source;
     if (t.linear) s.linear_shape = t.shape;
     out.push_back(std::move(s));
-  };
-  if (!t.linear) {
-    push(t.name, t.dtype, t.shape, local, begin, end, TensorPart::kValue);
-    return Status::Ok();
   }
+};
+
+// A scale must not straddle two ranks: fp8 blocks along both dims, mxfp4 / int4 groups along
+// the input dim.
+Status CheckScalesWhole(const TensorDef& t, int64_t tp, const TpWindow& w) {
   const WeightScheme& q = t.format;
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  const int64_t lrows = local[0], lcols = local[1];
-  if (dim >= 0 && q.quantized()) {
-    // A scale must not straddle two ranks: fp8 blocks along both dims, mxfp4 / int4 groups
-    // along the input dim.
-    const int64_t granule = dim == 0 ? q.RowGranule() : q.ColGranule();
-    if ((end - begin) % granule != 0 || sections != 1 || t.split_extent != 0 ||
-        !t.section_sizes.empty()) {
-      std::vector<int64_t> ok;
-      for (int64_t d = 1; d <= 64; d *= 2) {
-        if (t.shape[static_cast<size_t>(dim)] % d == 0 &&
-            (t.shape[static_cast<size_t>(dim)] / d) % granule == 0) {
-          ok.push_back(d);
-        }
+  const int dim = w.dim;
+  const int64_t begin = w.begin, end = w.end;
+  const int64_t sections = std::max<int64_t>(1, t.sections);
+  const int64_t granule = dim == 0 ? q.RowGranule() : q.ColGranule();
+  if ((end - begin) % granule != 0 || sections != 1 || t.split_extent != 0 ||
+      !t.section_sizes.empty()) {
+    std::vector<int64_t> ok;
+    for (int64_t d = 1; d <= 64; d *= 2) {
+      if (t.shape[static_cast<size_t>(dim)] % d == 0 &&
+          (t.shape[static_cast<size_t>(dim)] / d) % granule == 0) {
+        ok.push_back(d);
       }
-      return InvalidArgumentError(fmt::format(
-          "plan: '{}' {} split {} ways by TP gives {} {}: expected a multiple of the {} group {} "
-          "(a scale block would straddle ranks; TP sizes that keep it whole: {})",
-          t.name, Dims(t.shape), tp, end - begin, dim == 0 ? "rows" : "columns",
-          WeightFormatName(q.format), granule,
-          ok.empty() ? std::string("none: it is not whole blocks, so only replicated")
-                     : fmt::format("{}", fmt::join(ok, ", "))));
     }
+    return InvalidArgumentError(fmt::format(
+        "plan: '{}' {} split {} ways by TP gives {} {}: expected a multiple of the {} group {} "
+        "(a scale block would straddle ranks; TP sizes that keep it whole: {})",
+        t.name, Dims(t.shape), tp, end - begin, dim == 0 ? "rows" : "columns",
+        WeightFormatName(q.format), granule,
+        ok.empty() ? std::string("none: it is not whole blocks, so only replicated")
+                   : fmt::format("{}", fmt::join(ok, ", "))));
   }
+  return Status::Ok();
+}
+
+// The parts of a linear weight in its storage format: weight, scales, zero points, group
+// indices, global and input scales, compressed-tensors' weight_shape.
+void AddLinearShards(const TensorDef& t, const ModelConfig& m, const TpWindow& w,
+                     const ShardSink& sink) {
+  const WeightScheme& q = t.format;
+  const int dim = w.dim;
+  const int64_t begin = w.begin, end = w.end;
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int64_t lrows = w.local[0], lcols = w.local[1];
   // Storage coordinates of [begin, end) along the split dim: rows stay rows; columns count
   // packed bytes in the weight and groups in the scales.
   const std::vector<int64_t> w_logical = q.WeightShape(rows, cols);
   const std::vector<int64_t> w_local = q.WeightShape(lrows, lcols);
   const auto [wb, we] = q.WeightSlice(dim != 1, begin, end);
   const std::string leaf(q.spec().weight_leaf);
-  push(t.name + "." + leaf, q.WeightDType(t.dtype), w_logical, w_local, wb, we,
-       TensorPart::kWeight);
+  sink.Push(t.name + "." + leaf, q.WeightDType(t.dtype), w_logical, w_local, dim, wb, we,
+            TensorPart::kWeight);
   if (q.has_scales()) {
     const auto [sb, se] =
         dim < 0 ? std::pair<int64_t, int64_t>{begin, end} : q.ScaleSlice(dim == 0, begin, end);
-    push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
-         q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kScale);
+    sink.Push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
+              q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), dim, sb, se,
+              TensorPart::kScale);
     if (q.has_zero_points()) {  // one per scale, sliced like the scales
-      push(t.name + "." + std::string(q.spec().zero_leaf), q.spec().zero_dtype,
-           q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), sb, se, TensorPart::kZeroPoint);
+      sink.Push(t.name + "." + std::string(q.spec().zero_leaf), q.spec().zero_dtype,
+                q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), dim, sb, se,
+                TensorPart::kZeroPoint);
     }
   }
   const QuantLeaves leaves = CheckpointLeaves(q);
-  const int saved = dim;
   if (!leaves.group_index.empty()) {
     // g_idx [in]: split where the input is (row parallelism), whole elsewhere.
-    dim = saved == 1 ? 0 : -1;
-    push(t.name + "." + std::string(leaves.group_index), DType::kI32, {cols}, {lcols},
-         dim >= 0 ? begin : 0, dim >= 0 ? end : 0, TensorPart::kGroupIndex);
+    const int g_dim = dim == 1 ? 0 : -1;
+    sink.Push(t.name + "." + std::string(leaves.group_index), DType::kI32, {cols}, {lcols}, g_dim,
+              g_dim >= 0 ? begin : 0, g_dim >= 0 ? end : 0, TensorPart::kGroupIndex);
   }
-  dim = -1;  // one value for the whole tensor: every holder keeps it
+  // One value for the whole tensor: every holder keeps it.
   if (q.has_global_scale()) {
-    push(t.name + "." + std::string(q.spec().global_leaf), DType::kF32, {1}, {1}, 0, 0,
-         TensorPart::kGlobalScale);
+    sink.Push(t.name + "." + std::string(q.spec().global_leaf), DType::kF32, {1}, {1}, -1, 0, 0,
+              TensorPart::kGlobalScale);
   }
   if (!leaves.input.empty()) {
-    push(t.name + "." + std::string(leaves.input), DType::kF32, {1}, {1}, 0, 0,
-         TensorPart::kInputScale);
+    sink.Push(t.name + "." + std::string(leaves.input), DType::kF32, {1}, {1}, -1, 0, 0,
+              TensorPart::kInputScale);
   }
-  dim = saved;
-  if (t.shape_meta) {
-    const int saved = dim;
-    dim = -1;  // metadata: every holder keeps the whole [out, in]
-    push(t.name + ".weight_shape", m.family->shape_meta_dtype, {2}, {2}, 0, 0,
-         TensorPart::kShapeMeta);
-    out.back().meta_values = t.shape;
-    dim = saved;
+  if (t.shape_meta) {  // metadata: every holder keeps the whole [out, in]
+    sink.Push(t.name + ".weight_shape", m.family->shape_meta_dtype, {2}, {2}, -1, 0, 0,
+              TensorPart::kShapeMeta);
+    sink.out.back().meta_values = t.shape;
   }
+}
+
+// Adds the shards of one non-routed tensor for one rank: the weight (or plain tensor), its
+// scales when quantized, and compressed-tensors' weight_shape.
+Status AddShards(const TensorDef& t, const ModelConfig& m, const ResolvedTopology& topo,
+                 const RankCoords& rc, const LayerSet& layers, std::vector<TensorShard>& out) {
+  const int64_t tp = topo.tp;
+  TpWindow w;
+  MOESHARD_RETURN_IF_ERROR(TpWindowOf(t, tp, rc.tp_rank, w));
+  const ShardSink sink{t, layers, out};
+  if (!t.linear) {
+    sink.Push(t.name, t.dtype, t.shape, w.local, w.dim, w.begin, w.end, TensorPart::kValue);
+    return Status::Ok();
+  }
+  if (w.dim >= 0 && t.format.quantized()) MOESHARD_RETURN_IF_ERROR(CheckScalesWhole(t, tp, w));
+  AddLinearShards(t, m, w, sink);
   return Status::Ok();
 }
 
@@ -543,15 +586,10 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
   }
 }
 
-}  // namespace
-
-Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& options) {
-  ShardPlan plan;
-  plan.model = model;
-  plan.options = options;
-  MOESHARD_ASSIGN_OR_RETURN(plan.topology, ResolveTopology(options.topology, model));
+// The MoE backend the plan is for (auto: the family's default), checked against the experts'
+// format and the topology.
+Status ChooseBackend(const ModelConfig& model, const PlanOptions& options, ShardPlan& plan) {
   const ResolvedTopology& t = plan.topology;
-
   if (options.backend == "auto") {
     plan.backend = DefaultBackend(model);
   } else {
@@ -577,7 +615,13 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         "got MoE EP size 1 (add -ep or --moe-ep)",
         backend.name));
   }
+  return Status::Ok();
+}
 
+// The expert slots (experts plus EPLB's redundant ones) and how they divide over EP.
+Status CountExpertSlots(const ModelConfig& model, const PlanOptions& options, ShardPlan& plan) {
+  const ResolvedTopology& t = plan.topology;
+  const BackendSpec& backend = plan.backend;
   int64_t redundant = options.num_redundant_experts;
   if (redundant == kRedundantExpertsAuto) {
     redundant = (t.moe_ep - model.num_experts % t.moe_ep) % t.moe_ep;
@@ -610,7 +654,13 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         fmt::format("{} experts do not divide by EP {}: the first {} EP ranks hold one expert more",
                     plan.num_slots, t.moe_ep, plan.num_slots % t.moe_ep));
   }
+  return Status::Ok();
+}
 
+// The routed experts' intermediate (I) and hidden dims: split, aligned and padded per rank.
+Status LayOutExpertDims(const ModelConfig& model, const PlanOptions& options, ShardPlan& plan) {
+  const ResolvedTopology& t = plan.topology;
+  const BackendSpec& backend = plan.backend;
   MOESHARD_ASSIGN_OR_RETURN(plan.intermediate,
                             IntermediateLayout(model, t, backend, options.padding));
   if (plan.intermediate.uneven) {
@@ -645,7 +695,12 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
         "padding policy legacy-tp reproduces engines before vLLM PR 51131: I padded to "
         "min_moe_intermediate_per_partition * tp_size even under expert parallelism");
   }
+  return Status::Ok();
+}
 
+// Every rank's coordinates, layers, expert slots and tensor shards, stage by stage.
+Status AddRanks(const ModelConfig& model, const PlanOptions& options, ShardPlan& plan) {
+  const ResolvedTopology& t = plan.topology;
   MOESHARD_ASSIGN_OR_RETURN(const std::vector<std::vector<int64_t>> slots_by_ep_rank,
                             SlotsByEpRank(model, options, t.moe_ep, plan));
   const std::vector<TensorDef> logical = internal::PlanTensors(model, options, t.pp);
@@ -696,6 +751,20 @@ Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& op
                      stage_moe_layers[stage], rp.tensors);
     plan.ranks.push_back(std::move(rp));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ShardPlan> BuildShardPlan(const ModelConfig& model, const PlanOptions& options) {
+  ShardPlan plan;
+  plan.model = model;
+  plan.options = options;
+  MOESHARD_ASSIGN_OR_RETURN(plan.topology, ResolveTopology(options.topology, model));
+  MOESHARD_RETURN_IF_ERROR(ChooseBackend(model, options, plan));
+  MOESHARD_RETURN_IF_ERROR(CountExpertSlots(model, options, plan));
+  MOESHARD_RETURN_IF_ERROR(LayOutExpertDims(model, options, plan));
+  MOESHARD_RETURN_IF_ERROR(AddRanks(model, options, plan));
   return plan;
 }
 

@@ -249,307 +249,399 @@ struct Geometry {
   }
 };
 
-// Routed experts in the fused per-rank layout (shard_plan.h), from per-expert tensors or from
-// fused ones, named by the family's ExpertLayout.
-Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
-  const TensorShard& s = *t.shard;
-  const ModelConfig& m = plan.model;
-  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
-  const ExpertLayout& x = plan.experts;
-  const WeightScheme& q = plan.expert_scheme;
-  const bool w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
-  const bool bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
-  const bool zeros = s.part == TensorPart::kZeroPoint;
-  const bool scale = s.part == TensorPart::kScale || zeros;
-  const bool meta = s.part == TensorPart::kShapeMeta;
-  const bool global = s.part == TensorPart::kGlobalScale;
-  // Another checkpoint layout than the rank's: each part read through its conversion.
-  const bool group_index = s.part == TensorPart::kGroupIndex;
-  const bool as_stored = s.part == TensorPart::kInputScale || group_index;  // read as they are
-  const bool encoded = q.layout != QuantLayout::kNative && q.quantized() && !meta && !bias &&
-                       !as_stored && s.part != TensorPart::kValue;
-  const int64_t g = m.gated() ? 2 : 1;
-  const DimLayout& I = plan.intermediate;
-  const DimLayout& H = plan.hidden;
-  // The rank's checkpoint slice of I (uneven block shards: short or empty on the last ranks).
-  const int64_t ib = I.SliceBegin(rp.coords.moe_tp_rank), ie = I.SliceEnd(rp.coords.moe_tp_rank);
-  const int64_t E = m.num_experts;
-  const int64_t es = ElementBytes(s.dtype);
-  const int64_t num_slots = static_cast<int64_t>(rp.expert_slots.size());
-  if (s.padded_shape.empty() || s.padded_shape[0] != num_slots) {
-    return MapError(plan, rank, t.name,
-                    fmt::format("expected {} local slots, got shape [{}]", num_slots,
-                                fmt::join(s.padded_shape, ", ")));
+// What every step of MapExperts reads: the rank tensor's role and part, the experts' layout
+// and scheme, and the rank's window [ib, ie) of I.
+struct ExpertMap {
+  ExpertMap(const ShardPlan& plan_in, int64_t rank_in, const MappedTensor& t)
+      : plan(plan_in),
+        rank(rank_in),
+        s(*t.shard),
+        m(plan.model),
+        rp(plan.ranks[static_cast<size_t>(rank)]),
+        x(plan.experts),
+        q(plan.expert_scheme),
+        I(plan.intermediate),
+        H(plan.hidden) {
+    w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
+    bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
+    zeros = s.part == TensorPart::kZeroPoint;
+    scale = s.part == TensorPart::kScale || zeros;
+    meta = s.part == TensorPart::kShapeMeta;
+    global = s.part == TensorPart::kGlobalScale;
+    // Another checkpoint layout than the rank's: each part read through its conversion.
+    group_index = s.part == TensorPart::kGroupIndex;
+    const bool as_stored = s.part == TensorPart::kInputScale || group_index;  // read as they are
+    encoded = q.layout != QuantLayout::kNative && q.quantized() && !meta && !bias && !as_stored &&
+              s.part != TensorPart::kValue;
+    g = m.gated() ? 2 : 1;
+    // The rank's checkpoint slice of I (uneven block shards: short or empty on the last ranks).
+    ib = I.SliceBegin(rp.coords.moe_tp_rank), ie = I.SliceEnd(rp.coords.moe_tp_rank);
+    E = m.num_experts;
+    es = ElementBytes(s.dtype);
+    num_slots = static_cast<int64_t>(rp.expert_slots.size());
+    layer = t.layer;
+    kind = bias ? DummyKind::kBias : KindOf(t.name, s.part, s.dtype);
   }
-  const int64_t slot_bytes = BytesOf(s.dtype, s.padded_shape) / num_slots;
-  const int64_t dst_row = s.padded_shape.size() > 2
-                              ? BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()})
-                              : ElementBytes(s.dtype);  // [El] or [El, parts]: global scales
-  const int64_t layer = t.layer;
-  const DummyKind kind = bias ? DummyKind::kBias : KindOf(t.name, s.part, s.dtype);
+  // The global expert id in local slot `slot`.
+  int64_t Expert(int64_t slot) const { return rp.expert_slots[static_cast<size_t>(slot)]; }
 
-  if (bias) {
-    if (!x.fused || x.bias_suffix.empty()) {
-      return UnimplementedError(
-          fmt::format("[rank {}/{}] load: '{}': expert biases are only known in fused layouts",
-                      rank, plan.topology.world, t.name));
+  const ShardPlan& plan;
+  int64_t rank;
+  const TensorShard& s;
+  const ModelConfig& m;
+  const RankPlan& rp;
+  const ExpertLayout& x;
+  const WeightScheme& q;
+  const DimLayout& I;
+  const DimLayout& H;
+  bool w13 = false, bias = false, zeros = false, scale = false, meta = false, global = false;
+  bool group_index = false, encoded = false;
+  int64_t g = 1, ib = 0, ie = 0, E = 0, es = 0, num_slots = 0, layer = 0;
+  int64_t slot_bytes = 0, dst_row = 0;  // set once the shape is checked
+  DummyKind kind = DummyKind::kWeight;
+};
+
+// Fused expert biases [E, n]: each slot's row, w13's columns 2*[ib, ie).
+Status MapExpertBiases(const ExpertMap& c, MappedTensor& t) {
+  const ExpertLayout& x = c.x;
+  if (!x.fused || x.bias_suffix.empty()) {
+    return UnimplementedError(
+        fmt::format("[rank {}/{}] load: '{}': expert biases are only known in fused layouts",
+                    c.rank, c.plan.topology.world, t.name));
+  }
+  const int64_t es = c.es;
+  const std::string module = ExpandName(c.w13 ? x.fused_gate_up : x.fused_down, c.layer);
+  const int64_t n = c.w13 ? c.g * c.I.logical : c.H.logical;
+  const int src = AddSource(t, {module + x.bias_suffix, c.s.dtype, {c.E, n}, c.kind, {}});
+  const int64_t cb = c.w13 ? c.g * c.ib * es : 0, ce = c.w13 ? c.g * c.ie * es : n * es;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    Piece p;
+    p.source_idx = src;
+    p.element_bytes = es;
+    p.window = Slice2D{.base_offset = c.Expert(slot) * n * es,
+                       .row_bytes = n * es,
+                       .row_begin = 0,
+                       .row_end = 1,
+                       .col_begin = cb,
+                       .col_end = ce,
+                       .dst_row_stride = ce - cb};
+    p.dst_offset = slot * c.slot_bytes;
+    t.pieces.push_back(p);
+  }
+  return Status::Ok();
+}
+
+// The module, rows and columns of one fused expert matrix (out-major: [E, out, in]).
+struct FusedMatrix {
+  std::string module;
+  int64_t out = 0;     // rows of the out-major matrix
+  int64_t in = 0;      // its columns
+  int64_t in_pad = 0;  // the rank's padded columns
+};
+
+// Fused MXFP4 blocks and scales [E, out, in/group(, group/2)].
+Status MapFusedMxfp4(const ExpertMap& c, const FusedMatrix& f, MappedTensor& t) {
+  const WeightScheme& q = c.q;
+  const Geometry geo{q, c.scale, c.m.dtype};
+  const int64_t cols = geo.ColBytes(f.in);
+  const std::vector<int64_t> shape =
+      c.scale ? std::vector<int64_t>{c.E, f.out, f.in / q.group}
+              : std::vector<int64_t>{c.E, f.out, f.in / q.group, q.group / 2};
+  const int src =
+      AddSource(t, {f.module + (c.scale ? c.x.fused_scale_suffix : c.x.fused_weight_suffix),
+                    c.s.dtype,
+                    shape,
+                    c.kind,
+                    {}});
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    Piece p;
+    p.source_idx = src;
+    p.window.base_offset = c.Expert(slot) * f.out * cols;
+    p.window.row_bytes = cols;
+    if (c.w13) {
+      p.window.row_begin = c.g * c.ib, p.window.row_end = c.g * c.ie;
+      p.window.col_begin = 0, p.window.col_end = cols;
+    } else {
+      p.window.row_begin = 0, p.window.row_end = f.out;
+      p.window.col_begin = geo.ColBytes(c.ib), p.window.col_end = geo.ColBytes(c.ie);
     }
-    const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
-    const int64_t n = w13 ? g * I.logical : H.logical;
-    const int src = AddSource(t, {module + x.bias_suffix, s.dtype, {E, n}, kind, {}});
-    const int64_t cb = w13 ? g * ib * es : 0, ce = w13 ? g * ie * es : n * es;
-    for (int64_t slot = 0; slot < num_slots; ++slot) {
+    p.window.dst_row_stride = geo.ColBytes(f.in_pad);
+    p.dst_offset = slot * c.slot_bytes;
+    t.pieces.push_back(p);
+  }
+  return Status::Ok();
+}
+
+// Stored input-major: [E, in, out]. Read the rank's window and transpose it into the
+// out-major rank layout. Interleaved gate/up (gpt-oss) is one window of 2*[ib, ie) columns;
+// gate-then-up halves (Llama-4: columns [0, I) gate, [I, 2I) up) are one window per half, the
+// up half landing at row I_padded.
+Status MapFusedBf16InMajor(const ExpertMap& c, const FusedMatrix& f, MappedTensor& t) {
+  const int64_t es = c.es, in = f.in, out = f.out, ib = c.ib, ie = c.ie;
+  const int src = AddSource(t, {f.module, c.s.dtype, {c.E, in, out}, c.kind, {}});
+  const int64_t halves = c.w13 && !c.x.gate_up_interleaved ? c.g : 1;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    for (int64_t h = 0; h < halves; ++h) {
       Piece p;
       p.source_idx = src;
+      p.transpose = true;
       p.element_bytes = es;
-      p.window = Slice2D{.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * n * es,
-                         .row_bytes = n * es,
-                         .row_begin = 0,
-                         .row_end = 1,
-                         .col_begin = cb,
-                         .col_end = ce,
-                         .dst_row_stride = ce - cb};
-      p.dst_offset = slot * slot_bytes;
-      t.pieces.push_back(p);
-    }
-    return Status::Ok();
-  }
-
-  if (x.fused) {
-    // Gate and up interleaved (row 2j gate j, 2j+1 up j), so the rank's rows [2*ib, 2*ie) are
-    // contiguous.
-    const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
-    const int64_t out = w13 ? g * I.logical : H.logical;  // rows of the out-major matrix
-    const int64_t in = w13 ? H.logical : I.logical;
-    const int64_t in_pad = w13 ? H.padded_local : I.padded_local;
-    if (q.format == WeightFormat::kMxfp4 && !meta) {
-      const Geometry geo{q, scale, m.dtype};
-      const int64_t cols = geo.ColBytes(in);
-      const std::vector<int64_t> shape =
-          scale ? std::vector<int64_t>{E, out, in / q.group}
-                : std::vector<int64_t>{E, out, in / q.group, q.group / 2};
-      const int src = AddSource(t, {module + (scale ? x.fused_scale_suffix : x.fused_weight_suffix),
-                                    s.dtype,
-                                    shape,
-                                    kind,
-                                    {}});
-      for (int64_t slot = 0; slot < num_slots; ++slot) {
-        Piece p;
-        p.source_idx = src;
-        p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * out * cols;
-        p.window.row_bytes = cols;
-        if (w13) {
-          p.window.row_begin = g * ib, p.window.row_end = g * ie;
-          p.window.col_begin = 0, p.window.col_end = cols;
-        } else {
-          p.window.row_begin = 0, p.window.row_end = out;
-          p.window.col_begin = geo.ColBytes(ib), p.window.col_end = geo.ColBytes(ie);
-        }
-        p.window.dst_row_stride = geo.ColBytes(in_pad);
-        p.dst_offset = slot * slot_bytes;
-        t.pieces.push_back(p);
+      p.window.base_offset = c.Expert(slot) * in * out * es;
+      p.window.row_bytes = out * es;
+      p.dst_offset = slot * c.slot_bytes;
+      if (c.w13 && halves > 1) {
+        p.window.row_begin = 0, p.window.row_end = in;
+        p.window.col_begin = (h * c.I.logical + ib) * es;
+        p.window.col_end = (h * c.I.logical + ie) * es;
+        p.dst_offset += h * c.I.padded_local * c.dst_row;
+      } else if (c.w13) {
+        p.window.row_begin = 0, p.window.row_end = in;
+        p.window.col_begin = c.g * ib * es, p.window.col_end = c.g * ie * es;
+      } else {
+        p.window.row_begin = ib, p.window.row_end = ie;
+        p.window.col_begin = 0, p.window.col_end = out * es;
       }
-      return Status::Ok();
-    }
-    if (q.format == WeightFormat::kBf16 && x.fused_in_major) {
-      // Stored input-major: [E, in, out]. Read the rank's window and transpose it into the
-      // out-major rank layout. Interleaved gate/up (gpt-oss) is one window of 2*[ib, ie)
-      // columns; gate-then-up halves (Llama-4: columns [0, I) gate, [I, 2I) up) are one window
-      // per half, the up half landing at row I_padded.
-      const int src = AddSource(t, {module, s.dtype, {E, in, out}, kind, {}});
-      const int64_t halves = w13 && !x.gate_up_interleaved ? g : 1;
-      for (int64_t slot = 0; slot < num_slots; ++slot) {
-        for (int64_t h = 0; h < halves; ++h) {
-          Piece p;
-          p.source_idx = src;
-          p.transpose = true;
-          p.element_bytes = es;
-          p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * in * out * es;
-          p.window.row_bytes = out * es;
-          p.dst_offset = slot * slot_bytes;
-          if (w13 && halves > 1) {
-            p.window.row_begin = 0, p.window.row_end = in;
-            p.window.col_begin = (h * I.logical + ib) * es;
-            p.window.col_end = (h * I.logical + ie) * es;
-            p.dst_offset += h * I.padded_local * dst_row;
-          } else if (w13) {
-            p.window.row_begin = 0, p.window.row_end = in;
-            p.window.col_begin = g * ib * es, p.window.col_end = g * ie * es;
-          } else {
-            p.window.row_begin = ib, p.window.row_end = ie;
-            p.window.col_begin = 0, p.window.col_end = out * es;
-          }
-          p.window.dst_row_stride = dst_row;
-          t.pieces.push_back(p);
-        }
-      }
-      return Status::Ok();
-    }
-    if (q.format == WeightFormat::kBf16) {
-      // Stored out-major: [E, out, in] (Qwen3.5: gate rows [0, I), up rows [I, 2I)). The rank's
-      // rows of each half (interleaved: 2*[ib, ie) at once), or its columns of down.
-      const int src = AddSource(t, {module, s.dtype, {E, out, in}, kind, {}});
-      const int64_t halves = w13 && !x.gate_up_interleaved ? g : 1;
-      for (int64_t slot = 0; slot < num_slots; ++slot) {
-        for (int64_t h = 0; h < halves; ++h) {
-          Piece p;
-          p.source_idx = src;
-          p.element_bytes = es;
-          p.window.base_offset = rp.expert_slots[static_cast<size_t>(slot)] * out * in * es;
-          p.window.row_bytes = in * es;
-          p.window.dst_row_stride = dst_row;
-          p.dst_offset = slot * slot_bytes;
-          if (w13) {
-            const int64_t r0 = halves > 1 ? h * I.logical + ib : g * ib;
-            const int64_t r1 = halves > 1 ? h * I.logical + ie : g * ie;
-            p.window.row_begin = r0, p.window.row_end = r1;
-            p.window.col_begin = 0, p.window.col_end = in * es;
-            p.dst_offset += h * I.padded_local * dst_row;
-          } else {
-            p.window.row_begin = 0, p.window.row_end = out;
-            p.window.col_begin = ib * es, p.window.col_end = ie * es;
-          }
-          t.pieces.push_back(p);
-        }
-      }
-      return Status::Ok();
-    }
-    return UnimplementedError(fmt::format(
-        "[rank {}/{}] load: '{}': fused experts in {} are not supported (expected bf16 or "
-        "mxfp4)",
-        rank, plan.topology.world, t.name, WeightFormatName(q.format)));
-  }
-
-  // Per-expert tensors [out, in]: gate/up [I, H], down [H, I].
-  const std::string* modules[3] = {&x.gate, &x.up, &x.down};
-  const std::string leaf = RankLeaf(q, s.part);
-  const Geometry geo{q, scale, m.dtype, zeros};
-  auto name_of = [&](int64_t e, int proj) {
-    return ExpandName(*modules[proj] + "." + leaf, layer, e);
-  };
-  auto encoded_spec = [&](int64_t e, int proj) {
-    const int64_t out = proj == 2 ? H.logical : I.logical;
-    const int64_t in = proj == 2 ? I.logical : H.logical;
-    return EncodedSpec(q, s.part, ExpandName(*modules[proj], layer, e), out, in, m.dtype, kind);
-  };
-  if (group_index) {
-    // w13 [El, parts, H_pad] (gate, up), w2 [El, I_pad] with the rank's [ib, ie) of I.
-    const int64_t parts = w13 ? g : 1;
-    for (int64_t slot = 0; slot < num_slots; ++slot) {
-      const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
-      for (int64_t h = 0; h < parts; ++h) {
-        const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
-        const int64_t n = w13 ? H.logical : I.logical;
-        Piece p;
-        p.source_idx = AddSource(t, SourceTensorSpec{name_of(e, proj), s.dtype, {n}, kind, {}});
-        p.element_bytes = es;
-        p.window = Slice2D{.base_offset = 0,
-                           .row_bytes = n * es,
-                           .row_begin = 0,
-                           .row_end = 1,
-                           .col_begin = w13 ? 0 : ib * es,
-                           .col_end = w13 ? n * es : ie * es,
-                           .dst_row_stride = n * es};
-        p.dst_offset = slot * slot_bytes + h * s.padded_shape.back() * es;
-        t.pieces.push_back(p);
-      }
-    }
-    return Status::Ok();
-  }
-  if (global || s.part == TensorPart::kInputScale) {
-    // [El, parts] (w13: gate, up) or [El]: one F32 per checkpoint tensor.
-    const int64_t parts = w13 ? g : 1;
-    for (int64_t slot = 0; slot < num_slots; ++slot) {
-      const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
-      for (int64_t h = 0; h < parts; ++h) {
-        const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
-        Piece p;
-        p.source_idx =
-            AddSource(t, encoded ? encoded_spec(e, proj)
-                                 : SourceTensorSpec{name_of(e, proj), s.dtype, {1}, kind, {}});
-        p.element_bytes = es;
-        p.window = Slice2D{.base_offset = 0,
-                           .row_bytes = es,
-                           .row_begin = 0,
-                           .row_end = 1,
-                           .col_begin = 0,
-                           .col_end = es,
-                           .dst_row_stride = es};
-        p.dst_offset = slot * slot_bytes + h * es;
-        t.pieces.push_back(p);
-      }
-    }
-    return Status::Ok();
-  }
-  if (meta) {
-    // [El, parts, 2]: each part's logical [out, in], whole.
-    const int64_t parts = w13 ? g : 1;
-    for (int64_t slot = 0; slot < num_slots; ++slot) {
-      const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
-      for (int64_t h = 0; h < parts; ++h) {
-        const int proj = !w13 ? 2 : (g == 2 ? static_cast<int>(h) : 1);
-        const std::vector<int64_t> logical = proj == 2 ? std::vector<int64_t>{H.logical, I.logical}
-                                                       : std::vector<int64_t>{I.logical, H.logical};
-        Piece p;
-        p.source_idx = AddSource(t, {name_of(e, proj), s.dtype, {2}, kind, logical});
-        p.element_bytes = es;
-        p.window = Slice2D{.base_offset = 0,
-                           .row_bytes = 2 * es,
-                           .row_begin = 0,
-                           .row_end = 1,
-                           .col_begin = 0,
-                           .col_end = 2 * es,
-                           .dst_row_stride = 2 * es};
-        p.dst_offset = slot * slot_bytes + h * 2 * es;
-        t.pieces.push_back(p);
-      }
-    }
-    return Status::Ok();
-  }
-  auto spec = [&](int64_t e, int proj) {
-    if (encoded) return encoded_spec(e, proj);
-    const int64_t out = proj == 2 ? H.logical : I.logical;
-    const int64_t in = proj == 2 ? I.logical : H.logical;
-    return SourceTensorSpec{
-        name_of(e, proj), s.dtype, {geo.Rows(out), geo.ColBytes(in) / es}, kind, {}};
-  };
-  for (int64_t slot = 0; slot < num_slots; ++slot) {
-    const int64_t e = rp.expert_slots[static_cast<size_t>(slot)];
-    if (w13) {
-      for (int64_t h = 0; h < g; ++h) {
-        const int proj = g == 2 ? static_cast<int>(h) : 1;  // ungated experts: up only
-        Piece p;
-        p.source_idx = AddSource(t, spec(e, proj));
-        p.window = Slice2D{.base_offset = 0,
-                           .row_bytes = geo.ColBytes(H.logical),
-                           .row_begin = geo.Rows(ib),
-                           .row_end = geo.Rows(ie),
-                           .col_begin = 0,
-                           .col_end = geo.ColBytes(H.logical),
-                           .dst_row_stride = geo.ColBytes(H.padded_local)};
-        p.dst_offset = slot * slot_bytes + geo.Rows(h * I.padded_local) * p.window.dst_row_stride;
-        t.pieces.push_back(p);
-      }
-    } else {
-      Piece p;
-      p.source_idx = AddSource(t, spec(e, 2));
-      p.window = Slice2D{.base_offset = 0,
-                         .row_bytes = geo.ColBytes(I.logical),
-                         .row_begin = 0,
-                         .row_end = geo.Rows(H.logical),
-                         .col_begin = geo.ColBytes(ib),
-                         .col_end = geo.ColBytes(ie),
-                         .dst_row_stride = geo.ColBytes(I.padded_local)};
-      if (scale && q.RowUniform()) {
-        // Every block of a row holds the row's scale: the rank's blocks are the first ones.
-        p.window.col_begin = 0;
-        p.window.col_end = geo.ColBytes(ie - ib);
-      }
-      p.dst_offset = slot * slot_bytes;
+      p.window.dst_row_stride = c.dst_row;
       t.pieces.push_back(p);
     }
   }
   return Status::Ok();
+}
+
+// Stored out-major: [E, out, in] (Qwen3.5: gate rows [0, I), up rows [I, 2I)). The rank's rows
+// of each half (interleaved: 2*[ib, ie) at once), or its columns of down.
+Status MapFusedBf16OutMajor(const ExpertMap& c, const FusedMatrix& f, MappedTensor& t) {
+  const int64_t es = c.es, in = f.in, out = f.out, ib = c.ib, ie = c.ie;
+  const int src = AddSource(t, {f.module, c.s.dtype, {c.E, out, in}, c.kind, {}});
+  const int64_t halves = c.w13 && !c.x.gate_up_interleaved ? c.g : 1;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    for (int64_t h = 0; h < halves; ++h) {
+      Piece p;
+      p.source_idx = src;
+      p.element_bytes = es;
+      p.window.base_offset = c.Expert(slot) * out * in * es;
+      p.window.row_bytes = in * es;
+      p.window.dst_row_stride = c.dst_row;
+      p.dst_offset = slot * c.slot_bytes;
+      if (c.w13) {
+        const int64_t r0 = halves > 1 ? h * c.I.logical + ib : c.g * ib;
+        const int64_t r1 = halves > 1 ? h * c.I.logical + ie : c.g * ie;
+        p.window.row_begin = r0, p.window.row_end = r1;
+        p.window.col_begin = 0, p.window.col_end = in * es;
+        p.dst_offset += h * c.I.padded_local * c.dst_row;
+      } else {
+        p.window.row_begin = 0, p.window.row_end = out;
+        p.window.col_begin = ib * es, p.window.col_end = ie * es;
+      }
+      t.pieces.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
+// Fused experts: gate and up interleaved (row 2j gate j, 2j+1 up j), so the rank's rows
+// [2*ib, 2*ie) are contiguous, or in halves.
+Status MapFusedExperts(const ExpertMap& c, MappedTensor& t) {
+  const FusedMatrix f{
+      .module = ExpandName(c.w13 ? c.x.fused_gate_up : c.x.fused_down, c.layer),
+      .out = c.w13 ? c.g * c.I.logical : c.H.logical,
+      .in = c.w13 ? c.H.logical : c.I.logical,
+      .in_pad = c.w13 ? c.H.padded_local : c.I.padded_local,
+  };
+  if (c.q.format == WeightFormat::kMxfp4 && !c.meta) return MapFusedMxfp4(c, f, t);
+  if (c.q.format == WeightFormat::kBf16 && c.x.fused_in_major) {
+    return MapFusedBf16InMajor(c, f, t);
+  }
+  if (c.q.format == WeightFormat::kBf16) return MapFusedBf16OutMajor(c, f, t);
+  return UnimplementedError(fmt::format(
+      "[rank {}/{}] load: '{}': fused experts in {} are not supported (expected bf16 or "
+      "mxfp4)",
+      c.rank, c.plan.topology.world, t.name, WeightFormatName(c.q.format)));
+}
+
+// Per-expert tensors [out, in]: gate/up [I, H], down [H, I]; names and source specs.
+struct PerExpertSources {
+  explicit PerExpertSources(const ExpertMap& c_in)
+      : c(c_in),
+        modules{&c.x.gate, &c.x.up, &c.x.down},
+        leaf(RankLeaf(c.q, c.s.part)),
+        geo{c.q, c.scale, c.m.dtype, c.zeros} {}
+  // Projection `proj` (0 gate, 1 up, 2 down) of expert `e`: its checkpoint tensor's name.
+  std::string NameOf(int64_t e, int proj) const {
+    return ExpandName(*modules[proj] + "." + leaf, c.layer, e);
+  }
+  SourceTensorSpec EncodedSpecOf(int64_t e, int proj) const {
+    const int64_t out = proj == 2 ? c.H.logical : c.I.logical;
+    const int64_t in = proj == 2 ? c.I.logical : c.H.logical;
+    return EncodedSpec(c.q, c.s.part, ExpandName(*modules[proj], c.layer, e), out, in, c.m.dtype,
+                       c.kind);
+  }
+  // The matrix part as stored, or through its conversion when encoded.
+  SourceTensorSpec SpecOf(int64_t e, int proj) const {
+    if (c.encoded) return EncodedSpecOf(e, proj);
+    const int64_t out = proj == 2 ? c.H.logical : c.I.logical;
+    const int64_t in = proj == 2 ? c.I.logical : c.H.logical;
+    return SourceTensorSpec{
+        NameOf(e, proj), c.s.dtype, {geo.Rows(out), geo.ColBytes(in) / c.es}, c.kind, {}};
+  }
+  // Part h of a w13 tensor (gate, up; ungated experts: up only), or down.
+  int ProjOf(int64_t h) const { return !c.w13 ? 2 : (c.g == 2 ? static_cast<int>(h) : 1); }
+
+  const ExpertMap& c;
+  const std::string* modules[3];
+  std::string leaf;
+  Geometry geo;
+};
+
+// Group indices: w13 [El, parts, H_pad] (gate, up), w2 [El, I_pad] with the rank's [ib, ie) of
+// I.
+Status MapExpertGroupIndex(const PerExpertSources& src, MappedTensor& t) {
+  const ExpertMap& c = src.c;
+  const int64_t es = c.es, parts = c.w13 ? c.g : 1;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    const int64_t e = c.Expert(slot);
+    for (int64_t h = 0; h < parts; ++h) {
+      const int proj = src.ProjOf(h);
+      const int64_t n = c.w13 ? c.H.logical : c.I.logical;
+      Piece p;
+      p.source_idx =
+          AddSource(t, SourceTensorSpec{src.NameOf(e, proj), c.s.dtype, {n}, c.kind, {}});
+      p.element_bytes = es;
+      p.window = Slice2D{.base_offset = 0,
+                         .row_bytes = n * es,
+                         .row_begin = 0,
+                         .row_end = 1,
+                         .col_begin = c.w13 ? 0 : c.ib * es,
+                         .col_end = c.w13 ? n * es : c.ie * es,
+                         .dst_row_stride = n * es};
+      p.dst_offset = slot * c.slot_bytes + h * c.s.padded_shape.back() * es;
+      t.pieces.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
+// Global and input scales: [El, parts] (w13: gate, up) or [El]: one F32 per checkpoint tensor.
+Status MapExpertScalars(const PerExpertSources& src, MappedTensor& t) {
+  const ExpertMap& c = src.c;
+  const int64_t es = c.es, parts = c.w13 ? c.g : 1;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    const int64_t e = c.Expert(slot);
+    for (int64_t h = 0; h < parts; ++h) {
+      const int proj = src.ProjOf(h);
+      Piece p;
+      p.source_idx = AddSource(
+          t, c.encoded ? src.EncodedSpecOf(e, proj)
+                       : SourceTensorSpec{src.NameOf(e, proj), c.s.dtype, {1}, c.kind, {}});
+      p.element_bytes = es;
+      p.window = Slice2D{.base_offset = 0,
+                         .row_bytes = es,
+                         .row_begin = 0,
+                         .row_end = 1,
+                         .col_begin = 0,
+                         .col_end = es,
+                         .dst_row_stride = es};
+      p.dst_offset = slot * c.slot_bytes + h * es;
+      t.pieces.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
+// Shape metadata [El, parts, 2]: each part's logical [out, in], whole.
+Status MapExpertShapeMeta(const PerExpertSources& src, MappedTensor& t) {
+  const ExpertMap& c = src.c;
+  const int64_t es = c.es, parts = c.w13 ? c.g : 1;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    const int64_t e = c.Expert(slot);
+    for (int64_t h = 0; h < parts; ++h) {
+      const int proj = src.ProjOf(h);
+      const std::vector<int64_t> logical = proj == 2
+                                               ? std::vector<int64_t>{c.H.logical, c.I.logical}
+                                               : std::vector<int64_t>{c.I.logical, c.H.logical};
+      Piece p;
+      p.source_idx = AddSource(t, {src.NameOf(e, proj), c.s.dtype, {2}, c.kind, logical});
+      p.element_bytes = es;
+      p.window = Slice2D{.base_offset = 0,
+                         .row_bytes = 2 * es,
+                         .row_begin = 0,
+                         .row_end = 1,
+                         .col_begin = 0,
+                         .col_end = 2 * es,
+                         .dst_row_stride = 2 * es};
+      p.dst_offset = slot * c.slot_bytes + h * 2 * es;
+      t.pieces.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
+// Weights, scales and zero points: w13's rows [ib, ie) of gate and up, w2's columns.
+Status MapExpertMatrices(const PerExpertSources& src, MappedTensor& t) {
+  const ExpertMap& c = src.c;
+  const Geometry& geo = src.geo;
+  const DimLayout& I = c.I;
+  const DimLayout& H = c.H;
+  for (int64_t slot = 0; slot < c.num_slots; ++slot) {
+    const int64_t e = c.Expert(slot);
+    if (c.w13) {
+      for (int64_t h = 0; h < c.g; ++h) {
+        const int proj = c.g == 2 ? static_cast<int>(h) : 1;  // ungated experts: up only
+        Piece p;
+        p.source_idx = AddSource(t, src.SpecOf(e, proj));
+        p.window = Slice2D{.base_offset = 0,
+                           .row_bytes = geo.ColBytes(H.logical),
+                           .row_begin = geo.Rows(c.ib),
+                           .row_end = geo.Rows(c.ie),
+                           .col_begin = 0,
+                           .col_end = geo.ColBytes(H.logical),
+                           .dst_row_stride = geo.ColBytes(H.padded_local)};
+        p.dst_offset = slot * c.slot_bytes + geo.Rows(h * I.padded_local) * p.window.dst_row_stride;
+        t.pieces.push_back(p);
+      }
+    } else {
+      Piece p;
+      p.source_idx = AddSource(t, src.SpecOf(e, 2));
+      p.window = Slice2D{.base_offset = 0,
+                         .row_bytes = geo.ColBytes(I.logical),
+                         .row_begin = 0,
+                         .row_end = geo.Rows(H.logical),
+                         .col_begin = geo.ColBytes(c.ib),
+                         .col_end = geo.ColBytes(c.ie),
+                         .dst_row_stride = geo.ColBytes(I.padded_local)};
+      if (c.scale && c.q.RowUniform()) {
+        // Every block of a row holds the row's scale: the rank's blocks are the first ones.
+        p.window.col_begin = 0;
+        p.window.col_end = geo.ColBytes(c.ie - c.ib);
+      }
+      p.dst_offset = slot * c.slot_bytes;
+      t.pieces.push_back(p);
+    }
+  }
+  return Status::Ok();
+}
+
+// Routed experts in the fused per-rank layout (shard_plan.h), from per-expert tensors or from
+// fused ones, named by the family's ExpertLayout.
+Status MapExperts(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
+  ExpertMap c(plan, rank, t);
+  const TensorShard& s = c.s;
+  if (s.padded_shape.empty() || s.padded_shape[0] != c.num_slots) {
+    return MapError(plan, rank, t.name,
+                    fmt::format("expected {} local slots, got shape [{}]", c.num_slots,
+                                fmt::join(s.padded_shape, ", ")));
+  }
+  c.slot_bytes = BytesOf(s.dtype, s.padded_shape) / c.num_slots;
+  c.dst_row = s.padded_shape.size() > 2
+                  ? BytesOf(s.dtype, {s.padded_shape.begin() + 2, s.padded_shape.end()})
+                  : ElementBytes(s.dtype);  // [El] or [El, parts]: global scales
+  if (c.bias) return MapExpertBiases(c, t);
+  if (c.x.fused) return MapFusedExperts(c, t);
+  const PerExpertSources src(c);
+  if (c.group_index) return MapExpertGroupIndex(src, t);
+  if (c.global || s.part == TensorPart::kInputScale) return MapExpertScalars(src, t);
+  if (c.meta) return MapExpertShapeMeta(src, t);
+  return MapExpertMatrices(src, t);
 }
 
 // Every window lies in its source and its destination, and the windows cover exactly the

@@ -127,7 +127,7 @@ struct Bf16Decoder {
   void Prefetch(int j, int64_t k) const {
     _mm_prefetch(reinterpret_cast<const char*>(rows[j] + 2 * k + kPrefetchBytes), _MM_HINT_T0);
   }
-  static constexpr int64_t kValuesPerLine = 32;
+  [[maybe_unused]] static constexpr int64_t kValuesPerLine = 32;  // unscaled: no line test
   int64_t GroupCols() const { return 0; }
   __m512 Scale(int, int64_t) const { return _mm512_set1_ps(1.0f); }
 };

@@ -51,6 +51,161 @@ int64_t LocalExpert(const int32_t* map, int32_t global) {
   return map == nullptr ? global : map[global];
 }
 
+// Softmax over every expert, then the top k (renormalised on request).
+void RouteSoftmaxTopK(const RoutingParams& p, const RoutingArgs& a, int64_t t, const float* logits,
+                      int32_t* ids, float* weights, std::vector<double>& chosen_weight) {
+  const int64_t num_experts = p.num_experts;
+  const std::vector<double> prob = SoftmaxOf(logits, num_experts);
+  const std::vector<int32_t> order = SortedDescending(prob);
+  double wsum = 0.0;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    ids[i] = order[i];
+    chosen_weight[i] = prob[order[i]];
+    wsum += chosen_weight[i];
+  }
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
+    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+  }
+}
+
+// DeepSeek-V3: sigmoid scores plus the correction bias choose the best groups (by their top
+// two), then the top k inside them; the weights are the unbiased scores.
+void RouteSigmoidGroupedTopK(const RoutingParams& p, const RoutingArgs& a, int64_t t,
+                             const float* logits, int32_t* ids, float* weights,
+                             std::vector<double>& chosen_weight) {
+  const int64_t num_experts = p.num_experts;
+  std::vector<double> score(static_cast<size_t>(num_experts));
+  std::vector<double> biased(static_cast<size_t>(num_experts));
+  for (int64_t e = 0; e < num_experts; ++e) {
+    score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])));
+    // The bias is added in fp32 precision by the model code; keep the sum in fp32 too.
+    biased[e] = static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
+  }
+  const int64_t group_size = num_experts / p.num_groups;
+  std::vector<double> group_score(static_cast<size_t>(p.num_groups));
+  for (int64_t g = 0; g < p.num_groups; ++g) {
+    std::vector<double> members(biased.begin() + g * group_size,
+                                biased.begin() + (g + 1) * group_size);
+    std::sort(members.begin(), members.end(), std::greater<double>());
+    group_score[g] = group_size >= 2 ? members[0] + members[1] : members[0];
+  }
+  const std::vector<int32_t> group_order = SortedDescending(group_score);
+  std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
+  for (int64_t gi = 0; gi < p.topk_group; ++gi) {
+    const int64_t g = group_order[gi];
+    for (int64_t i = 0; i < group_size; ++i) {
+      masked[g * group_size + i] = biased[g * group_size + i];
+    }
+  }
+  const std::vector<int32_t> order = SortedDescending(masked);
+  double wsum = 0.0;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    ids[i] = order[i];
+    chosen_weight[i] = score[order[i]];
+    wsum += chosen_weight[i];
+  }
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    double v = p.renormalize ? chosen_weight[i] / (wsum + 1e-20) : chosen_weight[i];
+    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+  }
+}
+
+// DeepSeek-V2: softmax, groups ranked by their best expert, then the top k inside the best.
+void RouteSoftmaxGroupedTopK(const RoutingParams& p, const RoutingArgs& a, int64_t t,
+                             const float* logits, int32_t* ids, float* weights,
+                             std::vector<double>& chosen_weight) {
+  const int64_t num_experts = p.num_experts;
+  const std::vector<double> prob = SoftmaxOf(logits, num_experts);
+  const int64_t group_size = num_experts / p.num_groups;
+  std::vector<double> group_score(static_cast<size_t>(p.num_groups), -INFINITY);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    group_score[e / group_size] = std::max(group_score[e / group_size], prob[e]);
+  }
+  const std::vector<int32_t> group_order = SortedDescending(group_score);
+  std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
+  for (int64_t gi = 0; gi < p.topk_group; ++gi) {
+    const int64_t g = group_order[gi];
+    for (int64_t i = 0; i < group_size; ++i) masked[g * group_size + i] = prob[g * group_size + i];
+  }
+  const std::vector<int32_t> order = SortedDescending(masked);
+  double wsum = 0.0;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    ids[i] = order[i];
+    chosen_weight[i] = prob[order[i]];
+    wsum += chosen_weight[i];
+  }
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    const double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
+    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+  }
+}
+
+// Top k of the logits, each weighted by its sigmoid (Llama-4).
+void RouteTopKThenSigmoid(const RoutingParams& p, const RoutingArgs& a, int64_t t,
+                          const float* logits, int32_t* ids, float* weights,
+                          std::vector<double>& chosen_weight) {
+  const int64_t num_experts = p.num_experts;
+  std::vector<double> lv(logits, logits + num_experts);
+  const std::vector<int32_t> order = SortedDescending(lv);
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    ids[i] = order[i];
+    weights[i] =
+        static_cast<float>(1.0 / (1.0 + std::exp(-lv[order[i]])) * p.routed_scaling_factor);
+  }
+}
+
+// sqrt(softplus) scores; experts chosen by the biased score, or named by the hash table.
+void RouteSqrtSoftplus(const RoutingParams& p, const RoutingArgs& a, int64_t t, const float* logits,
+                       int32_t* ids, float* weights, std::vector<double>& chosen_weight) {
+  const int64_t num_experts = p.num_experts;
+  const std::vector<double> score = SqrtSoftplusOf(logits, num_experts);
+  if (p.kind == RoutingKind::kSqrtSoftplusHash) {
+    // The table names the experts; no selection.
+    for (int64_t i = 0; i < p.top_k; ++i) {
+      ids[i] = p.hash_table[static_cast<int64_t>(a.token_ids[t]) * p.top_k + i];
+    }
+  } else {
+    // Selection by the biased score, summed in fp32 as the model code does.
+    std::vector<double> biased(score);
+    if (p.e_score_correction_bias != nullptr) {
+      for (int64_t e = 0; e < num_experts; ++e) {
+        biased[e] =
+            static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
+      }
+    }
+    const std::vector<int32_t> order = SortedDescending(biased);
+    for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
+  }
+  double wsum = 0.0;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    chosen_weight[i] = score[ids[i]];
+    wsum += chosen_weight[i];
+  }
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    const double v = p.renormalize ? chosen_weight[i] / std::max(wsum, 1e-20) : chosen_weight[i];
+    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+  }
+}
+
+// Top k of the logits, then a softmax over those k (Mixtral).
+void RouteTopKThenSoftmax(const RoutingParams& p, const RoutingArgs& a, int64_t t,
+                          const float* logits, int32_t* ids, float* weights,
+                          std::vector<double>& chosen_weight) {
+  const int64_t num_experts = p.num_experts;
+  std::vector<double> lv(logits, logits + num_experts);
+  const std::vector<int32_t> order = SortedDescending(lv);
+  double sum = 0.0;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    ids[i] = order[i];
+    chosen_weight[i] = std::exp(lv[order[i]] - lv[order[0]]);
+    sum += chosen_weight[i];
+  }
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    weights[i] = static_cast<float>(chosen_weight[i] / sum * p.routed_scaling_factor);
+  }
+}
+
 }  // namespace
 
 Status Route(const RoutingParams& p, const RoutingArgs& a) {
@@ -62,142 +217,25 @@ Status Route(const RoutingParams& p, const RoutingArgs& a) {
     float* weights = a.topk_weights + t * p.top_k;
     std::vector<double> chosen_weight(static_cast<size_t>(p.top_k));
     switch (p.kind) {
-      case RoutingKind::kSoftmaxTopK: {
-        const std::vector<double> prob = SoftmaxOf(logits, num_experts);
-        const std::vector<int32_t> order = SortedDescending(prob);
-        double wsum = 0.0;
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          ids[i] = order[i];
-          chosen_weight[i] = prob[order[i]];
-          wsum += chosen_weight[i];
-        }
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
-          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-        }
+      case RoutingKind::kSoftmaxTopK:
+        RouteSoftmaxTopK(p, a, t, logits, ids, weights, chosen_weight);
         break;
-      }
-      case RoutingKind::kSigmoidGroupedTopK: {
-        std::vector<double> score(static_cast<size_t>(num_experts));
-        std::vector<double> biased(static_cast<size_t>(num_experts));
-        for (int64_t e = 0; e < num_experts; ++e) {
-          score[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[e])));
-          // The bias is added in fp32 precision by the model code; keep the sum in fp32 too.
-          biased[e] =
-              static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
-        }
-        const int64_t group_size = num_experts / p.num_groups;
-        std::vector<double> group_score(static_cast<size_t>(p.num_groups));
-        for (int64_t g = 0; g < p.num_groups; ++g) {
-          std::vector<double> members(biased.begin() + g * group_size,
-                                      biased.begin() + (g + 1) * group_size);
-          std::sort(members.begin(), members.end(), std::greater<double>());
-          group_score[g] = group_size >= 2 ? members[0] + members[1] : members[0];
-        }
-        const std::vector<int32_t> group_order = SortedDescending(group_score);
-        std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
-        for (int64_t gi = 0; gi < p.topk_group; ++gi) {
-          const int64_t g = group_order[gi];
-          for (int64_t i = 0; i < group_size; ++i) {
-            masked[g * group_size + i] = biased[g * group_size + i];
-          }
-        }
-        const std::vector<int32_t> order = SortedDescending(masked);
-        double wsum = 0.0;
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          ids[i] = order[i];
-          chosen_weight[i] = score[order[i]];
-          wsum += chosen_weight[i];
-        }
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          double v = p.renormalize ? chosen_weight[i] / (wsum + 1e-20) : chosen_weight[i];
-          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-        }
+      case RoutingKind::kSigmoidGroupedTopK:
+        RouteSigmoidGroupedTopK(p, a, t, logits, ids, weights, chosen_weight);
         break;
-      }
-      case RoutingKind::kSoftmaxGroupedTopK: {
-        const std::vector<double> prob = SoftmaxOf(logits, num_experts);
-        const int64_t group_size = num_experts / p.num_groups;
-        std::vector<double> group_score(static_cast<size_t>(p.num_groups), -INFINITY);
-        for (int64_t e = 0; e < num_experts; ++e) {
-          group_score[e / group_size] = std::max(group_score[e / group_size], prob[e]);
-        }
-        const std::vector<int32_t> group_order = SortedDescending(group_score);
-        std::vector<double> masked(static_cast<size_t>(num_experts), -INFINITY);
-        for (int64_t gi = 0; gi < p.topk_group; ++gi) {
-          const int64_t g = group_order[gi];
-          for (int64_t i = 0; i < group_size; ++i)
-            masked[g * group_size + i] = prob[g * group_size + i];
-        }
-        const std::vector<int32_t> order = SortedDescending(masked);
-        double wsum = 0.0;
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          ids[i] = order[i];
-          chosen_weight[i] = prob[order[i]];
-          wsum += chosen_weight[i];
-        }
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          const double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
-          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-        }
+      case RoutingKind::kSoftmaxGroupedTopK:
+        RouteSoftmaxGroupedTopK(p, a, t, logits, ids, weights, chosen_weight);
         break;
-      }
-      case RoutingKind::kTopKThenSigmoid: {
-        std::vector<double> lv(logits, logits + num_experts);
-        const std::vector<int32_t> order = SortedDescending(lv);
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          ids[i] = order[i];
-          weights[i] =
-              static_cast<float>(1.0 / (1.0 + std::exp(-lv[order[i]])) * p.routed_scaling_factor);
-        }
+      case RoutingKind::kTopKThenSigmoid:
+        RouteTopKThenSigmoid(p, a, t, logits, ids, weights, chosen_weight);
         break;
-      }
       case RoutingKind::kSqrtSoftplusTopK:
-      case RoutingKind::kSqrtSoftplusHash: {
-        const std::vector<double> score = SqrtSoftplusOf(logits, num_experts);
-        if (p.kind == RoutingKind::kSqrtSoftplusHash) {
-          // The table names the experts; no selection.
-          for (int64_t i = 0; i < p.top_k; ++i) {
-            ids[i] = p.hash_table[static_cast<int64_t>(a.token_ids[t]) * p.top_k + i];
-          }
-        } else {
-          // Selection by the biased score, summed in fp32 as the model code does.
-          std::vector<double> biased(score);
-          if (p.e_score_correction_bias != nullptr) {
-            for (int64_t e = 0; e < num_experts; ++e) {
-              biased[e] =
-                  static_cast<double>(static_cast<float>(score[e]) + p.e_score_correction_bias[e]);
-            }
-          }
-          const std::vector<int32_t> order = SortedDescending(biased);
-          for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
-        }
-        double wsum = 0.0;
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          chosen_weight[i] = score[ids[i]];
-          wsum += chosen_weight[i];
-        }
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          const double v =
-              p.renormalize ? chosen_weight[i] / std::max(wsum, 1e-20) : chosen_weight[i];
-          weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-        }
+      case RoutingKind::kSqrtSoftplusHash:
+        RouteSqrtSoftplus(p, a, t, logits, ids, weights, chosen_weight);
         break;
-      }
-      case RoutingKind::kTopKThenSoftmax: {
-        std::vector<double> lv(logits, logits + num_experts);
-        const std::vector<int32_t> order = SortedDescending(lv);
-        double sum = 0.0;
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          ids[i] = order[i];
-          chosen_weight[i] = std::exp(lv[order[i]] - lv[order[0]]);
-          sum += chosen_weight[i];
-        }
-        for (int64_t i = 0; i < p.top_k; ++i) {
-          weights[i] = static_cast<float>(chosen_weight[i] / sum * p.routed_scaling_factor);
-        }
+      case RoutingKind::kTopKThenSoftmax:
+        RouteTopKThenSoftmax(p, a, t, logits, ids, weights, chosen_weight);
         break;
-      }
     }
   }
   return Status::Ok();
