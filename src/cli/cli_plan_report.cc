@@ -216,6 +216,7 @@ std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& mem, const
   out += Render(mt, md);
   out +=
       fmt::format("{}(GiB; weights include quantization scales and padding)\n", md ? "\n" : "  ");
+  out += RenderMemoryTerms(mem, md);
   for (const std::string& n : plan.notes) out += fmt::format("note: {}\n", n);
   if (!in.checkpoint.empty()) {
     const nlohmann::json& c = in.checkpoint_json;
