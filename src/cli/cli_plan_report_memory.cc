@@ -33,8 +33,8 @@ std::string RenderMemoryTerms(const MemoryPlan& mem, bool md) {
       "{}engine {} ({:.2f} of {} GiB, {} tokens per block, profile forward {} tokens, "
       "max_num_seqs {}{}): {}\n",
       md ? "\n" : "\n", mem.engine.Label(), mem.options.gpu_memory_utilization,
-      FormatGiB(mem.options.gpu.bytes), mem.engine.block_size,
-      mem.options.max_num_batched_tokens, mem.options.engine_max_num_seqs,
+      FormatGiB(mem.options.gpu.bytes), mem.engine.block_size, mem.options.max_num_batched_tokens,
+      mem.options.engine_max_num_seqs,
       mem.options.all2all_backend.empty() ? "" : ", all2all " + mem.options.all2all_backend,
       RuleText(mem.engine.rule));
   out += fmt::format("engine KV tokens per rank: {}\n", FormatCount(mem.engine_kv_tokens));

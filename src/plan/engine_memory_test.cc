@@ -61,8 +61,8 @@ TEST(EngineProfileTest, VllmRefusesMoeTpWithMoeEp) {
 }
 
 TEST(EngineProfileTest, All2AllBuffers) {
-  All2AllParams p{.backend = "deepep_high_throughput", .ep_size = 8, .num_experts = 256,
-                  .hidden = 7168};
+  All2AllParams p{
+      .backend = "deepep_high_throughput", .ep_size = 8, .num_experts = 256, .hidden = 7168};
   EXPECT_EQ(All2AllBufferTerm(p)->bytes, 1024 * kMiB);  // VLLM_DEEPEP_BUFFER_SIZE_MB
   p.internode = true;
   EXPECT_EQ(All2AllBufferTerm(p)->bytes, 2048 * kMiB);  // + the same for RDMA
@@ -70,8 +70,11 @@ TEST(EngineProfileTest, All2AllBuffers) {
   // combine message 2 * 7168; the send buffer holds the larger of one rank's dispatch and its
   // combine to 256 experts x 256 tokens, the receive buffer 256 x 256 dispatch messages; 1 KiB of
   // signalling; two buffers.
-  p = All2AllParams{.backend = "deepep_low_latency", .ep_size = 16, .num_experts = 256,
-                    .hidden = 7168, .max_tokens_per_rank = 256};
+  p = All2AllParams{.backend = "deepep_low_latency",
+                    .ep_size = 16,
+                    .num_experts = 256,
+                    .hidden = 7168,
+                    .max_tokens_per_rank = 256};
   const int64_t msg = 16 + 2 * 7168;
   const int64_t by_hand = RoundUp(2 * (256 * 256 * 2 * 7168 + 256 * 256 * msg + 1024), 128);
   EXPECT_EQ(All2AllBufferTerm(p)->bytes, by_hand);
@@ -80,8 +83,7 @@ TEST(EngineProfileTest, All2AllBuffers) {
   EXPECT_EQ(All2AllBufferTerm(p)->bytes, 0);
   p.backend = "deepep";
   EXPECT_FALSE(All2AllBufferTerm(p).ok());
-  EXPECT_NE(All2AllBufferTerm(p).status().message().find("deepep_low_latency"),
-            std::string::npos);
+  EXPECT_NE(All2AllBufferTerm(p).status().message().find("deepep_low_latency"), std::string::npos);
 }
 
 TEST(EngineProfileTest, EveryTermIsSourcedAndVllmLeavesContextOutside) {
@@ -104,13 +106,13 @@ TEST(EngineProfileTest, EveryTermIsSourcedAndVllmLeavesContextOutside) {
       EXPECT_EQ(t.bytes, 392 * kMiB);  // TP8 row
     }
   }
-  for (const char* n : {"activations", "cuda_context", "nccl", "non_torch_profile",
-                        "all2all:deepep_low_latency"}) {
+  for (const char* n :
+       {"activations", "cuda_context", "nccl", "non_torch_profile", "all2all:deepep_low_latency"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
   // vLLM: requested = 0.9 x total minus weights, activations and the in-budget terms.
-  EXPECT_EQ(r.kv_cache, static_cast<int64_t>(static_cast<double>(mo.gpu.bytes) * 0.9) -
-                            r.weights - r.activations - r.overhead);
+  EXPECT_EQ(r.kv_cache, static_cast<int64_t>(static_cast<double>(mo.gpu.bytes) * 0.9) - r.weights -
+                            r.activations - r.overhead);
   EXPECT_EQ(r.kv_tokens % 16, 0);  // whole blocks
 }
 
@@ -131,14 +133,15 @@ TEST(EngineProfileTest, SglangCountsNoActivationProfile) {
   mo.engine = "trtllm";  // 0.9 of what is free after the profile
   const MemoryPlan t = PlanMemory(p, mo);
   const RankMemory& tr = t.ranks[0];
-  EXPECT_EQ(tr.kv_cache, static_cast<int64_t>(0.9 * static_cast<double>(mo.gpu.bytes - tr.weights -
-                                                                        tr.activations -
-                                                                        tr.overhead)));
+  EXPECT_EQ(tr.kv_cache,
+            static_cast<int64_t>(0.9 * static_cast<double>(mo.gpu.bytes - tr.weights -
+                                                           tr.activations - tr.overhead)));
   EXPECT_EQ(tr.kv_tokens % 32, 0);
 }
 
 // vLLM, Qwen3-30B-A3B bf16, TP4 on four A10 (24 GB), defaults (utilization 0.9, the small-GPU
-// batch defaults 2048 / 256): "GPU KV cache size: 198,784 tokens" (issue 16; docs/engine-memory.md).
+// batch defaults 2048 / 256): "GPU KV cache size: 198,784 tokens" (issue 16;
+// docs/engine-memory.md).
 TEST(EngineLogTest, VllmQwen3_30B_TP4_A10) {
   const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-30b-a3b"), Opts(4));
   MemoryOptions mo;

@@ -56,7 +56,7 @@ EngineProfile ProfileOf(const json& e) {
   p.name = e.at("name").get<std::string>();
   p.version = e.at("version").get<std::string>();
   const std::string rule = e.at("rule").get<std::string>();
-  p.rule = rule == "sglang" ? EngineRule::kSglang
+  p.rule = rule == "sglang"   ? EngineRule::kSglang
            : rule == "trtllm" ? EngineRule::kTrtllm
                               : EngineRule::kVllm;
   p.memory_fraction = e.value("memory_fraction", 0.9);

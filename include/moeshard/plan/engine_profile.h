@@ -52,7 +52,7 @@ std::vector<std::string> EngineNames();  // "vllm@0.10", ...
 // and whether the engine's KV rule subtracts it (vLLM's snapshot excludes the CUDA context and
 // NCCL, which must fit in the memory it leaves unrequested).
 struct MemoryTerm {
-  std::string name;    // "nccl", "cuda_context", "all2all:deepep_low_latency", ...
+  std::string name;  // "nccl", "cuda_context", "all2all:deepep_low_latency", ...
   int64_t bytes = 0;
   std::string source;
   bool in_kv_budget = true;  // subtracted before the KV cache is sized
@@ -62,13 +62,13 @@ struct MemoryTerm {
 std::vector<std::string> All2AllBackendNames();
 
 struct All2AllParams {
-  std::string backend;           // vLLM's name; "" = none (no EP)
-  int64_t ep_size = 1;           // ranks in the EP group
-  int64_t dp_size = 1;           // DP ranks in the group
-  int64_t num_experts = 0;       // slots over the group
-  int64_t hidden = 0;            // token hidden size dispatched
+  std::string backend;      // vLLM's name; "" = none (no EP)
+  int64_t ep_size = 1;      // ranks in the EP group
+  int64_t dp_size = 1;      // DP ranks in the group
+  int64_t num_experts = 0;  // slots over the group
+  int64_t hidden = 0;       // token hidden size dispatched
   int64_t top_k = 1;
-  int64_t act_bytes = 2;         // dispatched element size
+  int64_t act_bytes = 2;              // dispatched element size
   int64_t max_tokens_per_rank = 256;  // VLLM_MOE_DP_CHUNK_SIZE
   bool internode = false;
 };
