@@ -110,6 +110,9 @@ cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
   get("max_num_seqs", f.max_num_seqs);
   get("max_num_batched_tokens", f.max_num_batched_tokens);
   get("overhead_gib", f.overhead_gib);
+  get("engine", f.engine);
+  get("all2all_backend", f.all2all_backend);
+  get("cuda_graph_gib", f.cuda_graph_gib);
   ThrowIfError(cli::ValidateMemoryFlags(f));
   return f;
 }
@@ -131,9 +134,10 @@ void RejectUnknown(const py::kwargs& kw, std::initializer_list<const char*> grou
 #define MOESHARD_PLAN_KEYS                                                        \
   "tp", "dp", "pp", "pcp", "ep", "moe_tp", "moe_ep", "backend", "padding_policy", \
       "expert_placement", "num_redundant_experts", "shared_experts", "latent_proj", "expert_load"
-#define MOESHARD_MEMORY_KEYS                                                        \
-  "gpu", "gpu_memory", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len", \
-      "max_num_seqs", "max_num_batched_tokens", "overhead_gib"
+#define MOESHARD_MEMORY_KEYS                                                                 \
+  "gpu", "gpu_memory", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",          \
+      "max_num_seqs", "max_num_batched_tokens", "overhead_gib", "engine", "all2all_backend", \
+      "cuda_graph_gib"
 
 std::string PlanJson(const std::string& model, bool tensors, const py::kwargs& kw) {
   RejectUnknown(kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS}, "plan");

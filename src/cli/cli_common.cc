@@ -234,9 +234,22 @@ namespace moeshard::cli {
 void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
   app->add_option("--gpu", f->gpu, "GPU: h100, h200, b200, gb300, a100, mi300x, mi355x");
   app->add_option("--gpu-memory", f->gpu_memory_gib, "GPU memory in GiB (instead of --gpu)");
-  app->add_option("--gpu-memory-utilization", f->utilization,
-                  "fraction of GPU memory moeshard may plan for (vLLM semantics)")
+  app->add_option("--gpu-memory-utilization,--mem-fraction-static,--free-gpu-memory-fraction",
+                  f->utilization,
+                  "the engine's memory fraction (vLLM: of total memory; SGLang: "
+                  "mem_fraction_static of total; TRT-LLM: of the memory free after profiling); "
+                  "default: the engine's own")
       ->check(CLI::Range(0.01, 1.0));
+  app->add_option("--engine", f->engine,
+                  "whose KV rule and defaults to follow: vllm (default), sglang, trtllm, with "
+                  "@version where defaults changed (vllm@0.25); data/engines/memory_terms.json");
+  app->add_option("--all2all-backend", f->all2all_backend,
+                  "expert-parallel all-to-all (vLLM's names): naive, allgather_reducescatter, "
+                  "pplx, deepep_high_throughput, deepep_low_latency; sizes its buffers");
+  app->add_option("--cuda-graph-gib", f->cuda_graph_gib,
+                  "CUDA graph pool per GPU in GiB (a row of the memory table; vLLM keeps it "
+                  "outside its fraction)")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--kv-cache-dtype", f->kv_cache_dtype, "auto, bf16, fp8 (fp8_e4m3, fp8_e5m2)");
   app->add_option("--max-model-len", f->max_model_len,
                   "context length: 131072, 128k (=128000), 128K (=131072), 1M, or auto");
@@ -244,10 +257,12 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
                   "sequences of --max-model-len tokens each DP rank must hold at once")
       ->check(CLI::PositiveNumber);
   app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
-                  "tokens per forward step (sizes the activation workspace)")
+                  "tokens of the engine's profile forward (sizes the activation peak); default: "
+                  "the engine's for the GPU (vLLM 8192 on >= 70 GiB GPUs but A100, else 2048)")
       ->check(CLI::PositiveNumber);
   app->add_option("--overhead-gib", f->overhead_gib,
-                  "runtime overhead per GPU in GiB (CUDA context, NCCL, graphs)")
+                  "extra overhead per GPU in GiB, a row beside the sourced terms (CUDA context, "
+                  "NCCL, all-to-all buffers are their own rows)")
       ->check(CLI::NonNegativeNumber);
 }
 
@@ -268,6 +283,19 @@ Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
   o.max_num_seqs = f.max_num_seqs;
   o.max_num_batched_tokens = f.max_num_batched_tokens;
   o.overhead_bytes = static_cast<int64_t>(f.overhead_gib * static_cast<double>(int64_t{1} << 30));
+  o.cuda_graph_bytes =
+      static_cast<int64_t>(f.cuda_graph_gib * static_cast<double>(int64_t{1} << 30));
+  MOESHARD_ASSIGN_OR_RETURN(const EngineProfile engine, FindEngine(f.engine));
+  o.engine = f.engine;
+  if (!f.all2all_backend.empty()) {
+    MOESHARD_RETURN_IF_ERROR(
+        All2AllBufferTerm(All2AllParams{.backend = f.all2all_backend}).status());
+  }
+  o.all2all_backend = f.all2all_backend;
+  // A fraction that does not depend on the topology is resolved here (sweep prints it).
+  if (o.gpu_memory_utilization <= 0 && engine.memory_fraction_by_tp.empty()) {
+    o.gpu_memory_utilization = engine.memory_fraction;
+  }
   return o;
 }
 

@@ -70,12 +70,15 @@ namespace moeshard::cli {
 struct MemoryFlags {
   std::string gpu = "h200";
   double gpu_memory_gib = 0;  // overrides --gpu when > 0
-  double utilization = 0.9;
+  double utilization = 0;     // 0 = the engine's default fraction
   std::string kv_cache_dtype = "auto";
   std::string max_model_len;  // "" = the model's maximum
   int64_t max_num_seqs = 1;
-  int64_t max_num_batched_tokens = 8192;
-  double overhead_gib = 2.0;
+  int64_t max_num_batched_tokens = 0;  // 0 = the engine's default for the GPU
+  double overhead_gib = 0;             // extra overhead row, beyond the sourced terms
+  std::string engine = "vllm";         // name[@version]
+  std::string all2all_backend;         // "" = the engine's default
+  double cuda_graph_gib = 0;
 };
 void AddMemoryFlags(CLI::App* app, MemoryFlags* flags);
 Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& flags);

@@ -82,12 +82,22 @@ Status ValidatePlanFlags(const PlanFlags& f) {
 }
 
 Status ValidateMemoryFlags(const MemoryFlags& f) {
-  if (!(f.utilization >= 0.01 && f.utilization <= 1.0)) {
+  if (f.utilization != 0 && !(f.utilization >= 0.01 && f.utilization <= 1.0)) {
     return InvalidArgumentError(fmt::format(
-        "'--gpu-memory-utilization {}': expected a fraction in [0.01, 1.0]", f.utilization));
+        "'--gpu-memory-utilization {}': expected a fraction in [0.01, 1.0] (or 0: the engine's "
+        "default)",
+        f.utilization));
   }
   MOESHARD_RETURN_IF_ERROR(Positive("--max-num-seqs", f.max_num_seqs));
-  MOESHARD_RETURN_IF_ERROR(Positive("--max-num-batched-tokens", f.max_num_batched_tokens));
+  if (f.max_num_batched_tokens < 0) {
+    return InvalidArgumentError(fmt::format(
+        "'--max-num-batched-tokens {}': expected a positive count (or 0: the engine's default)",
+        f.max_num_batched_tokens));
+  }
+  if (!(f.cuda_graph_gib >= 0)) {
+    return InvalidArgumentError(
+        fmt::format("'--cuda-graph-gib {}': expected a non-negative number", f.cuda_graph_gib));
+  }
   if (!(f.overhead_gib >= 0)) {
     return InvalidArgumentError(
         fmt::format("'--overhead-gib {}': expected a non-negative number", f.overhead_gib));
@@ -99,6 +109,8 @@ Result<PlanOutcome> ComputePlan(const PlanFlags& plan_flags, const MemoryFlags& 
   MOESHARD_ASSIGN_OR_RETURN(PlanInputs in, LoadPlanInputs(plan_flags, memory_flags));
   MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan, BuildShardPlan(in.model, in.plan_options));
   ApplyCheckpointSizing(plan, in);
+  MOESHARD_ASSIGN_OR_RETURN(const EngineProfile engine, FindEngine(in.memory_options.engine));
+  MOESHARD_RETURN_IF_ERROR(CheckEngineTopology(engine, plan));
   MemoryPlan memory = PlanMemory(plan, in.memory_options);
   std::string advice;
   if (!memory.fits) advice = SmallestChangeThatFits(in.model, in.plan_options, in.memory_options);

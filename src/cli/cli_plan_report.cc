@@ -234,6 +234,7 @@ std::string RenderMemory(const ShardPlan& plan, const MemoryPlan& mem, bool md) 
   out += Render(mt, md);
   out +=
       fmt::format("{}(GiB; weights include quantization scales and padding)\n", md ? "\n" : "  ");
+  out += RenderMemoryTerms(mem, md);
   return out;
 }
 

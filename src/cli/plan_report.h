@@ -46,4 +46,8 @@ struct ReportOptions {
 std::string RenderPlanReport(const ShardPlan& plan, const MemoryPlan& memory,
                              const PlanInputs& inputs, const ReportOptions& options);
 
+// The engine rule and every non-weight term of the worst rank, each with its source
+// (cli_plan_report_memory.cc).
+std::string RenderMemoryTerms(const MemoryPlan& memory, bool markdown);
+
 }  // namespace moeshard::cli

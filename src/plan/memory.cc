@@ -23,6 +23,11 @@ const std::vector<GpuSpec>& GpuCatalog() {
       {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB"},
       {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e"},
       {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB"},
+      // What PyTorch (and so vLLM's mem_get_info) reports as total, from OOM messages.
+      {"a100-40gb", "NVIDIA A100 40 GB", static_cast<int64_t>(39.50 * kGiB),
+       "PyTorch 'total capacity of 39.50 GiB' (TianheWu/CoSeR issue 10)"},
+      {"a10", "NVIDIA A10 24 GB", static_cast<int64_t>(22.06 * kGiB),
+       "PyTorch '22.06 GiB total capacity' (vllm-project/vllm issue 928)"},
       {"mi300x", "AMD Instinct MI300X 192 GB", 192 * kGiB, "datasheet: 192 GB HBM3"},
       {"mi355x", "AMD Instinct MI355X 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3E"},
   };
@@ -161,50 +166,82 @@ KvCost KvCostOf(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t ma
 
 }  // namespace
 
-int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& o) {
-  // A deliberately simple peak estimate for one forward step of max_num_batched_tokens tokens
-  // per DP rank, bf16 activations, fp32 where kernels accumulate:
-  //   residual + hidden + normed hidden          3 * T * H * 2
-  //   widest attention / dense-MLP projection    T * max(q+k+v local, 2 * I_dense / tp) * 2
-  //   routed experts: pairs on this rank = T * dp * pcp * top_k / moe_ep (balanced routing),
-  //     each with a gate_up row and a down row in fp32: pairs * (g*I_pad + H_moe) * 4,
-  //     plus the gathered group tokens' fp32 output: T * dp * pcp * H_moe * 4
-  //   logits for sampling                        max_num_seqs * vocab / tp * 4
+namespace {
+
+int64_t BatchedTokens(const MemoryOptions& o) {
+  return o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens : 8192;
+}
+
+// The widest per-token projection of the attention or dense-MLP path, per TP rank.
+int64_t WidestProjection(const ShardPlan& plan) {
   const ModelConfig& m = plan.model;
-  const ResolvedTopology& t = plan.topology;
-  const int64_t T = o.max_num_batched_tokens, H = m.hidden_size;
-  int64_t attn_width = 0;
+  const int64_t tp = plan.topology.tp;
+  int64_t w = 0;
   if (m.num_layers_of(AttentionKind::kGqa) > 0) {
-    attn_width =
-        (m.num_attention_heads + 2 * std::max<int64_t>(1, m.num_kv_heads)) * m.head_dim / t.tp;
+    w = (m.num_attention_heads + 2 * std::max<int64_t>(1, m.num_kv_heads)) * m.head_dim / tp;
   }
   if (m.num_layers_of(AttentionKind::kMla) > 0) {
-    attn_width =
-        std::max(attn_width,
-                 m.num_attention_heads *
-                     (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) / t.tp);
+    w = std::max(w, m.num_attention_heads *
+                        (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim) / tp);
   }
   if (m.num_layers_of(AttentionKind::kKda) > 0) {
-    attn_width = std::max(attn_width, 3 * m.kda.num_heads * m.kda.head_dim / t.tp);
+    w = std::max(w, 3 * m.kda.num_heads * m.kda.head_dim / tp);
   }
   if (m.num_layers_of(AttentionKind::kGatedDeltaNet) > 0) {
-    attn_width = std::max(attn_width, 2 * (m.gdn.key_dim() + m.gdn.value_dim()) / t.tp);
+    w = std::max(w, 2 * (m.gdn.key_dim() + m.gdn.value_dim()) / tp);
   }
   if (m.num_layers_of(AttentionKind::kCompressedMqa) > 0) {
     // q over the local heads (wq_b's output), the widest per-token projection.
-    attn_width = std::max(attn_width, m.num_attention_heads * m.cmqa.head_dim / t.tp);
+    w = std::max(w, m.num_attention_heads * m.cmqa.head_dim / tp);
   }
-  const int64_t dense_width = m.num_dense_layers() > 0 ? 2 * m.intermediate_size / t.tp : 0;
-  int64_t bytes = 3 * T * H * 2 + T * std::max(attn_width, dense_width) * 2;
+  if (m.num_dense_layers() > 0) w = std::max(w, 2 * m.intermediate_size / tp);
+  return w;
+}
+
+}  // namespace
+
+int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& o) {
+  // The peak of the engine's profile forward: T = max_num_batched_tokens tokens per DP rank,
+  // bf16 activations (vLLM gpu_model_runner.py profile_run; the torch peak increase it logs):
+  //   residual + hidden + normed hidden            3 * T * H * 2
+  //   widest attention / dense-MLP projection      T * width * 2
+  //   routed experts over the group's M = T * dp * pcp gathered tokens (all-gather dispatch):
+  //     the gathered hidden states                 M * H_moe * 2
+  //     fused-MoE workspace (fused_moe.py): the shared gate_up / down output cache
+  //     [M, top_k, max(g * I_pad, H_moe)] and the activation cache [M * top_k, I_pad]
+  //                                                M * top_k * (max(g * I, H) + I) * 2
+  //   last stage only, the sampler's dummy run over R = min(max_num_seqs, T) rows: logits
+  //     gathered to the whole vocabulary in bf16, their fp32 copy and the fp32 probabilities
+  //                                                R * vocab * (2 + 4 + 4)
+  const ModelConfig& m = plan.model;
+  const ResolvedTopology& t = plan.topology;
+  const int64_t T = BatchedTokens(o), H = m.hidden_size;
+  int64_t bytes = 3 * T * H * 2 + T * WidestProjection(plan) * 2;
   if (!rank.expert_slots.empty()) {
-    const int64_t group_tokens = T * t.dp * t.pcp;
-    const int64_t pairs = CeilDiv(group_tokens * m.num_experts_per_tok, t.moe_ep);
+    const int64_t gathered = T * t.dp * t.pcp;
     const int64_t g = m.gated() ? 2 : 1;
-    bytes += pairs * (g * plan.intermediate.padded_local + plan.hidden.padded_local) * 4;
-    bytes += group_tokens * plan.hidden.padded_local * 4;
+    const int64_t i_pad = plan.intermediate.padded_local, h_moe = plan.hidden.padded_local;
+    bytes += gathered * h_moe * 2;
+    bytes += gathered * m.num_experts_per_tok * (std::max(g * i_pad, h_moe) + i_pad) * 2;
   }
-  bytes += o.max_num_seqs * (m.vocab_size / t.tp) * 4;
+  if (rank.coords.pp_stage == t.pp - 1) {
+    const int64_t seqs = o.engine_max_num_seqs > 0 ? o.engine_max_num_seqs : 256;
+    bytes += std::min(seqs, T) * m.vocab_size * (2 + 4 + 4);
+  }
   return bytes;
+}
+
+Status CheckEngineTopology(const EngineProfile& engine, const ShardPlan& plan) {
+  const ResolvedTopology& t = plan.topology;
+  if (engine.rejects_moe_tp_with_moe_ep && t.moe_tp > 1 && t.moe_ep > 1) {
+    return InvalidArgumentError(fmt::format(
+        "plan: '--engine {}': moe_tp {} x moe_ep {}: vLLM shards experts either by tensor "
+        "parallelism (no -ep: moe_tp = dp*pcp*tp) or by expert parallelism (-ep: moe_ep = "
+        "dp*pcp*tp), never both (use -ep or drop --moe-tp/--moe-ep, or --engine sglang / "
+        "trtllm for a hybrid)",
+        engine.Label(), t.moe_tp, t.moe_ep));
+  }
+  return Status::Ok();
 }
 
 namespace {
@@ -216,44 +253,177 @@ int64_t RankWeightsFromCheckpoint(const CheckpointSizing& sizing, const RankPlan
   return sizing.RankTotal(r.coords.rank) + padding;
 }
 
+// Engine defaults filled into the options: the fraction, the profile's batched tokens and
+// max_num_seqs (by GPU size), the all-to-all backend.
+MemoryOptions ResolveOptions(const MemoryOptions& in, const EngineProfile& e,
+                             const ShardPlan& plan) {
+  MemoryOptions o = in;
+  const bool large = static_cast<double>(o.gpu.bytes) >= e.large_gpu_min_gib * kGiB &&
+                     o.gpu.name != "a100" && o.gpu.name != "a100-40gb";
+  if (o.gpu_memory_utilization <= 0) o.gpu_memory_utilization = e.DefaultFraction(plan.topology.tp);
+  if (o.max_num_batched_tokens <= 0) {
+    o.max_num_batched_tokens =
+        large ? e.max_num_batched_tokens_large : e.max_num_batched_tokens_small;
+  }
+  if (o.engine_max_num_seqs <= 0) {
+    o.engine_max_num_seqs = large ? e.max_num_seqs_large : e.max_num_seqs_small;
+  }
+  if (o.all2all_backend.empty()) o.all2all_backend = e.default_all2all_backend;
+  return o;
+}
+
+// Every non-weight term of one rank, marked by whether the engine's KV rule subtracts it.
+std::vector<MemoryTerm> RankTerms(const ShardPlan& plan, const RankPlan& r, const MemoryOptions& o,
+                                  const EngineProfile& e, int64_t activations) {
+  const ResolvedTopology& t = plan.topology;
+  const bool vllm = e.rule == EngineRule::kVllm;
+  std::vector<MemoryTerm> terms;
+  terms.push_back(MemoryTerm{"activations", activations,
+                             "profile forward peak, memory.cc ActivationBytes (vLLM profile_run)",
+                             e.rule != EngineRule::kSglang});
+  MemoryTerm ctx = CudaContextTerm();
+  ctx.in_kv_budget = !vllm;
+  terms.push_back(ctx);
+  MemoryTerm nccl = NcclTerm(t.dp * t.pcp * t.tp);
+  nccl.in_kv_budget = !vllm;
+  if (t.world > 1) terms.push_back(nccl);
+  if (vllm) terms.push_back(NonTorchProfileTerm(t.tp));
+  if (t.moe_ep > 1 && !r.expert_slots.empty()) {
+    All2AllParams a{.backend = o.all2all_backend,
+                    .ep_size = t.moe_ep,
+                    .dp_size = t.dp * t.pcp,
+                    .num_experts = plan.num_slots,
+                    .hidden = plan.hidden.padded_local,
+                    .top_k = plan.model.num_experts_per_tok,
+                    .act_bytes = 2,
+                    .max_tokens_per_rank = 256,
+                    .internode = t.moe_ep > 8};
+    Result<MemoryTerm> term = All2AllBufferTerm(a);
+    if (term.ok() && term->bytes > 0) terms.push_back(*term);
+  }
+  if (o.cuda_graph_bytes > 0) {
+    terms.push_back(MemoryTerm{"cuda_graphs", o.cuda_graph_bytes, "--cuda-graph-gib", false});
+  }
+  if (o.overhead_bytes > 0) {
+    terms.push_back(MemoryTerm{"user_overhead", o.overhead_bytes, "--overhead-gib", true});
+  }
+  return terms;
+}
+
+// The KV cache the engine's rule leaves on one rank (may be < 0). `overhead` holds the terms the
+// rule subtracts, besides weights and activations.
+int64_t KvByRule(const EngineProfile& e, const MemoryOptions& o, const RankMemory& rm) {
+  const double total = static_cast<double>(o.gpu.bytes);
+  const double f = o.gpu_memory_utilization;
+  switch (e.rule) {
+    case EngineRule::kVllm:  // requested = util * total; minus weights, peak, non-torch
+      return static_cast<int64_t>(total * f) - rm.weights - rm.activations - rm.overhead;
+    case EngineRule::kSglang:  // (free after loading) - (1 - fraction) * total; no profile
+      return static_cast<int64_t>(total * f) - rm.weights - rm.overhead;
+    case EngineRule::kTrtllm:  // fraction of what is free after the profiling peak
+      return static_cast<int64_t>(
+          f * static_cast<double>(o.gpu.bytes - rm.weights - rm.activations - rm.overhead));
+  }
+  return 0;
+}
+
+void SizeRank(const ShardPlan& plan, const RankPlan& r, const MemoryPlan& mp,
+              const std::optional<CheckpointSizing>& sizing, int64_t len, RankMemory& rm) {
+  const MemoryOptions& o = mp.options;
+  const EngineProfile& e = mp.engine;
+  rm.rank = r.coords.rank;
+  rm.budget = static_cast<int64_t>(static_cast<double>(o.gpu.bytes) * o.gpu_memory_utilization);
+  rm.weights = sizing ? RankWeightsFromCheckpoint(*sizing, r) : r.WeightBytes();
+  rm.activations = ActivationBytes(plan, r, o);
+  rm.terms = RankTerms(plan, r, o, e, rm.activations);
+  for (const MemoryTerm& t : rm.terms) {
+    if (t.in_kv_budget) {
+      rm.overhead += t.bytes;
+    } else {
+      rm.outside_budget += t.bytes;
+    }
+  }
+  // `overhead` excludes the activations, which have their own column.
+  if (rm.terms.front().in_kv_budget) rm.overhead -= rm.activations;
+  rm.kv_cache = KvByRule(e, o, rm);
+  const KvCost cost = KvCostOf(plan, r, mp.kv_dtype_bytes, len);
+  rm.kv_bytes_per_token = cost.per_token;
+  rm.state_bytes_per_seq = cost.per_seq;
+  const int64_t seqs = std::max<int64_t>(1, o.max_num_seqs);
+  const int64_t for_tokens = rm.kv_cache - cost.per_seq * seqs;
+  const int64_t block = std::max<int64_t>(1, e.block_size);
+  if (for_tokens <= 0) {
+    rm.kv_tokens = 0;
+  } else if (cost.per_token == 0) {
+    rm.kv_tokens = std::numeric_limits<int64_t>::max();
+  } else {
+    rm.kv_tokens = for_tokens / (cost.per_token * block) * block;  // whole blocks
+  }
+}
+
+// What the engine leaves outside its fraction must hold the terms it does not budget.
+int64_t OutsideRoom(const MemoryOptions& o, const RankMemory& rm) {
+  return o.gpu.bytes - rm.budget - rm.outside_budget;
+}
+
+std::string FailureOf(const MemoryPlan& mp, const RankMemory& w, int64_t seqs) {
+  const MemoryOptions& o = mp.options;
+  const int64_t fixed = w.weights + w.activations + w.overhead;
+  if (w.kv_cache < 0) {
+    return fmt::format(
+        "the weight budget fails on rank {}: weights {} + activations {} + overhead {} = {} GiB "
+        "exceed what {} leaves of {:.0f}% of {} ({} GiB); shortfall {} GiB before any KV cache",
+        w.rank, FormatGiB(w.weights), FormatGiB(w.activations), FormatGiB(w.overhead),
+        FormatGiB(fixed), mp.engine.Label(), o.gpu_memory_utilization * 100, o.gpu.description,
+        FormatGiB(w.budget), FormatGiB(-w.kv_cache));
+  }
+  if (OutsideRoom(o, w) < 0) {
+    return fmt::format(
+        "the memory outside {}'s fraction fails on rank {}: CUDA context, NCCL and graphs need "
+        "{} GiB, {:.0f}% of {} leaves {} GiB; shortfall {} GiB (lower "
+        "--gpu-memory-utilization)",
+        mp.engine.Label(), w.rank, FormatGiB(w.outside_budget), o.gpu_memory_utilization * 100,
+        o.gpu.description, FormatGiB(o.gpu.bytes - w.budget), FormatGiB(-OutsideRoom(o, w)));
+  }
+  if (mp.max_model_len == 0) {
+    return fmt::format(
+        "the KV budget fails on rank {}: {} GiB left for KV cache holds no full sequence", w.rank,
+        FormatGiB(w.kv_cache));
+  }
+  return fmt::format(
+      "the KV budget fails on rank {}: {} sequence(s) x {} tokens need {} GiB of KV cache, "
+      "{} GiB is left after weights; shortfall {} GiB (fits {} tokens)",
+      w.rank, seqs, FormatCount(mp.max_model_len), FormatGiB(w.required_kv), FormatGiB(w.kv_cache),
+      FormatGiB(-w.free), FormatCount(w.kv_tokens));
+}
+
 }  // namespace
 
-MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
+MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& options) {
   MemoryPlan mp;
+  Result<EngineProfile> engine = FindEngine(options.engine);
+  mp.engine = engine.ok() ? *engine : *FindEngine("vllm");
   std::optional<CheckpointSizing> sizing;
-  if (o.checkpoint_tensors != nullptr) sizing = SizeFromCheckpoint(plan, *o.checkpoint_tensors);
-  mp.options = o;
+  if (options.checkpoint_tensors != nullptr) {
+    sizing = SizeFromCheckpoint(plan, *options.checkpoint_tensors);
+  }
+  mp.options = ResolveOptions(options, mp.engine, plan);
+  const MemoryOptions& o = mp.options;
   mp.kv_dtype_bytes = KvBytes(plan, o.kv_cache_dtype);
   const int64_t model_max = plan.model.max_position_embeddings;
   const bool auto_len = o.max_model_len == 0;
   const int64_t len = o.max_model_len < 0 || auto_len ? model_max : o.max_model_len;
   const int64_t seqs = std::max<int64_t>(1, o.max_num_seqs);
-  const int64_t budget =
-      static_cast<int64_t>(static_cast<double>(o.gpu.bytes) * o.gpu_memory_utilization);
 
   // First pass: the largest length that fits on every rank (for "auto").
   int64_t auto_fit = model_max;
+  mp.engine_kv_tokens = std::numeric_limits<int64_t>::max();
   for (const RankPlan& r : plan.ranks) {
     RankMemory rm;
-    rm.rank = r.coords.rank;
-    rm.budget = budget;
-    rm.weights = sizing ? RankWeightsFromCheckpoint(*sizing, r) : r.WeightBytes();
-    rm.activations = ActivationBytes(plan, r, o);
-    rm.overhead = o.overhead_bytes;
-    rm.kv_cache = budget - rm.weights - rm.activations - rm.overhead;
-    const KvCost cost = KvCostOf(plan, r, mp.kv_dtype_bytes, len);
-    rm.kv_bytes_per_token = cost.per_token;
-    rm.state_bytes_per_seq = cost.per_seq;
-    const int64_t for_tokens = rm.kv_cache - cost.per_seq * seqs;
-    if (for_tokens <= 0) {
-      rm.kv_tokens = 0;
-    } else if (cost.per_token == 0) {
-      rm.kv_tokens = std::numeric_limits<int64_t>::max();
-    } else {
-      rm.kv_tokens = for_tokens / cost.per_token;
-    }
+    SizeRank(plan, r, mp, sizing, len, rm);
     auto_fit = std::min(auto_fit, rm.kv_tokens / seqs);
-    mp.ranks.push_back(rm);
+    mp.engine_kv_tokens = std::min(mp.engine_kv_tokens, rm.kv_tokens);
+    mp.ranks.push_back(std::move(rm));
   }
   mp.max_model_len = auto_len ? std::max<int64_t>(auto_fit, 0) : len;
 
@@ -263,34 +433,21 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& o) {
     rm.required_kv =
         rm.state_bytes_per_seq * seqs + rm.kv_bytes_per_token * mp.max_model_len * seqs;
     rm.free = rm.kv_cache - rm.required_kv;
-    rm.fits = rm.kv_cache >= 0 && rm.free >= 0 && mp.max_model_len > 0;
+    rm.fits = rm.kv_cache >= 0 && rm.free >= 0 && mp.max_model_len > 0 && OutsideRoom(o, rm) >= 0;
     mp.fits = mp.fits && rm.fits;
     if (rm.free < worst_free) {
       worst_free = rm.free;
       mp.worst_rank = rm.rank;
     }
   }
-  if (!mp.fits) {
-    const RankMemory& w = mp.ranks[mp.worst_rank];
-    const int64_t fixed = w.weights + w.activations + w.overhead;
-    if (w.kv_cache < 0) {
-      mp.failure = fmt::format(
-          "the weight budget fails on rank {}: weights {} + activations {} + overhead {} = {} GiB "
-          "exceed {:.0f}% of {} ({} GiB); shortfall {} GiB before any KV cache",
-          w.rank, FormatGiB(w.weights), FormatGiB(w.activations), FormatGiB(w.overhead),
-          FormatGiB(fixed), o.gpu_memory_utilization * 100, o.gpu.description, FormatGiB(w.budget),
-          FormatGiB(-w.kv_cache));
-    } else if (mp.max_model_len == 0) {
-      mp.failure = fmt::format(
-          "the KV budget fails on rank {}: {} GiB left for KV cache holds no full sequence", w.rank,
-          FormatGiB(w.kv_cache));
-    } else {
-      mp.failure = fmt::format(
-          "the KV budget fails on rank {}: {} sequence(s) x {} tokens need {} GiB of KV cache, "
-          "{} GiB is left after weights; shortfall {} GiB (fits {} tokens)",
-          w.rank, seqs, FormatCount(mp.max_model_len), FormatGiB(w.required_kv),
-          FormatGiB(w.kv_cache), FormatGiB(-w.free), FormatCount(w.kv_tokens));
-    }
+  if (!engine.ok()) {
+    mp.fits = false;
+    mp.failure = engine.status().message();
+  } else if (Status s = CheckEngineTopology(mp.engine, plan); !s.ok()) {
+    mp.fits = false;
+    mp.failure = s.message();
+  } else if (!mp.fits) {
+    mp.failure = FailureOf(mp, mp.ranks[mp.worst_rank], seqs);
   }
   return mp;
 }

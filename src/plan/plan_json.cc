@@ -119,6 +119,11 @@ void AddMemoryToJson(const MemoryPlan& mp, json& j) {
                  {"max_num_seqs", o.max_num_seqs},
                  {"max_num_batched_tokens", o.max_num_batched_tokens},
                  {"overhead_bytes", o.overhead_bytes},
+                 {"engine", mp.engine.Label()},
+                 {"engine_block_size", mp.engine.block_size},
+                 {"engine_kv_tokens", mp.engine_kv_tokens},
+                 {"all2all_backend", o.all2all_backend},
+                 {"engine_max_num_seqs", o.engine_max_num_seqs},
                  {"fits", mp.fits},
                  {"worst_rank", mp.worst_rank},
                  {"failure", mp.failure}};
@@ -128,6 +133,15 @@ void AddMemoryToJson(const MemoryPlan& mp, json& j) {
     b["budget"] = rm.budget;
     b["activations"] = rm.activations;
     b["overhead"] = rm.overhead;
+    b["outside_budget"] = rm.outside_budget;
+    json terms = json::array();
+    for (const MemoryTerm& t : rm.terms) {
+      terms.push_back({{"name", t.name},
+                       {"bytes", t.bytes},
+                       {"in_kv_budget", t.in_kv_budget},
+                       {"source", t.source}});
+    }
+    rj["memory_terms"] = terms;
     b["kv_cache"] = std::max<int64_t>(rm.kv_cache, 0);
     b["kv_required"] = rm.required_kv;
     b["free"] = rm.free;

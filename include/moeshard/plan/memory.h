@@ -1,10 +1,15 @@
-// The memory model: per rank, weights (from the ShardPlan), KV cache, activation workspace and
-// runtime overhead against a GPU's budget, and how many KV tokens fit.
+// The memory model: per rank, weights (from the ShardPlan), the engine's activation peak and
+// non-weight terms (CUDA context, NCCL, all-to-all buffers, user overhead; each a sourced row of
+// data/engines/memory_terms.json, see engine_profile.h) against a GPU, sized by the engine's own
+// KV rule (--engine vllm|sglang|trtllm, default vllm):
 //
-//   budget      = gpu_bytes * gpu_memory_utilization           (vLLM semantics)
-//   kv_cache    = budget - weights - activations - overhead     (what is left for KV)
-//   kv_tokens   = (kv_cache - per-sequence state * max_num_seqs - sliding windows) / kv_per_token
-//   fits        = kv_cache >= 0 and kv_tokens >= max_model_len * max_num_seqs
+//   vllm    kv_cache = util * gpu - weights - activations - in-budget terms
+//   sglang  kv_cache = gpu - out-of-load terms - weights - (1 - fraction) * gpu
+//   trtllm  kv_cache = fraction * (gpu - weights - activations - terms)
+//   kv_tokens = whole blocks of (kv_cache - per-sequence state) / kv_per_token; the engine gives
+//               every rank the smallest count (MemoryPlan::engine_kv_tokens)
+//   fits      = kv_cache >= 0, the terms the engine does not budget fit beside its fraction,
+//               and kv_tokens >= max_model_len * max_num_seqs
 //
 // KV per token per rank: MLA layers store the compressed latent (kv_lora_rank + rope dims),
 // replicated on every TP rank; GQA layers store 2 * local KV heads * head_dim (KV heads
@@ -21,6 +26,7 @@
 
 #include "moeshard/base/status.h"
 #include "moeshard/plan/checkpoint_sizing.h"
+#include "moeshard/plan/engine_profile.h"
 #include "moeshard/plan/shard_plan.h"
 
 namespace moeshard {
@@ -44,12 +50,16 @@ Result<int64_t> ParseMaxModelLen(const std::string& text);
 
 struct MemoryOptions {
   GpuSpec gpu;
-  double gpu_memory_utilization = 0.9;
+  std::string engine = "vllm";        // engine profile, "name[@version]" (engine_profile.h)
+  std::string all2all_backend;        // vLLM's name; "" = the engine's default (EP only)
+  double gpu_memory_utilization = 0;  // the engine's fraction; <= 0: the engine's default
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   int64_t max_model_len = -1;  // -1: the model's max_position_embeddings; 0: auto
-  int64_t max_num_seqs = 1;
-  int64_t max_num_batched_tokens = 8192;      // sizes the activation workspace
-  int64_t overhead_bytes = int64_t{2} << 30;  // CUDA context, NCCL buffers, graphs
+  int64_t max_num_seqs = 1;    // sequences of max_model_len each DP rank must hold (the fit)
+  int64_t max_num_batched_tokens = 0;  // tokens of the profile forward; 0: the engine's default
+  int64_t engine_max_num_seqs = 0;     // the scheduler's max_num_seqs (sampler); 0: default
+  int64_t overhead_bytes = 0;          // extra user overhead per GPU (--overhead-gib), a row
+  int64_t cuda_graph_bytes = 0;        // CUDA graph pool per GPU (--cuda-graph-gib), a row
   // A checkpoint's tensors (from its headers): when set, each rank's weights are the bytes of
   // the checkpoint slices it holds plus the padding its plan adds, sized for whichever plan is
   // being evaluated (the advice search re-plans other topologies with the same checkpoint).
@@ -61,8 +71,10 @@ struct RankMemory {
   int64_t budget = 0;
   int64_t weights = 0;
   int64_t activations = 0;
-  int64_t overhead = 0;
-  int64_t kv_cache = 0;             // budget - weights - activations - overhead (may be < 0)
+  int64_t overhead = 0;             // the terms the engine subtracts before sizing the KV cache
+  int64_t outside_budget = 0;       // the terms it does not (vLLM: context, NCCL, graphs)
+  std::vector<MemoryTerm> terms;    // every non-weight term, sourced (activations included)
+  int64_t kv_cache = 0;             // by the engine's rule (may be < 0)
   int64_t kv_bytes_per_token = 0;   // all full-attention layers of the rank's stage
   int64_t state_bytes_per_seq = 0;  // linear-attention state + sliding windows per sequence
   int64_t kv_tokens = 0;            // tokens that fit in kv_cache (0 if none)
@@ -72,8 +84,10 @@ struct RankMemory {
 };
 
 struct MemoryPlan {
-  MemoryOptions options;
-  int64_t max_model_len = 0;  // resolved
+  MemoryOptions options;  // as resolved: utilization, batched tokens, backend filled in
+  EngineProfile engine;
+  int64_t max_model_len = 0;     // resolved
+  int64_t engine_kv_tokens = 0;  // what the engine logs: the smallest whole-block count
   int kv_dtype_bytes = 2;
   std::vector<RankMemory> ranks;
   bool fits = false;
@@ -85,8 +99,13 @@ struct MemoryPlan {
 // change that fits, by re-planning with other options; see planner.h.
 MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& options);
 
-// Activation workspace estimate of one rank (bytes). See memory.cc for the formula.
+// Activation peak of one rank (bytes) in the engine's profile forward of max_num_batched_tokens
+// tokens (and, on the last stage, its sampler over max_num_seqs rows). See memory.cc.
 int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& options);
+
+// The engine profile's refusals for this topology (vLLM cannot express moe_tp > 1 with
+// moe_ep > 1), or Ok.
+Status CheckEngineTopology(const EngineProfile& engine, const ShardPlan& plan);
 
 // Total and active (per token) parameters of the model, logical (unpadded, unquantized count).
 struct ParamCounts {

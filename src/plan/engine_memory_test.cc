@@ -1,0 +1,156 @@
+// Engine profiles, non-weight memory terms and the engines' KV rules, against engine-logged
+// startup figures (docs/engine-memory.md lists each log: model, GPU, flags, line, URL).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "moeshard/base/math.h"
+#include "moeshard/base/units.h"
+#include "moeshard/plan/engine_profile.h"
+#include "moeshard/plan/memory.h"
+#include "plan/plan_test_util.h"
+
+namespace moeshard {
+namespace {
+
+using testing::Opts;
+using testing::PlanOrDie;
+using testing::PresetOrDie;
+
+// |predicted / logged - 1| <= 5 %.
+void ExpectWithin5Percent(int64_t predicted, int64_t logged, const char* what) {
+  const double err = static_cast<double>(predicted) / static_cast<double>(logged) - 1;
+  EXPECT_LE(std::fabs(err), 0.05) << what << ": moeshard " << predicted << ", logged " << logged
+                                  << " (" << err * 100 << " %)";
+}
+
+TEST(EngineProfileTest, VersionsAndDefaults) {
+  EXPECT_DOUBLE_EQ(FindEngine("vllm")->memory_fraction, 0.9);
+  EXPECT_DOUBLE_EQ(FindEngine("vllm@0.11")->memory_fraction, 0.9);   // the 0.10 row
+  EXPECT_DOUBLE_EQ(FindEngine("vllm@0.25")->memory_fraction, 0.92);  // v0.25.0 cache.py
+  EXPECT_DOUBLE_EQ(FindEngine("vllm@0.30")->memory_fraction, 0.92);
+  EXPECT_EQ(FindEngine("vllm@0.25")->default_all2all_backend, "allgather_reducescatter");
+  EXPECT_EQ(FindEngine("vllm")->block_size, 16);
+  EXPECT_EQ(FindEngine("trtllm")->block_size, 32);
+  const EngineProfile sg = *FindEngine("sglang");
+  EXPECT_DOUBLE_EQ(sg.DefaultFraction(1), 0.88);
+  EXPECT_DOUBLE_EQ(sg.DefaultFraction(4), 0.85);
+  EXPECT_DOUBLE_EQ(sg.DefaultFraction(8), 0.81);
+  EXPECT_FALSE(FindEngine("tgi").ok());
+  EXPECT_NE(FindEngine("tgi").status().message().find("known: vllm@0.10"), std::string::npos);
+  EXPECT_FALSE(FindEngine("vllm@0.5").ok());  // before the first profiled version
+  EXPECT_FALSE(FindEngine("vllm@x").ok());
+  for (const std::string& n : EngineNames()) EXPECT_FALSE(FindEngine(n)->sources.empty()) << n;
+}
+
+TEST(EngineProfileTest, VllmRefusesMoeTpWithMoeEp) {
+  PlanOptions o = Opts(8);
+  o.topology.moe_tp = 2;
+  o.topology.moe_ep = 4;
+  const ShardPlan hybrid = PlanOrDie(PresetOrDie("qwen3-30b-a3b"), o);
+  const Status s = CheckEngineTopology(*FindEngine("vllm"), hybrid);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("moe_tp 2 x moe_ep 4"), std::string::npos) << s.message();
+  EXPECT_TRUE(CheckEngineTopology(*FindEngine("sglang"), hybrid).ok());
+  EXPECT_TRUE(CheckEngineTopology(*FindEngine("trtllm"), hybrid).ok());
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  const MemoryPlan mp = PlanMemory(hybrid, mo);
+  EXPECT_FALSE(mp.fits);
+  EXPECT_NE(mp.failure.find("never both"), std::string::npos) << mp.failure;
+}
+
+TEST(EngineProfileTest, All2AllBuffers) {
+  All2AllParams p{
+      .backend = "deepep_high_throughput", .ep_size = 8, .num_experts = 256, .hidden = 7168};
+  EXPECT_EQ(All2AllBufferTerm(p)->bytes, 1024 * kMiB);  // VLLM_DEEPEP_BUFFER_SIZE_MB
+  p.internode = true;
+  EXPECT_EQ(All2AllBufferTerm(p)->bytes, 2048 * kMiB);  // + the same for RDMA
+  // DeepEP low latency, DeepSeek-V3 at 256 tokens per rank: dispatch message 16 + 2 * 7168,
+  // combine message 2 * 7168; the send buffer holds the larger of one rank's dispatch and its
+  // combine to 256 experts x 256 tokens, the receive buffer 256 x 256 dispatch messages; 1 KiB of
+  // signalling; two buffers.
+  p = All2AllParams{.backend = "deepep_low_latency",
+                    .ep_size = 16,
+                    .num_experts = 256,
+                    .hidden = 7168,
+                    .max_tokens_per_rank = 256};
+  const int64_t msg = 16 + 2 * 7168;
+  const int64_t by_hand = RoundUp(2 * (256 * 256 * 2 * 7168 + 256 * 256 * msg + 1024), 128);
+  EXPECT_EQ(All2AllBufferTerm(p)->bytes, by_hand);
+  EXPECT_NEAR(by_hand / double(kGiB), 3.5, 0.1);
+  p.backend = "naive";  // an all-gather: an activation, no buffer
+  EXPECT_EQ(All2AllBufferTerm(p)->bytes, 0);
+  p.backend = "deepep";
+  EXPECT_FALSE(All2AllBufferTerm(p).ok());
+  EXPECT_NE(All2AllBufferTerm(p).status().message().find("deepep_low_latency"), std::string::npos);
+}
+
+TEST(EngineProfileTest, EveryTermIsSourcedAndVllmLeavesContextOutside) {
+  PlanOptions o = Opts(8, 1, true);
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-235b-a22b"), o);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.all2all_backend = "deepep_low_latency";
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  const RankMemory& r = mp.ranks[0];
+  std::vector<std::string> names;
+  for (const MemoryTerm& t : r.terms) {
+    EXPECT_FALSE(t.source.empty()) << t.name;
+    names.push_back(t.name);
+    if (t.name == "cuda_context" || t.name == "nccl") {
+      EXPECT_FALSE(t.in_kv_budget) << t.name;
+    }
+    if (t.name == "nccl") {
+      EXPECT_EQ(t.bytes, 392 * kMiB);  // TP8 row
+    }
+  }
+  for (const char* n :
+       {"activations", "cuda_context", "nccl", "non_torch_profile", "all2all:deepep_low_latency"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  }
+  // vLLM: requested = 0.9 x total minus weights, activations and the in-budget terms.
+  EXPECT_EQ(r.kv_cache, static_cast<int64_t>(static_cast<double>(mo.gpu.bytes) * 0.9) - r.weights -
+                            r.activations - r.overhead);
+  EXPECT_EQ(r.kv_tokens % 16, 0);  // whole blocks
+}
+
+TEST(EngineProfileTest, SglangCountsNoActivationProfile) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-30b-a3b"), Opts(4));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h100");
+  mo.gpu_memory_utilization = 0.9;
+  const MemoryPlan v = PlanMemory(p, mo);
+  mo.engine = "sglang";
+  const MemoryPlan s = PlanMemory(p, mo);
+  const RankMemory& r = s.ranks[0];
+  EXPECT_EQ(r.kv_cache,
+            static_cast<int64_t>(static_cast<double>(mo.gpu.bytes) * 0.9) - r.weights - r.overhead);
+  EXPECT_GT(s.engine_kv_tokens, v.engine_kv_tokens);
+  mo.gpu_memory_utilization = 0;  // SGLang's default at TP4
+  EXPECT_DOUBLE_EQ(PlanMemory(p, mo).options.gpu_memory_utilization, 0.85);
+  mo.engine = "trtllm";  // 0.9 of what is free after the profile
+  const MemoryPlan t = PlanMemory(p, mo);
+  const RankMemory& tr = t.ranks[0];
+  EXPECT_EQ(tr.kv_cache,
+            static_cast<int64_t>(0.9 * static_cast<double>(mo.gpu.bytes - tr.weights -
+                                                           tr.activations - tr.overhead)));
+  EXPECT_EQ(tr.kv_tokens % 32, 0);
+}
+
+// vLLM, Qwen3-30B-A3B bf16, TP4 on four A10 (24 GB), defaults (utilization 0.9, the small-GPU
+// batch defaults 2048 / 256): "GPU KV cache size: 198,784 tokens" (issue 16;
+// docs/engine-memory.md).
+TEST(EngineLogTest, VllmQwen3_30B_TP4_A10) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-30b-a3b"), Opts(4));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("a10");
+  const MemoryPlan mp = PlanMemory(p, mo);
+  EXPECT_EQ(mp.options.max_num_batched_tokens, 2048);
+  EXPECT_EQ(mp.options.engine_max_num_seqs, 256);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 198'784, "Qwen3-30B-A3B TP4 4xA10");
+}
+
+}  // namespace
+}  // namespace moeshard
