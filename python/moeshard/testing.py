@@ -56,16 +56,23 @@ def topologies(model, max_gpus=8, with_pp=False, strategy=None, as_params=True, 
     """The topologies of ``moeshard check``'s grid for `model` (GPU counts 1, 2, 4, ... up to
     max_gpus; pipeline strategies with with_pp), each as plan() keywords, options (backend,
     padding_policy, ...) included. strategy: only strategies whose name contains it.
-    as_params: return ``dict(argnames="topology", argvalues=[...], ids=[labels])`` for
+    engine: as plan()'s; under vllm (the default) hybrids (MoE TP x EP) are left out, since
+    vLLM cannot run them. as_params: return ``dict(argnames="topology", argvalues=[...],
+    ids=[labels])`` for
     ``pytest.mark.parametrize(**...)``; else the list of keyword dicts."""
-    grid = _json.loads(_core.grid_json(model, max_gpus=max_gpus, with_pp=with_pp,
-                                       **{k: v for k, v in options.items() if v is not None}))
+    layout = {k: v for k, v in options.items() if v is not None and k != "engine"}
+    grid = _json.loads(_core.grid_json(model, max_gpus=max_gpus, with_pp=with_pp, **layout))
     points, seen = [], set()
     for p in grid:  # one entry per topology (TP1 is in every strategy's grid)
         if (strategy is None or strategy in p["strategy"]) and p["topology"] not in seen:
             seen.add(p["topology"])
             points.append(p)
     values = [dict(topology_kwargs(p), **options) for p in points]
+    # vLLM (the default engine) cannot run MoE TP and EP together: its suites get the others.
+    if str(options.get("engine") or "vllm").startswith("vllm"):
+        keep = [not ((v.get("moe_tp") or 1) > 1 and (v.get("moe_ep") or 1) > 1) for v in values]
+        points = [p for p, k in zip(points, keep) if k]
+        values = [v for v, k in zip(values, keep) if k]
     if not as_params:
         return values
     return dict(argnames="topology", argvalues=values, ids=[p["topology"] for p in points])

@@ -19,8 +19,8 @@ MAKE_DUMP = SOURCE_DIR / "tests" / "cli" / "make_engine_dump.py"
     ("qwen3-30b-a3b", dict(tp=4, padding_policy="model-floor"),
      ["-tp", "4", "--padding-policy", "model-floor"]),
     ("gpt-oss-20b", dict(dp=2, ep=True), ["-dp", "2", "-ep"]),
-    ("deepseek-v3", dict(tp=8, dp=2, moe_tp=2, moe_ep=8),
-     ["-tp", "8", "-dp", "2", "--moe-tp", "2", "--moe-ep", "8"]),
+    ("deepseek-v3", dict(tp=8, dp=2, moe_tp=2, moe_ep=8, engine="sglang"),
+     ["-tp", "8", "-dp", "2", "--moe-tp", "2", "--moe-ep", "8", "--engine", "sglang"]),
 ])
 def test_ownership_equals_cli_file(cli, tmp_path, model, kwargs, flags):
     path = tmp_path / "own.json"

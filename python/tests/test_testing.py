@@ -35,13 +35,20 @@ def test_grid_is_check_grid_and_each_point_plans():
     labels = GRID["ids"]
     assert len(labels) == len(GRID["argvalues"]) >= 4
     assert len(set(labels)) == len(labels)
-    # Each point's keywords give the plan of that label (TP, EP and hybrids alike).
+    # Each point's keywords give the plan of that label.
     for kw, label in zip(GRID["argvalues"], labels):
         assert moeshard.plan(MODEL, **kw).topology["label"] == label
     assert any(kw.get("ep") for kw in GRID["argvalues"])
     only_ep = topologies(MODEL, max_gpus=4, strategy="EP", as_params=False)
     assert only_ep[0] == {}  # TP1: one GPU, in every strategy
     assert len(only_ep) > 1 and all("ep" in kw or "moe_ep" in kw for kw in only_ep[1:])
+    # Under vLLM (the default engine) hybrids are left out; other engines keep them, and plan.
+    assert not any(kw.get("moe_tp", 1) > 1 and kw.get("moe_ep", 1) > 1 for kw in GRID["argvalues"])
+    sglang = topologies(MODEL, max_gpus=4, engine="sglang", as_params=False)
+    hybrids = [kw for kw in sglang if kw.get("moe_tp", 1) > 1 and kw.get("moe_ep", 1) > 1]
+    assert hybrids and len(sglang) > len(GRID["argvalues"])
+    for kw in hybrids:
+        moeshard.plan(MODEL, **kw)
 
 
 @pytest.mark.parametrize(**GRID)
