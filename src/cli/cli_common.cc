@@ -81,7 +81,7 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   app->add_option("--expert-placement-strategy,--expert-placement", f->placement,
                   "linear, round-robin, or eplb (balanced by a measured load: --expert-load)");
   app->add_option("--expert-load", f->expert_load,
-                  "tokens per expert per MoE layer (JSON, as `run --expert-load-out` writes): "
+                  "tokens per expert per MoE layer (JSON, docs/eplb.md): "
                   "eplb places by it; every placement reports the per-rank imbalance");
   app->add_option("--num-redundant-experts", f->num_redundant_experts,
                   "EPLB redundant expert slots (slots = experts + redundant), or auto: the "
@@ -107,10 +107,10 @@ Result<PlanOptions> ToPlanOptions(const PlanFlags& f) {
   if (!f.expert_load.empty()) {
     std::ifstream in(f.expert_load, std::ios::binary);
     if (!in) {
-      return InvalidArgumentError(fmt::format(
-          "plan: '--expert-load {}': cannot open the file (write one with `moeshard run "
-          "--expert-load-out FILE`)",
-          f.expert_load));
+      return InvalidArgumentError(
+          fmt::format("plan: '--expert-load {}': cannot open the file (its format: docs/eplb.md; "
+                      "tests/cli/make_expert_load.py writes one)",
+                      f.expert_load));
     }
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     MOESHARD_ASSIGN_OR_RETURN(o.expert_load, ParseExpertLoad(text, f.expert_load));

@@ -147,7 +147,7 @@ Result<ExpertLoad> ParseExpertLoad(std::string_view json_text, const std::string
   if (j.is_discarded() || !j.is_object()) {
     return InvalidArgumentError(fmt::format(
         "{}: not a JSON object (expected {{\"model\": ..., \"layers\": [[tokens per expert], "
-        "...]}}, as `moeshard run --expert-load-out` writes)",
+        "...]}}; docs/eplb.md)",
         source));
   }
   ExpertLoad out;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes a Zipf-like expert-load file (the format `moeshard run --expert-load-out` writes and
-`--expert-load` reads, docs/eplb.md): expert e of layer l gets round(tokens / (1 + rank)^s)
+"""Writes a Zipf-like expert-load file (the format `--expert-load` reads, docs/eplb.md).
+
+Expert e of layer l gets round(tokens / (1 + rank)^s)
 tokens, where rank is a per-layer permutation of the experts.
 
     make_expert_load.py --experts 128 --layers 2 --s 1.0 --model qwen3-30b-a3b OUT.json

@@ -25,8 +25,8 @@
 
 namespace moeshard {
 
-// Tokens routed to each logical expert, per MoE layer (what `moeshard run --expert-load-out`
-// records; docs/eplb.md gives the file format).
+// Tokens routed to each logical expert, per MoE layer (docs/eplb.md gives the file format;
+// `moeshard run` does not record one yet).
 struct ExpertLoad {
   std::string model;                        // the model it was measured on (informational)
   std::vector<std::vector<double>> layers;  // [moe layer][logical expert]
