@@ -308,8 +308,9 @@ class Runtime:
     per rank (None: cores / ranks). progress: a callable (done_bytes, total_bytes) told how
     loading goes; without one, progress goes to the "moeshard" logger at INFO.
 
-    The plan is built once; each ``moe`` call builds the rank set (dummy weights are generated,
-    a checkpoint is read) on local threads and runs it, with the GIL released.
+    The plan is built here; the first ``moe`` call starts the rank set on local threads (dummy
+    weights are generated, a checkpoint is read) and keeps it: later calls run on the same ranks
+    and weights (buffers grow when a call has more tokens). Calls run with the GIL released.
     """
 
     def __init__(self, model, load_format="auto", checkpoint=None, seed=0, layers=None,

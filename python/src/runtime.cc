@@ -1,18 +1,21 @@
 // moeshard._core.Runtime: `moeshard run` on NumPy arrays. The plan and weight source are
-// resolved once (cli::PrepareRun, as the CLI does); each call builds the rank set on local
-// threads (RunShardedJob: dummy weights generated, or the checkpoint read), runs the MoE layers
-// on the given tokens and returns rank 0's gathered outputs. The GIL is released while the ranks
-// run; progress reaches Python through a callable, called with the GIL held, at most once per 5%.
+// resolved once (cli::PrepareRun, as the CLI does); the first call starts the rank set on local
+// threads (a RankPool: each rank creates its ShardedJob, generating dummy weights or reading
+// the checkpoint), and every call runs the MoE layers on the given tokens on those same ranks and
+// weights and returns rank 0's gathered outputs. The GIL is released while the ranks run;
+// progress reaches Python through a callable, called with the GIL held, at most once per 5%.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/run_api.h"
@@ -120,6 +123,102 @@ class Progress {
   std::shared_ptr<py::error_already_set> error_;
 };
 
+// The ranks of a Runtime, kept alive between calls: one local launcher, run on a thread of its
+// own, whose rank threads create their ShardedJob once (loading the weights) and then serve one
+// run per request. A rank's failure ends the pool (every rank returns; the launcher reports the
+// first failure) and the next request starts a new one.
+class RankPool {
+ public:
+  RankPool(const ShardedJobSpec& build, int world) : build_(build), world_(world) {
+    thread_ = std::thread([this] { Serve(); });
+  }
+
+  ~RankPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Runs `run` on every rank (the first request waits for the loading). Rank 0's result, or the
+  // pool's failure; after a failure alive() is false.
+  Result<ShardedJobResult> Run(const ShardedJobSpec& run) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (ended_) return status_;
+    request_ = &run;
+    pending_ = world_;
+    ++generation_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return pending_ == 0 || ended_; });
+    request_ = nullptr;
+    if (pending_ != 0) return status_;
+    return std::move(result_);
+  }
+
+  bool alive() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !ended_;
+  }
+
+ private:
+  void Serve() {
+    Result<std::unique_ptr<Launcher>> launcher = CreateLauncher({.comm = "local", .world = world_});
+    Status status = launcher.status();
+    if (status.ok()) {
+      if (build_.kernel_threads <= 0) build_.kernel_threads = (*launcher)->DefaultThreadsPerRank();
+      status = (*launcher)->Run([this](Communicator& w) -> Status {
+        Status s = ServeRank(w);
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          failed_ = true;
+          cv_.notify_all();
+        }
+        return s;
+      });
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status.ok() ? Status(InternalError("Runtime: the ranks stopped")) : status;
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+  Status ServeRank(Communicator& w) {
+    MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<ShardedJob> job, ShardedJob::Create(build_, w));
+    int64_t seen = 0;
+    for (;;) {
+      const ShardedJobSpec* request = nullptr;  // read under mu_; the caller keeps it alive
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || failed_ || generation_ > seen; });
+        if (stop_) return Status::Ok();
+        if (failed_) return AbortedError("Runtime: another rank failed");
+        seen = generation_;
+        request = request_;
+      }
+      MOESHARD_ASSIGN_OR_RETURN(ShardedJobResult r, job->Run(*request));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (w.rank() == 0) result_ = std::move(r);
+      if (--pending_ == 0) cv_.notify_all();
+    }
+  }
+
+  ShardedJobSpec build_;  // kernel_threads 0: the launcher's default
+  const int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const ShardedJobSpec* request_ = nullptr;
+  int64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  bool failed_ = false;
+  bool ended_ = false;
+  Status status_;
+  ShardedJobResult result_;
+  std::thread thread_;  // last: started when every field above exists
+};
+
 class Runtime {
  public:
   Runtime(const cli::PlanFlags& flags, const std::string& load_format,
@@ -158,9 +257,15 @@ class Runtime {
                 const py::object& progress);
 
  private:
+  // The pool, started on first use (or again after a failure), with `progress` told how the
+  // loading goes.
+  RankPool& Pool(const py::object& progress);
+
   cli::RunSetup setup_;
   int64_t num_layers_;
   int threads_;
+  std::unique_ptr<Progress> loading_;  // the pool's loading progress, while it is reported
+  std::unique_ptr<RankPool> pool_;     // last: its ranks use the fields above
 };
 
 struct Inputs {
@@ -224,6 +329,24 @@ py::dict ErrorDict(const ErrorStats& e, const Tolerance& tol) {
   return d;
 }
 
+RankPool& Runtime::Pool(const py::object& progress) {
+  if (pool_ != nullptr && pool_->alive()) return *pool_;
+  pool_.reset();
+  ShardedJobSpec build;
+  build.plan = &setup_.plan;
+  build.load = setup_.load;
+  build.reference_load = setup_.reference_load;
+  build.num_layers = num_layers_;
+  build.kernel_threads = threads_;
+  loading_.reset();
+  if (!progress.is_none()) {
+    loading_ = std::make_unique<Progress>(progress, LoadBytes());
+    build.load.progress = [p = loading_.get()](int64_t n) { p->Add(n); };
+  }
+  pool_ = std::make_unique<RankPool>(build, static_cast<int>(setup_.plan.topology.world));
+  return *pool_;
+}
+
 py::tuple Runtime::Moe(const py::object& x_object, const py::object& topk_ids,
                        const py::object& topk_weights, const py::object& token_ids, bool all_layers,
                        bool verify, const py::object& progress) {
@@ -234,10 +357,6 @@ py::tuple Runtime::Moe(const py::object& x_object, const py::object& topk_ids,
   const int64_t T = static_cast<int64_t>(in.hidden.size()) / m.hidden_size;
   if (T < 1) throw Error("Runtime.moe: 'x': expected at least one token, got [0, H]");
   ShardedJobSpec spec;
-  spec.plan = &setup_.plan;
-  spec.load = setup_.load;
-  if (verify) spec.reference_load = setup_.reference_load;
-  spec.num_layers = num_layers_;
   spec.inputs = &in.hidden;
   if (!in.ids.empty()) {
     spec.topk_ids = &in.ids;
@@ -249,30 +368,18 @@ py::tuple Runtime::Moe(const py::object& x_object, const py::object& topk_ids,
   spec.iters = 1;
   spec.verify = verify;
   spec.collect_outputs = true;
-  std::optional<Progress> reporter;
-  if (!progress.is_none()) {
-    reporter.emplace(progress, LoadBytes());
-    spec.load.progress = [&reporter](int64_t n) { reporter->Add(n); };
-  }
-  ShardedJobResult result;
-  Status status;
+  RankPool& pool = Pool(progress);
+  Result<ShardedJobResult> run = InternalError("Runtime: not run");
   {
     py::gil_scoped_release release;
-    Result<std::unique_ptr<Launcher>> launcher =
-        CreateLauncher({.comm = "local", .world = static_cast<int>(setup_.plan.topology.world)});
-    status = launcher.status();
-    if (status.ok()) {
-      spec.kernel_threads = threads_ > 0 ? threads_ : (*launcher)->DefaultThreadsPerRank();
-      status = (*launcher)->Run([&](Communicator& w) -> Status {
-        MOESHARD_ASSIGN_OR_RETURN(ShardedJobResult r, RunShardedJob(spec, w));
-        if (w.rank() == 0) result = std::move(r);
-        return Status::Ok();
-      });
-    }
+    run = pool.Run(spec);
   }
-  if (reporter) reporter->Finish();
-  if (!status.ok()) throw Error(status.message());
-
+  if (loading_) {  // the first run after starting the pool waited for the loading
+    std::unique_ptr<Progress> done = std::move(loading_);
+    done->Finish();
+  }
+  if (!run.ok()) throw Error(run.status().message());
+  const ShardedJobResult& result = *run;
   const int64_t L = static_cast<int64_t>(result.layers.size()), H = m.hidden_size;
   const float* src = result.outputs.data() + (all_layers ? 0 : (L - 1) * T * H);
   std::vector<py::ssize_t> shape = {T, H};

@@ -145,6 +145,35 @@ def test_progress_callback_and_logging(caplog):
     assert records and "100%" in records[-1].getMessage()
 
 
+def test_weights_are_loaded_once():
+    """The ranks and their weights stay alive between calls: only the first call loads (the
+    progress callable hears of it once), later calls with more tokens than the first, with
+    given routing, or verified, run on the same weights and agree with a fresh Runtime."""
+    calls = []
+    rt = moeshard.Runtime(MODEL, tp=2, ep=True, layers=2,
+                          progress=lambda d, t: calls.append((d, t)))
+    x = inputs(rt, tokens=3)
+    first = rt.moe(x)
+    loaded = len(calls)
+    assert loaded > 0 and calls[-1][0] == calls[-1][1]
+    assert np.array_equal(rt.moe(x), first)
+    big = inputs(rt, tokens=40, seed=1)  # more rows than the runtime's first buffers
+    out = rt.moe(big, verify=True)
+    assert rt.verification["passes"], rt.verification["summary"]
+    assert len(calls) == loaded, "a later call loaded the weights again"
+    assert np.array_equal(out, moeshard.Runtime(MODEL, tp=2, ep=True, layers=2).moe(big))
+    assert np.array_equal(rt.moe(x), first)
+
+
+def test_a_failed_call_does_not_break_the_runtime():
+    rt = moeshard.Runtime(MODEL, tp=2, layers=1)
+    x = inputs(rt, tokens=4)
+    good = rt.moe(x)
+    with pytest.raises(moeshard.Error, match="token_ids"):
+        rt.moe(x, token_ids=np.zeros(3, np.int64))
+    assert np.array_equal(rt.moe(x), good)
+
+
 def test_progress_callback_error_propagates():
     def boom(done, total):
         raise RuntimeError("callback failed")

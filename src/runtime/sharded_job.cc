@@ -23,18 +23,20 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-// One runtime over one plan's rank, with its weights and per-layer output buffer.
+// One runtime over one plan's rank, with its weights.
 struct Instance {
   RankWeights weights{0};
   WeightViews views;
   LoadStats stats;
   int64_t prepared_layers = 0;
+  int64_t max_tokens = -1;  // the tokens per rank the runtime's buffers were made for
   std::unique_ptr<MoeRuntime> runtime;
 };
 
-// `prepare`: offer the routed experts to the backend's weight preparation.
-Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Communicator& comm,
-             KernelBackend& kernels, bool prepare, int64_t max_tokens, Instance* out) {
+// Loads `rank`'s weights of `plan` (spec.load) and, if `prepare`, offers the routed experts to
+// the backend's weight preparation. No runtime yet (EnsureRuntime).
+Status LoadInstance(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec,
+                    KernelBackend& kernels, bool prepare, Instance* out) {
   LoadOptions lo = spec.load;
   lo.max_moe_layers = spec.num_layers;
   lo.num_threads = std::max(1, spec.kernel_threads);
@@ -44,13 +46,24 @@ Status Build(const ShardPlan& plan, int64_t rank, const ShardedJobSpec& spec, Co
                               PrepareExpertWeights(kernels, plan, &out->weights));
   }
   out->views = ViewRankWeights(out->weights);
+  return Status::Ok();
+}
+
+// COLLECTIVE over `comm` (every rank asks for the same max_tokens): makes the instance's
+// runtime, or a new one when its buffers are smaller than `max_tokens` rows.
+Status EnsureRuntime(const ShardPlan& plan, const ShardedJobSpec& spec, Communicator& comm,
+                     KernelBackend& kernels, int64_t max_tokens, Instance* inst) {
+  if (inst->runtime != nullptr && max_tokens <= inst->max_tokens) return Status::Ok();
+  inst->runtime.reset();
   MoeRuntimeOptions ro;
   ro.max_tokens = max_tokens;
-  const std::vector<int64_t> moe = MoeLayersOf(plan.model, plan.ranks[rank].layers);
+  const std::vector<int64_t> moe = MoeLayersOf(plan.model, plan.ranks[comm.rank()].layers);
   const int64_t n = spec.num_layers < 0 ? static_cast<int64_t>(moe.size())
                                         : std::min<int64_t>(spec.num_layers, moe.size());
   ro.layers.assign(moe.begin(), moe.begin() + n);
-  MOESHARD_ASSIGN_OR_RETURN(out->runtime, MoeRuntime::Create(plan, out->views, comm, kernels, ro));
+  MOESHARD_ASSIGN_OR_RETURN(inst->runtime,
+                            MoeRuntime::Create(plan, inst->views, comm, kernels, ro));
+  inst->max_tokens = max_tokens;
   return Status::Ok();
 }
 
@@ -138,23 +151,41 @@ Result<UnitInputs> PrepareInputs(const ShardedJobSpec& spec, int64_t rank) {
   return in;
 }
 
+// This rank's single-rank reference (verification): the whole model on a communicator of its
+// own, built on the first verified run and kept.
+struct Reference {
+  std::unique_ptr<Communicator> solo;
+  ShardPlan plan;
+  Instance inst;
+};
+
 // The single-rank reference of this unit's tokens, on this rank alone (COLLECTIVE over `world`
-// for the split), compared with the sharded run's last layer `last_layer` ([T, H] fp32).
+// for the split, on the first call), compared with the sharded run's last layer `last_layer`
+// ([T, H] fp32).
 Result<ErrorStats> VerifyAgainstReference(const ShardedJobSpec& spec, Communicator& world,
                                           KernelBackend& kernels, const ForwardArgs& args,
-                                          std::span<const float> last_layer, int64_t num_layers) {
+                                          std::span<const float> last_layer, int64_t num_layers,
+                                          std::unique_ptr<Reference>* cache) {
   const ShardPlan& plan = *spec.plan;
   const int64_t T = args.num_tokens, H = plan.model.hidden_size;
-  MOESHARD_ASSIGN_OR_RETURN(auto solo, world.Split(static_cast<int>(world.rank()), 0));
-  MOESHARD_ASSIGN_OR_RETURN(ShardPlan plan1,
-                            BuildShardPlan(plan.model, SingleRankPlanOptions(plan.options)));
-  // The reference keeps the experts as loaded (not prepared), so verification also crosses the
-  // backend's layouts.
-  ShardedJobSpec ref_spec = spec;
-  if (spec.reference_load) ref_spec.load = *spec.reference_load;
-  Instance ref;
+  if (*cache == nullptr) {
+    auto ref = std::make_unique<Reference>();
+    MOESHARD_ASSIGN_OR_RETURN(ref->solo, world.Split(static_cast<int>(world.rank()), 0));
+    MOESHARD_ASSIGN_OR_RETURN(ref->plan,
+                              BuildShardPlan(plan.model, SingleRankPlanOptions(plan.options)));
+    // The reference keeps the experts as loaded (not prepared), so verification also crosses
+    // the backend's layouts. Its loading is not the job's progress.
+    ShardedJobSpec ref_spec = spec;
+    if (spec.reference_load) ref_spec.load = *spec.reference_load;
+    ref_spec.load.progress = nullptr;
+    MOESHARD_RETURN_IF_ERROR(
+        LoadInstance(ref->plan, 0, ref_spec, kernels, /*prepare=*/false, &ref->inst)
+            .WithContext("run: single-rank reference"));
+    *cache = std::move(ref);
+  }
+  Reference& ref = **cache;
   MOESHARD_RETURN_IF_ERROR(
-      Build(plan1, 0, ref_spec, *solo, kernels, /*prepare=*/false, std::max<int64_t>(T, 1), &ref)
+      EnsureRuntime(ref.plan, spec, *ref.solo, kernels, std::max<int64_t>(T, 1), &ref.inst)
           .WithContext("run: single-rank reference"));
   std::vector<uint8_t> ref_bytes(T * H * 4);
   std::vector<float> ref_layers(num_layers * T * H);
@@ -162,7 +193,7 @@ Result<ErrorStats> VerifyAgainstReference(const ShardedJobSpec& spec, Communicat
   ra.out = ref_bytes.data();
   ra.layer_outputs = ref_layers.data();
   ra.layer_seconds = nullptr;
-  MOESHARD_RETURN_IF_ERROR(ref.runtime->Forward(ra).WithContext("run: single-rank reference"));
+  MOESHARD_RETURN_IF_ERROR(ref.inst.runtime->Forward(ra).WithContext("run: single-rank reference"));
   if (num_layers == 0) return ErrorStats{};
   const size_t off = static_cast<size_t>((num_layers - 1) * T * H);
   return CompareOutputs(last_layer, {ref_layers.data() + off, static_cast<size_t>(T * H)});
@@ -262,19 +293,25 @@ Status CollectOutputs(const ShardPlan& plan, const UnitInputs& in, Communicator&
 
 }  // namespace
 
-Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator& world) {
-  if (spec.plan == nullptr) return InvalidArgumentError("run: 'plan': expected a plan");
-  const ShardPlan& plan = *spec.plan;
-  const int64_t rank = world.rank();
-  const int64_t H = plan.model.hidden_size;
-  if (spec.iters < 1 || spec.warmup < 0) {
-    return InvalidArgumentError(
-        fmt::format("run: '--iters': expected >= 1 timed iterations, got {} (warm-up {})",
-                    spec.iters, spec.warmup));
-  }
-  MOESHARD_ASSIGN_OR_RETURN(const UnitInputs in, PrepareInputs(spec, rank));
-  const int64_t T = in.num_tokens();
+struct ShardedJob::State {
+  State(const ShardedJobSpec& s, Communicator& w) : spec(s), world(w) {}
+  ShardedJobSpec spec;  // as created: the plan, weights, backend and threads
+  Communicator& world;
+  std::unique_ptr<KernelBackend> kernels;
+  Instance inst;
+  double load_seconds = 0;
+  std::unique_ptr<Reference> reference;  // built on the first verified run
+};
 
+ShardedJob::ShardedJob(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ShardedJob::~ShardedJob() = default;
+
+Result<std::unique_ptr<ShardedJob>> ShardedJob::Create(const ShardedJobSpec& spec,
+                                                       Communicator& world) {
+  if (spec.plan == nullptr) return InvalidArgumentError("run: 'plan': expected a plan");
+  const int64_t rank = world.rank();
+  MOESHARD_ASSIGN_OR_RETURN(const UnitInputs in, PrepareInputs(spec, rank));
+  auto state = std::make_unique<State>(spec, world);
   // The backend pins this rank's threads at creation, before loading, so the pages they first
   // touch (the weights copied in) come from their own NUMA node's memory.
   KernelBackendOptions ko = spec.kernels;
@@ -282,15 +319,64 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   ko.cpus = static_cast<size_t>(rank) < spec.rank_cpus.size()
                 ? spec.rank_cpus[static_cast<size_t>(rank)]
                 : std::vector<int>{};
-  MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<KernelBackend> kernels, CreateKernelBackend(ko));
-  Instance inst;
+  MOESHARD_ASSIGN_OR_RETURN(state->kernels, CreateKernelBackend(ko));
   const auto load_start = std::chrono::steady_clock::now();
   MOESHARD_RETURN_IF_ERROR(
-      Build(plan, rank, spec, world, *kernels, /*prepare=*/true, in.max_tokens(), &inst));
-  const double load_seconds = Seconds(load_start);
-  MoeRuntime& rt = *inst.runtime;
-  const int64_t nl = rt.num_layers();
+      LoadInstance(*spec.plan, rank, spec, *state->kernels, /*prepare=*/true, &state->inst));
+  MOESHARD_RETURN_IF_ERROR(
+      EnsureRuntime(*spec.plan, spec, world, *state->kernels, in.max_tokens(), &state->inst));
+  state->load_seconds = Seconds(load_start);
+  return std::unique_ptr<ShardedJob>(new ShardedJob(std::move(state)));
+}
 
+namespace {
+
+Status CheckRunFields(const ShardedJobSpec& spec) {
+  if (spec.iters < 1 || spec.warmup < 0) {
+    return InvalidArgumentError(
+        fmt::format("run: '--iters': expected >= 1 timed iterations, got {} (warm-up {})",
+                    spec.iters, spec.warmup));
+  }
+  return Status::Ok();
+}
+
+// The job as created, with `run`'s tokens, inputs, routing, timing and verification.
+ShardedJobSpec WithRunFields(const ShardedJobSpec& built, const ShardedJobSpec& run) {
+  ShardedJobSpec s = built;
+  s.tokens_per_unit = run.tokens_per_unit;
+  s.input_seed = run.input_seed;
+  s.inputs = run.inputs;
+  s.topk_ids = run.topk_ids;
+  s.topk_weights = run.topk_weights;
+  s.token_ids = run.token_ids;
+  s.io_dtype = run.io_dtype;
+  s.warmup = run.warmup;
+  s.iters = run.iters;
+  s.verify = run.verify;
+  s.tolerance = run.tolerance;
+  s.collect_outputs = run.collect_outputs;
+  return s;
+}
+
+}  // namespace
+
+Result<ShardedJobResult> ShardedJob::Run(const ShardedJobSpec& run) {
+  State& st = *state_;
+  if (run.plan != nullptr && run.plan != st.spec.plan) {
+    return InvalidArgumentError("run: 'plan': expected the plan the job was created with");
+  }
+  const ShardedJobSpec spec = WithRunFields(st.spec, run);
+  const ShardPlan& plan = *spec.plan;
+  Communicator& world = st.world;
+  const int64_t rank = world.rank();
+  const int64_t H = plan.model.hidden_size;
+  MOESHARD_RETURN_IF_ERROR(CheckRunFields(spec));
+  MOESHARD_ASSIGN_OR_RETURN(const UnitInputs in, PrepareInputs(spec, rank));
+  const int64_t T = in.num_tokens();
+  MOESHARD_RETURN_IF_ERROR(
+      EnsureRuntime(plan, spec, world, *st.kernels, in.max_tokens(), &st.inst));
+  MoeRuntime& rt = *st.inst.runtime;
+  const int64_t nl = rt.num_layers();
   std::vector<uint8_t> out_bytes(T * H * 4);
   std::vector<float> layer_out(nl * T * H);
   std::vector<double> seconds(nl), seconds_sum(nl, 0.0);
@@ -317,28 +403,28 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
   RankReport me;
   me.rank = rank;
   me.num_tokens = T;
-  me.measured_bytes = inst.stats.bytes_by_category;
+  me.measured_bytes = st.inst.stats.bytes_by_category;
   me.planned_bytes = PlannedBytesByCategory(plan.ranks[rank],
                                             LayersToBuild(plan, plan.ranks[rank], spec.num_layers));
   me.workspace_bytes = rt.WorkspaceBytes();
   me.iter_seconds = iter_sum / spec.iters;
-  me.load_seconds = load_seconds;
+  me.load_seconds = st.load_seconds;
   for (int64_t l = 0; l < nl; ++l) me.layer_seconds.push_back(seconds_sum[l] / spec.iters);
   if (spec.verify) {
     const std::span<const float> last =
         nl > 0 ? std::span<const float>(layer_out).subspan((nl - 1) * T * H, T * H)
                : std::span<const float>();
-    MOESHARD_ASSIGN_OR_RETURN(me.error,
-                              VerifyAgainstReference(spec, world, *kernels, args, last, nl));
+    MOESHARD_ASSIGN_OR_RETURN(
+        me.error, VerifyAgainstReference(spec, world, *st.kernels, args, last, nl, &st.reference));
   }
 
   ShardedJobResult result;
   result.layers = rt.layers();
   result.total_tokens = in.total_tokens();
   result.unit_tokens = in.unit_tokens;
-  result.kernel_backend = kernels->Describe();
-  result.prepared_layers = inst.prepared_layers;
-  result.prepared_layout = kernels->PreparedLayout();
+  result.kernel_backend = st.kernels->Describe();
+  result.prepared_layers = st.inst.prepared_layers;
+  result.prepared_layout = st.kernels->PreparedLayout();
   MOESHARD_ASSIGN_OR_RETURN(result.ranks, GatherReports(world, me));
   for (const RankReport& rr : result.ranks) {
     result.iter_seconds = std::max(result.iter_seconds, rr.iter_seconds);
@@ -348,6 +434,12 @@ Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator&
     MOESHARD_RETURN_IF_ERROR(CollectOutputs(plan, in, world, layer_out, nl, &result.outputs));
   }
   return result;
+}
+
+Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator& world) {
+  MOESHARD_RETURN_IF_ERROR(CheckRunFields(spec));
+  MOESHARD_ASSIGN_OR_RETURN(std::unique_ptr<ShardedJob> job, ShardedJob::Create(spec, world));
+  return job->Run(spec);
 }
 
 }  // namespace moeshard

@@ -15,11 +15,17 @@
 // communicator of its own (verify.h) and compares its final output with it; the report merges
 // the statistics of all ranks.
 //
-// Thread safety: RunShardedJob is COLLECTIVE over the world; one thread per rank.
+// Repeated runs: ShardedJob keeps one rank's loaded weights, backend and runtime (and the
+// verification reference, once built) across runs, so a caller that runs the same plan on many
+// inputs (the Python Runtime) loads once; RunShardedJob is Create then one Run.
+//
+// Thread safety: RunShardedJob and ShardedJob's methods are COLLECTIVE over the world; one
+// thread per rank.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -98,7 +104,29 @@ struct ShardedJobResult {
   std::vector<float> outputs;
 };
 
-// COLLECTIVE over `world` (size = the plan's world).
+// One rank's built job: its kernel backend, loaded (and prepared) weights and runtime.
+class ShardedJob {
+ public:
+  // COLLECTIVE over `world` (size = the plan's world): creates the backend, loads this rank's
+  // weights (spec.load, spec.num_layers) and builds the runtime for spec's token counts.
+  // `spec.plan` and `world` must outlive the job; the spec itself is copied.
+  static Result<std::unique_ptr<ShardedJob>> Create(const ShardedJobSpec& spec,
+                                                    Communicator& world);
+  ~ShardedJob();
+
+  // COLLECTIVE over the job's world: one run with `run`'s tokens_per_unit, input_seed, inputs,
+  // routing, token_ids, io_dtype, warmup, iters, verify, tolerance and collect_outputs; the
+  // other fields are the job's (run.plan must be null or the job's plan). The runtime's
+  // buffers are remade when the run's tokens per rank exceed those built for.
+  Result<ShardedJobResult> Run(const ShardedJobSpec& run);
+
+ private:
+  struct State;
+  explicit ShardedJob(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// COLLECTIVE over `world` (size = the plan's world): ShardedJob::Create(spec), then Run(spec).
 Result<ShardedJobResult> RunShardedJob(const ShardedJobSpec& spec, Communicator& world);
 
 }  // namespace moeshard
