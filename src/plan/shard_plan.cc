@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "base/check.h"
 #include "moeshard/base/math.h"
@@ -67,9 +68,13 @@ int64_t RankPlan::WeightBytes() const {
 }
 
 std::vector<std::vector<int64_t>> ShardPlan::RoutedRankKinds() const {
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> kinds;  // (slots, bytes) -> ranks
+  // (slots, bytes, -padding bytes) -> ranks: an uneven block shard's short last rank holds the
+  // same padded bytes as the others but more of them are padding, so it is a kind of its own,
+  // after the full ranks.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int64_t>> kinds;
   for (const RankPlan& r : ranks) {
-    kinds[{static_cast<int64_t>(r.expert_slots.size()), r.BytesOf(TensorCategory::kRoutedExperts)}]
+    kinds[{static_cast<int64_t>(r.expert_slots.size()), r.BytesOf(TensorCategory::kRoutedExperts),
+           -r.PaddingBytesOf(TensorCategory::kRoutedExperts)}]
         .push_back(r.coords.rank);
   }
   std::vector<std::vector<int64_t>> out;

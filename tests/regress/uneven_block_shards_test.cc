@@ -107,6 +107,19 @@ TEST(UnevenBlockShardsRegression, GptOss120bTp4WholeRankEqualsVllmModules) {
   }
 }
 
+TEST(UnevenBlockShardsRegression, ShortLastRankIsAKindOfItsOwn) {
+  // The report groups ranks into kinds and prints the first of each: the short last rank (21 of
+  // 90 groups, padded to the same 768 rows) has the same bytes but more padding, so it must not
+  // hide behind rank 0 (its padding column and tensor table would show rank 0's).
+  const ShardPlan p = PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(4, 1, false, "marlin"));
+  const std::vector<std::vector<int64_t>> kinds = p.RoutedRankKinds();
+  ASSERT_EQ(kinds, (std::vector<std::vector<int64_t>>{{0, 1, 2}, {3}}));
+  EXPECT_GT(p.ranks[3].PaddingBytesOf(TensorCategory::kRoutedExperts),
+            p.ranks[0].PaddingBytesOf(TensorCategory::kRoutedExperts));
+  EXPECT_EQ(p.ranks[3].BytesOf(TensorCategory::kRoutedExperts),
+            p.ranks[0].BytesOf(TensorCategory::kRoutedExperts));
+}
+
 TEST(UnevenBlockShardsRegression, OtherBlockFormatsStayRefused) {
   // vLLM refuses fp8 block shards that split a 128-row block; so does the plan (DeepSeek-V3 at
   // MoE TP 32: 2048 / 32 = 64).

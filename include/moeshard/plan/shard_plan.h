@@ -180,7 +180,8 @@ struct ShardPlan {
   std::vector<double> load_imbalance_linear, load_imbalance_placed;
   std::vector<std::string> notes;
 
-  // Ranks grouped by identical routed-expert layout (expert count and shapes): "rank kinds".
+  // Ranks grouped by identical routed-expert layout (expert count, bytes and padding bytes):
+  // "rank kinds", most slots and bytes first, then least padding.
   std::vector<std::vector<int64_t>> RoutedRankKinds() const;
 };
 
