@@ -232,12 +232,15 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
 namespace moeshard::cli {
 
 void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
-  app->add_option("--gpu", f->gpu, "GPU: h100, h200, b200, gb300, a100, mi300x, mi355x");
+  app->add_option(
+      "--gpu", f->gpu,
+      "GPU: h100, h200, b200, gb300, a100, a100-80gb, a100-40gb, a10, l4, mi300x, mi355x");
   app->add_option("--gpu-memory", f->gpu_memory_gib, "GPU memory in GiB (instead of --gpu)");
   app->add_option("--gpu-memory-utilization,--mem-fraction-static,--free-gpu-memory-fraction",
                   f->utilization,
                   "the engine's memory fraction (vLLM: of total memory; SGLang: "
-                  "mem_fraction_static of total; TRT-LLM: of the memory free after profiling); "
+                  "mem_fraction_static of the memory free before loading; TRT-LLM: of the memory "
+                  "free after profiling); "
                   "default: the engine's own")
       ->check(CLI::Range(0.01, 1.0));
   app->add_option("--engine", f->engine,

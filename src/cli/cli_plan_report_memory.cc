@@ -16,8 +16,8 @@ const char* RuleText(EngineRule rule) {
       return "KV = utilization x total - weights - profile activation peak - non-torch "
              "memory, in whole blocks, the smallest count over ranks";
     case EngineRule::kSglang:
-      return "KV = mem_fraction_static x total - weights - memory used before loading (no "
-             "activation profile)";
+      return "KV = mem_fraction_static x (total - CUDA context - NCCL) - weights (free after "
+             "loading minus (1 - fraction) of free before loading; no activation profile)";
     case EngineRule::kTrtllm:
       return "KV = free_gpu_memory_fraction x (memory free after the profiling forward)";
   }

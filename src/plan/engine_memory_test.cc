@@ -125,7 +125,17 @@ TEST(EngineProfileTest, SglangCountsNoActivationProfile) {
   mo.engine = "sglang";
   const MemoryPlan s = PlanMemory(p, mo);
   const RankMemory& r = s.ranks[0];
-  EXPECT_EQ(r.kv_cache,
+  // SGLang's "total" is the free memory after NCCL init (model_runner.py init_torch_distributed,
+  // min_per_gpu_memory): the fraction applies to total - context - NCCL.
+  int64_t preload = 0;
+  for (const MemoryTerm& t : r.terms) {
+    if (t.name == "cuda_context" || t.name == "nccl") preload += t.bytes;
+  }
+  EXPECT_EQ(r.preload, preload);
+  EXPECT_GT(preload, 0);
+  EXPECT_EQ(r.kv_cache, static_cast<int64_t>(static_cast<double>(mo.gpu.bytes - preload) * 0.9) -
+                            r.weights - (r.overhead - preload));
+  EXPECT_GT(r.kv_cache,  // the reserve (1 - f) is taken of less than the total
             static_cast<int64_t>(static_cast<double>(mo.gpu.bytes) * 0.9) - r.weights - r.overhead);
   EXPECT_GT(s.engine_kv_tokens, v.engine_kv_tokens);
   mo.gpu_memory_utilization = 0;  // SGLang's default at TP4
@@ -150,6 +160,52 @@ TEST(EngineLogTest, VllmQwen3_30B_TP4_A10) {
   EXPECT_EQ(mp.options.max_num_batched_tokens, 2048);
   EXPECT_EQ(mp.options.engine_max_num_seqs, 256);
   ExpectWithin5Percent(mp.engine_kv_tokens, 198'784, "Qwen3-30B-A3B TP4 4xA10");
+}
+
+// vLLM 0.9.2 dev (V1), DeepSeek-V2-Lite bf16 (MLA), TP2 x PP2 on four L4 (24 GB), `--max-model-len
+// 1024 --enforce-eager`, utilization 0.9 by default: "Available KV cache memory: 12.13 GiB" on
+// the first stage, 11.33 GiB on the last, "GPU KV cache size: 807,792 tokens"
+// (https://github.com/vllm-project/vllm/pull/20665; docs/engine-memory.md). The first stage holds
+// 14 of the 27 layers and decides the count; none of the rows used here was set against it.
+TEST(EngineLogTest, VllmDeepSeekV2Lite_TP2PP2_L4) {
+  PlanOptions o = Opts(2);
+  o.topology.pp = 2;
+  const ShardPlan p = PlanOrDie(PresetOrDie("deepseek-v2-lite"), o);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("l4");
+  mo.max_model_len = 1024;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_EQ(mp.options.max_num_batched_tokens, 2048);  // < 70 GiB: the small-GPU defaults
+  // The worst rank is on the first stage, as in the log (more layers, no sampler).
+  int64_t first_stage_tokens = 0;
+  for (const RankMemory& r : mp.ranks) {
+    if (p.ranks[r.rank].coords.pp_stage == 0) first_stage_tokens = r.kv_tokens;
+  }
+  EXPECT_EQ(first_stage_tokens, mp.engine_kv_tokens);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 807'792, "DeepSeek-V2-Lite TP2 PP2 4xL4");
+}
+
+// vLLM 0.19.0, gpt-oss-20b (MXFP4 experts), one A100 80 GB, `--max-model-len 131072
+// --gpu-memory-utilization 0.65`: "Model loading took 13.72 GiB", "Available KV cache memory:
+// 36.56 GiB" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/; docs/engine-memory.md). The
+// log gives the KV memory, not a token count (gpt-oss mixes sliding-window and full layers, which
+// vLLM's hybrid manager counts differently), so this compares bytes. On an A100 vLLM keeps the
+// small batch defaults (2048 tokens, 256 sequences) whatever its memory.
+TEST(EngineLogTest, VllmGptOss20b_A100_80GB_KvMemory) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("gpt-oss-20b"), Opts(1));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("a100-80gb");
+  mo.engine = "vllm@0.19";
+  mo.gpu_memory_utilization = 0.65;
+  mo.max_model_len = 131072;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_EQ(mp.options.max_num_batched_tokens, 2048);
+  EXPECT_EQ(mp.options.engine_max_num_seqs, 256);
+  ExpectWithin5Percent(mp.ranks[0].weights, static_cast<int64_t>(13.72 * kGiB), "weights");
+  ExpectWithin5Percent(mp.ranks[0].kv_cache, static_cast<int64_t>(36.56 * kGiB),
+                       "gpt-oss-20b A100 KV memory");
 }
 
 }  // namespace

@@ -24,10 +24,14 @@ const std::vector<GpuSpec>& GpuCatalog() {
       {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e"},
       {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB"},
       // What PyTorch (and so vLLM's mem_get_info) reports as total, from OOM messages.
+      {"a100-80gb", "NVIDIA A100 80 GB", static_cast<int64_t>(79.25 * kGiB),
+       "PyTorch 'total capacity of 79.25 GiB' on A100-SXM4-80GB (vllm-project/vllm issue 20581)"},
       {"a100-40gb", "NVIDIA A100 40 GB", static_cast<int64_t>(39.50 * kGiB),
        "PyTorch 'total capacity of 39.50 GiB' (TianheWu/CoSeR issue 10)"},
       {"a10", "NVIDIA A10 24 GB", static_cast<int64_t>(22.06 * kGiB),
        "PyTorch '22.06 GiB total capacity' (vllm-project/vllm issue 928)"},
+      {"l4", "NVIDIA L4 24 GB", static_cast<int64_t>(21.96 * kGiB),
+       "PyTorch 'total capacity of 21.96 GiB' (vllm-project/vllm issue 12539)"},
       {"mi300x", "AMD Instinct MI300X 192 GB", 192 * kGiB, "datasheet: 192 GB HBM3"},
       {"mi355x", "AMD Instinct MI355X 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3E"},
   };
@@ -258,8 +262,9 @@ int64_t RankWeightsFromCheckpoint(const CheckpointSizing& sizing, const RankPlan
 MemoryOptions ResolveOptions(const MemoryOptions& in, const EngineProfile& e,
                              const ShardPlan& plan) {
   MemoryOptions o = in;
+  // vLLM's get_batch_defaults keeps the small defaults on every A100 ("a100" in the name).
   const bool large = static_cast<double>(o.gpu.bytes) >= e.large_gpu_min_gib * kGiB &&
-                     o.gpu.name != "a100" && o.gpu.name != "a100-40gb";
+                     o.gpu.name.rfind("a100", 0) != 0;
   if (o.gpu_memory_utilization <= 0) o.gpu_memory_utilization = e.DefaultFraction(plan.topology.tp);
   if (o.max_num_batched_tokens <= 0) {
     o.max_num_batched_tokens =
@@ -318,8 +323,12 @@ int64_t KvByRule(const EngineProfile& e, const MemoryOptions& o, const RankMemor
   switch (e.rule) {
     case EngineRule::kVllm:  // requested = util * total; minus weights, peak, non-torch
       return static_cast<int64_t>(total * f) - rm.weights - rm.activations - rm.overhead;
-    case EngineRule::kSglang:  // (free after loading) - (1 - fraction) * total; no profile
-      return static_cast<int64_t>(total * f) - rm.weights - rm.overhead;
+    case EngineRule::kSglang: {
+      // (free after loading) - (1 - fraction) x (free before loading): SGLang's "total" is the
+      // free memory it measured after NCCL init, so the fraction applies to total - preload.
+      const double before = total - static_cast<double>(rm.preload);
+      return static_cast<int64_t>(before * f) - rm.weights - (rm.overhead - rm.preload);
+    }
     case EngineRule::kTrtllm:  // fraction of what is free after the profiling peak
       return static_cast<int64_t>(
           f * static_cast<double>(o.gpu.bytes - rm.weights - rm.activations - rm.overhead));
@@ -345,6 +354,11 @@ void SizeRank(const ShardPlan& plan, const RankPlan& r, const MemoryPlan& mp,
   }
   // `overhead` excludes the activations, which have their own column.
   if (rm.terms.front().in_kv_budget) rm.overhead -= rm.activations;
+  if (e.rule == EngineRule::kSglang) {
+    for (const MemoryTerm& t : rm.terms) {
+      if (t.name == "cuda_context" || t.name == "nccl") rm.preload += t.bytes;
+    }
+  }
   rm.kv_cache = KvByRule(e, o, rm);
   const KvCost cost = KvCostOf(plan, r, mp.kv_dtype_bytes, len);
   rm.kv_bytes_per_token = cost.per_token;

@@ -134,6 +134,7 @@ void AddMemoryToJson(const MemoryPlan& mp, json& j) {
     b["activations"] = rm.activations;
     b["overhead"] = rm.overhead;
     b["outside_budget"] = rm.outside_budget;
+    b["preload"] = rm.preload;  // SGLang: context + NCCL in use at its pre-load snapshot
     json terms = json::array();
     for (const MemoryTerm& t : rm.terms) {
       terms.push_back({{"name", t.name},

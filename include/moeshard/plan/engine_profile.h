@@ -6,7 +6,8 @@
 //
 //   vllm    kv = util * total - weights - profile activation peak - non-torch increase;
 //           whole blocks of block_size tokens over the rank's layers, the smallest over ranks
-//   sglang  kv = (free before loading - weights) - (1 - mem_fraction_static) * total
+//   sglang  kv = (free after loading) - (1 - mem_fraction_static) * (free before loading),
+//           free before loading = total - CUDA context - NCCL (its post-init snapshot)
 //   trtllm  kv = free_gpu_memory_fraction * (free after the profiling forward)
 //
 // Thread safety: the table is parsed once (function-local static); everything is read-only.

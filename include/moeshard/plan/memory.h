@@ -71,8 +71,9 @@ struct RankMemory {
   int64_t budget = 0;
   int64_t weights = 0;
   int64_t activations = 0;
-  int64_t overhead = 0;             // the terms the engine subtracts before sizing the KV cache
-  int64_t outside_budget = 0;       // the terms it does not (vLLM: context, NCCL, graphs)
+  int64_t overhead = 0;        // the terms the engine subtracts before sizing the KV cache
+  int64_t outside_budget = 0;  // the terms it does not (vLLM: context, NCCL, graphs)
+  int64_t preload = 0;  // in use when SGLang snapshots free memory before loading (context, NCCL)
   std::vector<MemoryTerm> terms;    // every non-weight term, sourced (activations included)
   int64_t kv_cache = 0;             // by the engine's rule (may be < 0)
   int64_t kv_bytes_per_token = 0;   // all full-attention layers of the rank's stage
