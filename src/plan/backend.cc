@@ -15,6 +15,13 @@ bool BackendSpec::Supports(WeightFormat method) const {
   return std::find(formats.begin(), formats.end(), method) != formats.end();
 }
 
+const BackendWeightExtras* BackendSpec::ExtrasFor(WeightFormat format) const {
+  for (const BackendWeightExtras& e : weight_extras) {
+    if (e.format == format) return &e;
+  }
+  return nullptr;
+}
+
 const std::vector<BackendSpec>& BackendCatalog() {
   using Q = WeightFormat;
   static const std::vector<BackendSpec> catalog = {
@@ -67,7 +74,15 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .intermediate_align = 64,
        .hidden_align = 1,
        .formats = {Q::kBf16, Q::kFp8Block, Q::kMxfp4, Q::kInt4},
-       .source = "vLLM generic fallback: I%64"},
+       .source = "vLLM generic fallback: I%64",
+       .weight_extras = {{.format = Q::kMxfp4,
+                          .fp32_bias_copies = true,
+                          .scales_kept_twice = true,
+                          .source = "vLLM Mxfp4MoEMethod.process_weights_after_loading, Triton "
+                                    "branch: w13/w2 biases .to(torch.float32); _swizzle_mxfp4 "
+                                    "keeps w13/w2_weight_scale registered beside the swizzled "
+                                    "scales (docs/uneven-shards.md; the swizzled layouts' own "
+                                    "padding is not modelled)"}}},
       {.name = "aiter-ck",
        .description = "ROCm AITER CK fused MoE (bf16)",
        .intermediate_align = 128,

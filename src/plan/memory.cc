@@ -277,6 +277,23 @@ MemoryOptions ResolveOptions(const MemoryOptions& in, const EngineProfile& e,
   return o;
 }
 
+// What the backend adds beside the rank's routed-expert tensors after loading (BackendSpec
+// weight_extras), or a term of 0 bytes.
+MemoryTerm WeightExtrasTerm(const ShardPlan& plan, const RankPlan& r) {
+  MemoryTerm term{"weight_extras:" + plan.backend.name, 0, "", true};
+  const BackendWeightExtras* x = plan.backend.ExtrasFor(plan.expert_scheme.format);
+  if (x == nullptr) return term;
+  term.source = x->source;
+  for (const TensorShard& s : r.tensors) {
+    if (s.category != TensorCategory::kRoutedExperts) continue;
+    const bool bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
+    const int bits = DTypeBits(s.dtype);
+    if (bias && x->fp32_bias_copies && bits < 32) term.bytes += s.bytes * (32 - bits) / bits;
+    if (s.part == TensorPart::kScale && x->scales_kept_twice) term.bytes += s.bytes;
+  }
+  return term;
+}
+
 // Every non-weight term of one rank, marked by whether the engine's KV rule subtracts it.
 std::vector<MemoryTerm> RankTerms(const ShardPlan& plan, const RankPlan& r, const MemoryOptions& o,
                                   const EngineProfile& e, int64_t activations) {
@@ -293,6 +310,9 @@ std::vector<MemoryTerm> RankTerms(const ShardPlan& plan, const RankPlan& r, cons
   nccl.in_kv_budget = !vllm;
   if (t.world > 1) terms.push_back(nccl);
   if (vllm) terms.push_back(NonTorchProfileTerm(t.tp));
+  // Weight memory the engine sees as its model's (vLLM's "Model loading took"), subtracted as
+  // the weights are.
+  if (MemoryTerm x = WeightExtrasTerm(plan, r); x.bytes > 0) terms.push_back(x);
   if (t.moe_ep > 1 && !r.expert_slots.empty()) {
     All2AllParams a{.backend = o.all2all_backend,
                     .ep_size = t.moe_ep,

@@ -17,6 +17,15 @@
 
 namespace moeshard {
 
+// What a backend allocates after loading beside the checkpoint's routed-expert tensors of one
+// weight format (vLLM's process_weights_after_loading), as copies of some of them.
+struct BackendWeightExtras {
+  WeightFormat format = WeightFormat::kBf16;
+  bool fp32_bias_copies = false;   // the bf16 expert biases become fp32 copies (+1x their bytes)
+  bool scales_kept_twice = false;  // swizzled copies of the scales beside the originals (+1x)
+  std::string source;
+};
+
 struct BackendSpec {
   std::string name;
   std::string description;
@@ -30,10 +39,13 @@ struct BackendSpec {
   bool ep_only = false;                // owns dispatch/combine; needs expert parallelism
   bool exact_expert_division = false;  // experts (slots) must divide by the EP size
   std::string source;                  // where the numbers come from
+  std::vector<BackendWeightExtras> weight_extras = {};  // by format; none: the tensors alone
 
   // The alignment for a given raw I_local.
   int64_t IntermediateAlignFor(int64_t raw_local) const;
   bool Supports(WeightFormat format) const;
+  // The extras for `format`, or null.
+  const BackendWeightExtras* ExtrasFor(WeightFormat format) const;
 };
 
 const std::vector<BackendSpec>& BackendCatalog();
