@@ -70,6 +70,8 @@ struct ShardedJobSpec {
   // (PrepareExpertWeights); the verification reference keeps them as loaded, so verification
   // also crosses the layouts.
   KernelBackendOptions kernels;
+  // Record one forward's expert load (ShardedJobResult::expert_tokens, slot_tokens).
+  bool record_expert_load = false;
 };
 
 struct RankReport {
@@ -96,6 +98,18 @@ struct ShardedJobResult {
   ErrorStats error;                  // merged over ranks
   // collect_outputs, rank 0 only: [num_layers, total_tokens, H] fp32, units in order.
   std::vector<float> outputs;
+  // record_expert_load, every rank: the last forward's expert load (docs/eplb.md).
+  //   expert_tokens [num_layers][E]: (token, top-k choice) pairs routed to each logical expert,
+  //     summed over the world, every pair counted once (ForwardArgs::expert_counts).
+  //   slot_experts [num_slots]: the logical expert of every slot, EP rank by EP rank (the
+  //     slots of the world rank at moe_ep_rank p, moe_tp_rank 0, in its order);
+  //     slot_ep_rank [num_slots] the EP rank of each.
+  //   slot_tokens [num_layers][num_slots]: the rows each slot computed (ForwardArgs::
+  //     slot_counts), so a hot expert's replicas show how its tokens were split.
+  std::vector<std::vector<int64_t>> expert_tokens;
+  std::vector<int64_t> slot_experts;
+  std::vector<int64_t> slot_ep_rank;
+  std::vector<std::vector<int64_t>> slot_tokens;
 };
 
 // COLLECTIVE over `world` (size = the plan's world).
