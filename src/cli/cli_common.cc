@@ -109,7 +109,7 @@ Result<PlanOptions> ToPlanOptions(const PlanFlags& f) {
     if (!in) {
       return InvalidArgumentError(
           fmt::format("plan: '--expert-load {}': cannot open the file (its format: docs/eplb.md; "
-                      "tests/cli/make_expert_load.py writes one)",
+                      "`moeshard run --expert-load-out FILE` records one)",
                       f.expert_load));
     }
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <thread>
 
 #include "cli/cli_common.h"
@@ -18,7 +19,9 @@
 #include "moeshard/comm/launcher.h"
 #include "moeshard/config/config_loader.h"
 #include "moeshard/kernels/kernel_backend.h"
+#include "moeshard/plan/eplb.h"
 #include "moeshard/runtime/moe_runtime.h"
+#include "moeshard/runtime/routing_simulation.h"
 #include "moeshard/runtime/sharded_job.h"
 #include "moeshard/weights/presharded.h"
 #include "moeshard/weights/safetensors.h"
@@ -49,6 +52,8 @@ struct RunFlags {
   bool no_pin = false;
   double atol = Tolerance{}.atol;
   double rtol = Tolerance{}.rtol;
+  std::string expert_load_out;     // write the measured expert load here (docs/eplb.md)
+  std::string routing_simulation;  // zipf[:S] or uniform_random: replaces the router
 };
 
 struct Inputs {
@@ -235,6 +240,50 @@ bool PrintReport(const ShardPlan& plan, const ShardedJobSpec& spec, const Sharde
   return ok;
 }
 
+// The recorded expert load (ShardedJobResult::expert_tokens / slot_tokens) as the file
+// `--expert-load` reads, with the run's slots.
+ExpertLoad MeasuredLoad(const ShardPlan& plan, const ShardedJobResult& r) {
+  ExpertLoad load;
+  load.model = plan.model.name;
+  for (const std::vector<int64_t>& layer : r.expert_tokens) {
+    load.layers.emplace_back(layer.begin(), layer.end());
+  }
+  load.slot_experts = r.slot_experts;
+  for (const std::vector<int64_t>& layer : r.slot_tokens) {
+    load.slot_tokens.emplace_back(layer.begin(), layer.end());
+  }
+  return load;
+}
+
+// What the measured load says: per layer, the tokens each EP rank's slots served and their
+// max / mean, and how the hottest expert's tokens fell on its slots.
+void PrintExpertLoad(const ShardPlan& plan, const ShardedJobResult& r) {
+  const int64_t ep = plan.topology.moe_ep;
+  for (size_t l = 0; l < r.expert_tokens.size(); ++l) {
+    const std::vector<int64_t>& experts = r.expert_tokens[l];
+    const std::vector<int64_t>& slots = r.slot_tokens[l];
+    std::vector<int64_t> rank_tokens(static_cast<size_t>(ep), 0);
+    for (size_t s = 0; s < slots.size(); ++s) rank_tokens[r.slot_ep_rank[s]] += slots[s];
+    const int64_t total = std::accumulate(rank_tokens.begin(), rank_tokens.end(), int64_t{0});
+    const int64_t most = *std::max_element(rank_tokens.begin(), rank_tokens.end());
+    const size_t hot =
+        static_cast<size_t>(std::max_element(experts.begin(), experts.end()) - experts.begin());
+    std::vector<std::string> split;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      if (r.slot_experts[s] == static_cast<int64_t>(hot)) {
+        split.push_back(fmt::format("slot {} (EP rank {}): {}", s, r.slot_ep_rank[s], slots[s]));
+      }
+    }
+    fmt::print(
+        "expert load, layer {} (measured): {} (token, expert) pairs; tokens per EP rank [{}], "
+        "max/mean {:.3f}; hottest expert {} ({} tokens) served by {}\n",
+        r.layers[l], total, fmt::join(rank_tokens, ", "),
+        total > 0 ? static_cast<double>(most) * static_cast<double>(ep) / static_cast<double>(total)
+                  : 1.0,
+        hot, experts[hot], fmt::join(split, ", "));
+  }
+}
+
 Status WriteOutputs(const std::string& path, const ShardPlan& plan, const ShardedJobResult& r) {
   SafetensorsWriter w;
   w.SetMetadata({{"model", plan.model.name},
@@ -252,6 +301,32 @@ Status WriteOutputs(const std::string& path, const ShardPlan& plan, const Sharde
               {reinterpret_cast<const std::byte*>(p), static_cast<size_t>(T * H * 4)}));
   }
   return w.Finish(path);
+}
+
+// --routing-simulation: top-k ids and weights for every token of the job (the explicit inputs'
+// rows, or the --tokens of every DP rank), seeded by --seed, in inputs->ids / weights.
+Status SimulateInputRouting(const RunFlags& f, const ShardPlan& plan, Inputs* inputs) {
+  MOESHARD_ASSIGN_OR_RETURN(const RoutingSimulation sim,
+                            ParseRoutingSimulation(f.routing_simulation));
+  if (!inputs->ids.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "run: '--routing-simulation {}': the --input file already gives topk_ids (use one or "
+        "the other)",
+        f.routing_simulation));
+  }
+  int64_t total = 0;
+  if (!inputs->hidden.empty()) {
+    total = static_cast<int64_t>(inputs->hidden.size()) / plan.model.hidden_size;
+  } else if (!f.tokens.empty()) {
+    for (int64_t u = 0; u < plan.topology.num_units(); ++u) {
+      total += std::max<int64_t>(0, f.tokens[static_cast<size_t>(u) % f.tokens.size()]);
+    }
+  }
+  SimulatedRouting routed =
+      SimulateRouting(sim, total, plan.model.num_experts, plan.model.num_experts_per_tok, f.seed);
+  inputs->ids = std::move(routed.topk_ids);
+  inputs->weights = std::move(routed.topk_weights);
+  return Status::Ok();
 }
 
 int RunRun(const RunFlags& f) {
@@ -303,6 +378,13 @@ int RunRun(const RunFlags& f) {
       spec.topk_weights = &inputs.weights;
     }
   }
+  if (!f.routing_simulation.empty()) {
+    const Status s = SimulateInputRouting(f, *plan, &inputs);
+    if (!s.ok()) return fail(s);
+    spec.topk_ids = &inputs.ids;
+    spec.topk_weights = &inputs.weights;
+  }
+  spec.record_expert_load = !f.expert_load_out.empty();
 
   // Local threads, or this process's rank of an mpirun job: the factory reads the environment.
   auto launcher = CreateLauncher({.comm = f.comm,
@@ -318,6 +400,13 @@ int RunRun(const RunFlags& f) {
     MOESHARD_ASSIGN_OR_RETURN(ShardedJobResult r, RunShardedJob(spec, w));
     if (w.rank() != 0) return Status::Ok();
     report_ok = PrintReport(*plan, spec, r, (*launcher)->name());
+    if (spec.record_expert_load) {
+      PrintExpertLoad(*plan, r);
+      MOESHARD_RETURN_IF_ERROR(
+          WriteFileAtomic(f.expert_load_out, ExpertLoadJson(MeasuredLoad(*plan, r))));
+      fmt::print("wrote {} (tokens per expert of {} MoE layers, one forward; docs/eplb.md)\n",
+                 f.expert_load_out, r.layers.size());
+    }
     if (!f.output.empty()) {
       MOESHARD_RETURN_IF_ERROR(WriteOutputs(f.output, *plan, r));
       fmt::print("wrote {} ({} layers x [{}, {}] F32)\n", f.output, r.layers.size(), r.total_tokens,
@@ -600,6 +689,14 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--atol", f->atol, "verification: absolute tolerance (2e-2)");
                sub->add_option("--rtol", f->rtol,
                                "verification: tolerance relative to max |reference| (1e-2)");
+               sub->add_option("--expert-load-out", f->expert_load_out,
+                               "write the tokens routed to each expert per MoE layer (one "
+                               "forward, all DP ranks) and each slot's share, in the format "
+                               "--expert-load reads (docs/eplb.md)");
+               sub->add_option("--routing-simulation", f->routing_simulation,
+                               "replace the router: zipf[:S] (Zipf-skewed experts, exponent S, "
+                               "default 1) or uniform_random, seeded by --seed (as vLLM's "
+                               "VLLM_MOE_ROUTING_SIMULATION_STRATEGY; docs/eplb.md)");
                return [f] { return RunRun(*f); };
              }});
 

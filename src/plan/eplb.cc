@@ -10,9 +10,13 @@ namespace moeshard {
 namespace {
 
 // Packs items of the given weights into `num_packs` packs of equal item count, heaviest item
-// first, each onto the lightest pack that still has room (ties: the lower pack). Returns the
-// pack of every item. items.size() divides by num_packs.
-std::vector<int64_t> BalancedPacking(const std::vector<double>& weights, int64_t num_packs) {
+// first, each onto the lightest pack that still has room (ties: the lower pack). With `kinds`
+// (the expert of each replica), a pack that already holds an item of the same kind is passed
+// over while another with room does not: a second copy of an expert on one rank serves none
+// of its tokens (the dispatcher sends each token to one rank, expert_dispatch.h), so it would
+// waste the slot. Returns the pack of every item. items.size() divides by num_packs.
+std::vector<int64_t> BalancedPacking(const std::vector<double>& weights, int64_t num_packs,
+                                     const std::vector<int64_t>* kinds = nullptr) {
   const int64_t n = static_cast<int64_t>(weights.size());
   const int64_t per_pack = n / num_packs;
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -23,13 +27,27 @@ std::vector<int64_t> BalancedPacking(const std::vector<double>& weights, int64_t
   std::vector<double> pack_load(static_cast<size_t>(num_packs), 0.0);
   std::vector<int64_t> pack_items(static_cast<size_t>(num_packs), 0);
   std::vector<int64_t> pack_of(static_cast<size_t>(n), 0);
+  std::vector<std::vector<int64_t>> pack_kinds(static_cast<size_t>(num_packs));
+  const auto holds = [&](int64_t p, int64_t item) {
+    if (kinds == nullptr) return false;
+    const std::vector<int64_t>& k = pack_kinds[static_cast<size_t>(p)];
+    return std::find(k.begin(), k.end(), (*kinds)[static_cast<size_t>(item)]) != k.end();
+  };
   for (int64_t item : order) {
     int64_t best = -1;
+    bool best_holds = false;
     for (int64_t p = 0; p < num_packs; ++p) {
       if (pack_items[static_cast<size_t>(p)] == per_pack) continue;
-      if (best < 0 || pack_load[static_cast<size_t>(p)] < pack_load[static_cast<size_t>(best)]) {
+      const bool h = holds(p, item);
+      if (best < 0 || (best_holds && !h) ||
+          (h == best_holds &&
+           pack_load[static_cast<size_t>(p)] < pack_load[static_cast<size_t>(best)])) {
         best = p;
+        best_holds = h;
       }
+    }
+    if (kinds != nullptr) {
+      pack_kinds[static_cast<size_t>(best)].push_back((*kinds)[static_cast<size_t>(item)]);
     }
     pack_of[static_cast<size_t>(item)] = best;
     pack_load[static_cast<size_t>(best)] += weights[static_cast<size_t>(item)];
@@ -39,14 +57,21 @@ std::vector<int64_t> BalancedPacking(const std::vector<double>& weights, int64_t
 }
 
 // Gives `num_slots` slots to the experts of the given loads: one each, then every further slot
-// to the expert with the largest load per slot (ties: the lower expert). Returns the count per
-// expert.
-std::vector<int64_t> Replicate(const std::vector<double>& load, int64_t num_slots) {
+// to the expert with the largest load per slot (ties: the lower expert) among those with fewer
+// than `max_replicas` (the ranks they can be spread over; more copies than ranks would put two
+// on one rank, where the second serves nothing), or among all once every expert has that
+// many. Returns the count per expert.
+std::vector<int64_t> Replicate(const std::vector<double>& load, int64_t num_slots,
+                               int64_t max_replicas) {
   std::vector<int64_t> count(load.size(), 1);
   for (int64_t extra = num_slots - static_cast<int64_t>(load.size()); extra > 0; --extra) {
-    size_t best = 0;
-    for (size_t e = 1; e < load.size(); ++e) {
-      if (load[e] / static_cast<double>(count[e]) > load[best] / static_cast<double>(count[best])) {
+    const bool capped =
+        std::any_of(count.begin(), count.end(), [&](int64_t c) { return c < max_replicas; });
+    size_t best = load.size();
+    for (size_t e = 0; e < load.size(); ++e) {
+      if (capped && count[e] >= max_replicas) continue;
+      if (best == load.size() ||
+          load[e] / static_cast<double>(count[e]) > load[best] / static_cast<double>(count[best])) {
         best = e;
       }
     }
@@ -119,7 +144,7 @@ void PlaceLayer(const std::vector<double>& load, const EplbOptions& o, int64_t n
     }
     std::vector<double> node_load;
     for (int64_t e : node_experts) node_load.push_back(load[static_cast<size_t>(e)]);
-    const std::vector<int64_t> count = Replicate(node_load, slots_per_node);
+    const std::vector<int64_t> count = Replicate(node_load, slots_per_node, ranks_per_node);
     // 3. The node's replicas onto its ranks, by load per replica.
     std::vector<int64_t> replica_expert;
     std::vector<double> replica_load;
@@ -130,7 +155,8 @@ void PlaceLayer(const std::vector<double>& load, const EplbOptions& o, int64_t n
         replica_load.push_back(node_load[i] / static_cast<double>(count[i]));
       }
     }
-    const std::vector<int64_t> rank_of = BalancedPacking(replica_load, ranks_per_node);
+    const std::vector<int64_t> rank_of =
+        BalancedPacking(replica_load, ranks_per_node, &replica_expert);
     std::vector<int64_t> filled(static_cast<size_t>(ranks_per_node), 0);
     for (size_t r = 0; r < replica_expert.size(); ++r) {
       const int64_t rank = node * ranks_per_node + rank_of[r];
@@ -138,6 +164,51 @@ void PlaceLayer(const std::vector<double>& load, const EplbOptions& o, int64_t n
       slot_expert[static_cast<size_t>(slot)] = replica_expert[r];
     }
   }
+}
+
+// The optional per-slot section: both keys or neither, one row of slot_experts.size() numbers
+// per layer.
+Status ParseSlots(const nlohmann::json& j, const std::string& source, ExpertLoad* out) {
+  const bool has_experts = j.contains("slot_experts"), has_tokens = j.contains("slot_tokens");
+  if (!has_experts && !has_tokens) return Status::Ok();
+  if (has_experts != has_tokens) {
+    return InvalidArgumentError(fmt::format(
+        "{}: '{}' without '{}': expected both (the slots' experts and their tokens) or neither",
+        source, has_experts ? "slot_experts" : "slot_tokens",
+        has_experts ? "slot_tokens" : "slot_experts"));
+  }
+  const nlohmann::json& experts = j["slot_experts"];
+  const nlohmann::json& tokens = j["slot_tokens"];
+  if (!experts.is_array() || !tokens.is_array() || tokens.size() != out->layers.size()) {
+    return InvalidArgumentError(
+        fmt::format("{}: 'slot_experts/slot_tokens': expected an array of experts and {} "
+                    "arrays of tokens (one per layer), got {} and {}",
+                    source, out->layers.size(), experts.type_name(), tokens.dump().substr(0, 40)));
+  }
+  for (size_t s = 0; s < experts.size(); ++s) {
+    if (!experts[s].is_number_integer() || experts[s].get<int64_t>() < 0) {
+      return InvalidArgumentError(fmt::format("{}: slot_experts[{}] is {}, expected an expert id",
+                                              source, s, experts[s].dump()));
+    }
+    out->slot_experts.push_back(experts[s].get<int64_t>());
+  }
+  for (size_t l = 0; l < tokens.size(); ++l) {
+    const nlohmann::json& row = tokens[l];
+    if (!row.is_array() || row.size() != experts.size()) {
+      return InvalidArgumentError(
+          fmt::format("{}: slot_tokens[{}]: expected an array of {} token counts (one per slot)",
+                      source, l, experts.size()));
+    }
+    std::vector<double>& counts = out->slot_tokens.emplace_back();
+    for (size_t s = 0; s < row.size(); ++s) {
+      if (!row[s].is_number() || row[s].get<double>() < 0) {
+        return InvalidArgumentError(fmt::format(
+            "{}: slot_tokens[{}][{}] is {}, expected a token count", source, l, s, row[s].dump()));
+      }
+      counts.push_back(row[s].get<double>());
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -173,12 +244,18 @@ Result<ExpertLoad> ParseExpertLoad(std::string_view json_text, const std::string
       counts.push_back(row[e].get<double>());
     }
   }
+  MOESHARD_RETURN_IF_ERROR(ParseSlots(j, source, &out));
   return out;
 }
 
 std::string ExpertLoadJson(const ExpertLoad& load) {
   nlohmann::json j = {{"model", load.model}, {"layers", nlohmann::json::array()}};
   for (const std::vector<double>& layer : load.layers) j["layers"].push_back(layer);
+  if (!load.slot_experts.empty()) {
+    j["slot_experts"] = load.slot_experts;
+    j["slot_tokens"] = nlohmann::json::array();
+    for (const std::vector<double>& layer : load.slot_tokens) j["slot_tokens"].push_back(layer);
+  }
   return j.dump() + "\n";
 }
 
@@ -207,12 +284,17 @@ std::vector<std::vector<int64_t>> RankExperts(const std::vector<int64_t>& slot_e
 
 double RankLoadImbalance(const std::vector<double>& expert_load,
                          const std::vector<std::vector<int64_t>>& rank_experts) {
+  // The distinct experts of each rank: a second copy on one rank serves no tokens of its own.
+  std::vector<std::vector<int64_t>> held(rank_experts.size());
   std::vector<int64_t> copies(expert_load.size(), 0);
-  for (const auto& experts : rank_experts) {
-    for (int64_t e : experts) ++copies[static_cast<size_t>(e)];
+  for (size_t r = 0; r < rank_experts.size(); ++r) {
+    held[r] = rank_experts[r];
+    std::sort(held[r].begin(), held[r].end());
+    held[r].erase(std::unique(held[r].begin(), held[r].end()), held[r].end());
+    for (int64_t e : held[r]) ++copies[static_cast<size_t>(e)];
   }
   double max_load = 0, total = 0;
-  for (const auto& experts : rank_experts) {
+  for (const auto& experts : held) {
     double rank_load = 0;
     for (int64_t e : experts) {
       rank_load +=

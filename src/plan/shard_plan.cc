@@ -115,7 +115,8 @@ Result<std::vector<std::vector<int64_t>>> SlotsByEpRank(const ModelConfig& model
   if (options.placement == ExpertPlacement::kEplb && load.layers.empty()) {
     return InvalidArgumentError(
         "plan: '--expert-placement eplb': expected a measured expert load (--expert-load FILE, "
-        "docs/eplb.md gives the format; `moeshard run` does not record one yet), got none");
+        "docs/eplb.md gives the format; `moeshard run --expert-load-out FILE` records one), got "
+        "none");
   }
   for (size_t l = 0; l < load.layers.size(); ++l) {
     if (static_cast<int64_t>(load.layers[l].size()) != model.num_experts) {

@@ -14,11 +14,12 @@ LayerSteps::LayerSteps(const LayerParts& p)
       groups_(*p.groups),
       ws_(*p.workspace) {}
 
-Status LayerSteps::Run(const LayerWeights& ly, const LayerInput& in) {
+Status LayerSteps::Run(const LayerWeights& ly, const LayerInput& in, const LayerCounts& counts) {
   const int64_t C = in.chunk.size();
   PreNorm(ly, in);
   const float* xc = ws_.xn.data() + in.chunk.begin * shape_.hidden;  // [C, H]
   MOESHARD_RETURN_IF_ERROR(RouteChunk(ly, in, xc));
+  if (counts.experts != nullptr) CountExperts(ws_.chunk_ids.data(), C, counts.experts);
   ExpertInputs(ly, xc, C);
   Routed routed{.num_rows = C,
                 .rows = ws_.chunk_rows.data(),
@@ -26,11 +27,30 @@ Status LayerSteps::Run(const LayerWeights& ly, const LayerInput& in) {
                 .weights = ws_.chunk_w.data(),
                 .output = ws_.union_out.data()};
   MOESHARD_RETURN_IF_ERROR(GatherMoeTp(C, &routed));
-  MOESHARD_RETURN_IF_ERROR(RoutedExperts(ly, &routed));
+  if (counts.slots != nullptr) std::fill(counts.slots, counts.slots + counts.num_slots, 0);
+  MOESHARD_RETURN_IF_ERROR(RoutedExperts(ly, &routed, counts));
   MOESHARD_RETURN_IF_ERROR(ReduceMoeTp(&routed));
   ToHidden(ly, routed, C);
   MOESHARD_RETURN_IF_ERROR(SharedExperts(ly, in, xc));
   return GatherUnit(in);
+}
+
+// The ids are read on the host, as the dispatcher reads them (the backends so far allocate host
+// memory).
+void LayerSteps::CountExperts(const int32_t* ids, int64_t num_rows, int64_t* counts) const {
+  std::fill(counts, counts + shape_.num_experts, 0);
+  for (int64_t i = 0; i < num_rows * shape_.top_k; ++i) {
+    if (ids[i] >= 0 && ids[i] < shape_.num_experts) ++counts[ids[i]];
+  }
+}
+
+void LayerSteps::CountSlots(const int32_t* expert_ids, int64_t num_rows,
+                            const LayerCounts& counts) const {
+  if (counts.slots == nullptr || coords_.moe_tp_rank != 0) return;
+  for (int64_t i = 0; i < num_rows; ++i) {
+    const int32_t slot = global_to_local_[expert_ids[i]];
+    if (slot >= 0 && slot < counts.num_slots) ++counts.slots[slot];
+  }
 }
 
 void LayerSteps::PreNorm(const LayerWeights& ly, const LayerInput& in) {

@@ -43,6 +43,14 @@ struct LayerInput {
   const int32_t* token_ids = nullptr;    // [T] (hash-routed layers), or null
 };
 
+// Where one layer's expert-load counters go (ForwardArgs::expert_counts / slot_counts), each
+// optional; overwritten.
+struct LayerCounts {
+  int64_t* experts = nullptr;  // [E] pairs of this rank's chunk routed to each global expert
+  int64_t* slots = nullptr;    // [num_slots] rows each local slot computed (moe_tp rank 0)
+  int64_t num_slots = 0;
+};
+
 // The parts a layer runs over (owned by the runtime, outliving the steps).
 struct LayerParts {
   KernelBackend* kernels = nullptr;
@@ -60,7 +68,7 @@ class LayerSteps {
 
   // stream [T, H] -> stream [T, H]: one layer. REQUIRES: the workspace's per-call counts
   // (tp_rows, mt_rows, ...) filled for this call's T.
-  Status Run(const LayerWeights& ly, const LayerInput& in);
+  Status Run(const LayerWeights& ly, const LayerInput& in, const LayerCounts& counts = {});
 
  private:
   // The routed rows of one call as steps 4-6 pass them on: the union's (or, with moe_tp 1,
@@ -77,7 +85,12 @@ class LayerSteps {
   Status RouteChunk(const LayerWeights& ly, const LayerInput& in, const float* xc);
   void ExpertInputs(const LayerWeights& ly, const float* xc, int64_t C);
   Status GatherMoeTp(int64_t C, Routed* r);
-  Status RoutedExperts(const LayerWeights& ly, Routed* r);
+  Status RoutedExperts(const LayerWeights& ly, Routed* r, const LayerCounts& counts);
+  // counts [E] = the pairs of ids [num_rows, k] per global expert.
+  void CountExperts(const int32_t* ids, int64_t num_rows, int64_t* counts) const;
+  // counts.slots [num_slots] += rows per local slot of the experts `expert_ids` [num_rows] (one
+  // expert per row), on moe_tp rank 0 only; nothing without counts.slots.
+  void CountSlots(const int32_t* expert_ids, int64_t num_rows, const LayerCounts& counts) const;
   Status ReduceMoeTp(Routed* r);
   void ToHidden(const LayerWeights& ly, const Routed& r, int64_t C);
   Status SharedExperts(const LayerWeights& ly, const LayerInput& in, const float* xc);

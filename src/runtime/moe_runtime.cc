@@ -281,6 +281,10 @@ Result<std::unique_ptr<MoeRuntime>> MoeRuntime::Create(const ShardPlan& plan,
 const std::vector<int64_t>& MoeRuntime::layers() const { return impl_->layer_ids; }
 int64_t MoeRuntime::hidden_size() const { return impl_->shape.hidden; }
 int64_t MoeRuntime::top_k() const { return impl_->shape.top_k; }
+int64_t MoeRuntime::num_experts() const { return impl_->shape.num_experts; }
+int64_t MoeRuntime::num_expert_slots() const {
+  return static_cast<int64_t>(impl_->rank_plan->expert_slots.size());
+}
 int64_t MoeRuntime::WorkspaceBytes() const { return impl_->WorkspaceBytes(); }
 
 Status MoeRuntime::Forward(const ForwardArgs& a) {
@@ -307,9 +311,14 @@ Status MoeRuntime::Forward(const ForwardArgs& a) {
       .given_ids = a.topk_ids,
       .given_weights = a.topk_weights,
       .token_ids = a.token_ids};
+  const int64_t E = s.shape.num_experts, S = num_expert_slots();
   for (size_t li = 0; li < s.layers.size(); ++li) {
     const auto start = std::chrono::steady_clock::now();
-    const Status st = steps.Run(s.layers[li], in);
+    const internal::LayerCounts counts{
+        .experts = a.expert_counts != nullptr ? a.expert_counts + li * E : nullptr,
+        .slots = a.slot_counts != nullptr ? a.slot_counts + li * S : nullptr,
+        .num_slots = S};
+    const Status st = steps.Run(s.layers[li], in, counts);
     if (!st.ok()) return st.WithContext(fmt::format("layer {}", s.layers[li].layer));
     if (a.layer_outputs != nullptr) {
       s.kernels->Convert({.src = stream.data(),

@@ -23,7 +23,7 @@ Status LayerSteps::GatherMoeTp(int64_t C, Routed* r) {
   return Status::Ok();
 }
 
-Status LayerSteps::RoutedExperts(const LayerWeights& ly, Routed* r) {
+Status LayerSteps::RoutedExperts(const LayerWeights& ly, Routed* r, const LayerCounts& counts) {
   // This rank's I slice of its experts' outputs, weighted: union_out [U, Lp] fp32. The
   // down-projection bias is added once, by moe_tp rank 0.
   MoeExpertsParams mp;
@@ -35,6 +35,8 @@ Status LayerSteps::RoutedExperts(const LayerWeights& ly, Routed* r) {
   mp.add_down_bias = coords_.moe_tp_rank == 0;
   if (topo_.moe_ep == 1) {
     if (r->num_rows == 0) return Status::Ok();
+    // Every (row, choice) pair of the union runs on this rank's experts.
+    CountSlots(r->ids, r->num_rows * shape_.top_k, counts);
     mp.topk_ids = r->ids;
     mp.topk_weights = r->weights;
     mp.num_tokens = r->num_rows;
@@ -46,6 +48,7 @@ Status LayerSteps::RoutedExperts(const LayerWeights& ly, Routed* r) {
   ExpertDispatcher& dispatcher = *groups_.dispatcher;
   MOESHARD_RETURN_IF_ERROR(dispatcher.Dispatch(r->rows, r->ids, r->num_rows));
   const int64_t R = dispatcher.num_received();
+  CountSlots(dispatcher.received_expert_ids(), R, counts);
   if (R > 0) {
     if (ly.experts.num_experts_local == 0) {
       return InternalError("runtime: rows dispatched to a rank without experts");

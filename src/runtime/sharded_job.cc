@@ -193,6 +193,8 @@ Result<ErrorStats> VerifyAgainstReference(const ShardedJobSpec& spec, Communicat
   ra.out = ref_bytes.data();
   ra.layer_outputs = ref_layers.data();
   ra.layer_seconds = nullptr;
+  ra.expert_counts = nullptr;  // the sharded run's counts stay as it recorded them
+  ra.slot_counts = nullptr;
   MOESHARD_RETURN_IF_ERROR(ref.inst.runtime->Forward(ra).WithContext("run: single-rank reference"));
   if (num_layers == 0) return ErrorStats{};
   const size_t off = static_cast<size_t>((num_layers - 1) * T * H);
@@ -291,6 +293,59 @@ Status CollectOutputs(const ShardPlan& plan, const UnitInputs& in, Communicator&
   return Status::Ok();
 }
 
+// COLLECTIVE over `world`: the expert load of the last forward (docs/eplb.md), summed over the
+// world. experts: [nl, E] this rank's ForwardArgs::expert_counts; slots: [nl, its slots]
+// ForwardArgs::slot_counts.
+Status GatherExpertLoad(const ShardPlan& plan, Communicator& world,
+                        const std::vector<int64_t>& experts, const std::vector<int64_t>& slots,
+                        int64_t nl, ShardedJobResult* result) {
+  const ResolvedTopology& topo = plan.topology;
+  const int64_t E = plan.model.num_experts, n = world.size();
+  int64_t max_slots = 0;
+  for (const RankPlan& rp : plan.ranks) {
+    max_slots = std::max<int64_t>(max_slots, static_cast<int64_t>(rp.expert_slots.size()));
+  }
+  // One fixed-size record per rank: [nl, E] expert counts, then [nl, max_slots] slot counts.
+  const int64_t record = nl * (E + max_slots);
+  std::vector<int64_t> mine(record, 0), all(record * n);
+  std::copy(experts.begin(), experts.end(), mine.begin());
+  const int64_t S = nl > 0 ? static_cast<int64_t>(slots.size()) / nl : 0;
+  for (int64_t l = 0; l < nl; ++l) {
+    std::copy(slots.begin() + l * S, slots.begin() + (l + 1) * S,
+              mine.begin() + nl * E + l * max_slots);
+  }
+  if (record > 0) {  // nl is the same on every rank
+    MOESHARD_RETURN_IF_ERROR(world.AllGather(mine.data(), all.data(), record * sizeof(int64_t)));
+  }
+  result->expert_tokens.assign(nl, std::vector<int64_t>(E, 0));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t l = 0; l < nl; ++l) {
+      for (int64_t e = 0; e < E; ++e) result->expert_tokens[l][e] += all[r * record + l * E + e];
+    }
+  }
+  // The slots of each EP rank, as its moe_tp rank 0 counted them.
+  std::vector<int64_t> by_ep(topo.moe_ep, -1);
+  for (int64_t r = 0; r < n; ++r) {
+    const RankCoords c = CoordsOf(topo, r);
+    if (c.moe_tp_rank == 0 && c.pp_stage == 0) by_ep[c.moe_ep_rank] = r;
+  }
+  result->slot_experts.clear();
+  result->slot_ep_rank.clear();
+  result->slot_tokens.assign(nl, {});
+  for (int64_t p = 0; p < topo.moe_ep; ++p) {
+    const int64_t r = by_ep[p];
+    if (r < 0) continue;
+    const std::vector<int64_t>& held = plan.ranks[r].expert_slots;
+    result->slot_experts.insert(result->slot_experts.end(), held.begin(), held.end());
+    result->slot_ep_rank.insert(result->slot_ep_rank.end(), held.size(), p);
+    for (int64_t l = 0; l < nl; ++l) {
+      const int64_t* base = all.data() + r * record + nl * E + l * max_slots;
+      result->slot_tokens[l].insert(result->slot_tokens[l].end(), base, base + held.size());
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct ShardedJob::State {
@@ -355,6 +410,7 @@ ShardedJobSpec WithRunFields(const ShardedJobSpec& built, const ShardedJobSpec& 
   s.verify = run.verify;
   s.tolerance = run.tolerance;
   s.collect_outputs = run.collect_outputs;
+  s.record_expert_load = run.record_expert_load;
   return s;
 }
 
@@ -390,6 +446,13 @@ Result<ShardedJobResult> ShardedJob::Run(const ShardedJobSpec& run) {
   args.out = out_bytes.data();
   args.layer_outputs = layer_out.data();
   args.layer_seconds = seconds.data();
+  std::vector<int64_t> expert_counts, slot_counts;  // [nl, E], [nl, slots]: the last forward's
+  if (spec.record_expert_load) {
+    expert_counts.assign(nl * rt.num_experts(), 0);
+    slot_counts.assign(nl * rt.num_expert_slots(), 0);
+    args.expert_counts = expert_counts.data();
+    args.slot_counts = slot_counts.data();
+  }
   for (int i = 0; i < spec.warmup; ++i) MOESHARD_RETURN_IF_ERROR(rt.Forward(args));
   double iter_sum = 0;
   for (int i = 0; i < spec.iters; ++i) {
@@ -432,6 +495,10 @@ Result<ShardedJobResult> ShardedJob::Run(const ShardedJobSpec& run) {
   }
   if (spec.collect_outputs) {
     MOESHARD_RETURN_IF_ERROR(CollectOutputs(plan, in, world, layer_out, nl, &result.outputs));
+  }
+  if (spec.record_expert_load) {
+    MOESHARD_RETURN_IF_ERROR(
+        GatherExpertLoad(plan, world, expert_counts, slot_counts, nl, &result));
   }
   return result;
 }

@@ -11,7 +11,11 @@
 //      onto its ranks, heaviest first, each onto the least-loaded rank that still has room;
 //   2. global, otherwise: the same with one node and one group.
 // A replica serves an equal share of its expert's tokens (the runtime splits them so), which is
-// the load the packing balances.
+// the load the packing balances. One departure from DeepSeek's description, for moeshard's
+// runtime, which sends each token of an expert to one of the ranks holding it (a second copy on
+// the same rank would serve nothing): an expert gets at most as many replicas as the node has
+// ranks while any expert has fewer, and a replica goes to the least-loaded rank with room that
+// does not hold its expert yet, when there is one.
 //
 // Thread safety: pure functions over value types.
 #pragma once
@@ -26,14 +30,21 @@
 namespace moeshard {
 
 // Tokens routed to each logical expert, per MoE layer (docs/eplb.md gives the file format;
-// `moeshard run` does not record one yet).
+// `moeshard run --expert-load-out FILE` records one).
 struct ExpertLoad {
   std::string model;                        // the model it was measured on (informational)
   std::vector<std::vector<double>> layers;  // [moe layer][logical expert]
+  // Optional (written by `run`; the placement does not read them): the expert slots of the run
+  // that measured the load, EP rank by EP rank, and the tokens each slot served, so that the
+  // split of a hot expert's tokens over its replicas can be read back.
+  std::vector<int64_t> slot_experts = {};             // [slot] logical expert
+  std::vector<std::vector<double>> slot_tokens = {};  // [moe layer][slot]
 };
 
 // The expert-load file: {"model": "<name>", "layers": [[tokens per expert], ...]} with one
-// row per MoE layer in layer order. Errors name the source, the field and what was expected.
+// row per MoE layer in layer order, optionally "slot_experts": [expert of each slot] and
+// "slot_tokens": [[tokens per slot], ...] (one row per layer). Errors name the source, the
+// field and what was expected.
 Result<ExpertLoad> ParseExpertLoad(std::string_view json_text, const std::string& source);
 std::string ExpertLoadJson(const ExpertLoad& load);
 
@@ -60,8 +71,9 @@ std::vector<std::vector<int64_t>> RankExperts(const std::vector<int64_t>& slot_e
                                               int64_t num_ranks);
 
 // Max over mean of the per-rank load of one layer when rank r holds the experts
-// rank_experts[r] (repeats allowed) and each expert's tokens are split evenly over all the
-// slots holding it. 1.0 is perfect balance; a layer without load gives 1.0.
+// rank_experts[r] and each expert's tokens are split evenly over the ranks holding it, as the
+// runtime's dispatcher splits them (a repeat on one rank counts once: it serves no tokens of
+// its own). 1.0 is perfect balance; a layer without load gives 1.0.
 double RankLoadImbalance(const std::vector<double>& expert_load,
                          const std::vector<std::vector<int64_t>>& rank_experts);
 

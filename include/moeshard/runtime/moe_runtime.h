@@ -85,6 +85,17 @@ struct ForwardArgs {
   // Optional: [num_layers()] seconds each layer took on this rank (wall clock, including
   // waiting in collectives).
   double* layer_seconds = nullptr;
+  // Optional expert-load counters, overwritten by every call (docs/eplb.md):
+  //   expert_counts [num_layers(), num_experts] int64: the (token, top-k choice) pairs of this
+  //     rank's chunk routed to each global expert. The chunks of a unit's attention-TP ranks
+  //     tile its tokens and the units hold disjoint tokens, so the sum over the world counts
+  //     every pair of the step once.
+  //   slot_counts [num_layers(), num_expert_slots()] int64: the rows each of this rank's expert
+  //     slots computed (an expert held twice by one rank serves from its first slot). Counted on
+  //     moe_tp rank 0 only (zero on the others, which compute other I slices of the same rows),
+  //     so the sum over the world is the same pair count again.
+  int64_t* expert_counts = nullptr;
+  int64_t* slot_counts = nullptr;
 };
 
 class MoeRuntime {
@@ -109,6 +120,8 @@ class MoeRuntime {
   int64_t num_layers() const { return static_cast<int64_t>(layers().size()); }
   int64_t hidden_size() const;
   int64_t top_k() const;
+  int64_t num_experts() const;       // global (logical) experts
+  int64_t num_expert_slots() const;  // this rank's expert slots (RankPlan::expert_slots)
   // Bytes of the runtime's own buffers (activations, dispatch, converted biases).
   int64_t WorkspaceBytes() const;
 

@@ -76,6 +76,8 @@ struct ShardedJobSpec {
   // (PrepareExpertWeights); the verification reference keeps them as loaded, so verification
   // also crosses the layouts.
   KernelBackendOptions kernels;
+  // Record one forward's expert load (ShardedJobResult::expert_tokens, slot_tokens).
+  bool record_expert_load = false;
 };
 
 struct RankReport {
@@ -102,6 +104,18 @@ struct ShardedJobResult {
   ErrorStats error;                  // merged over ranks
   // collect_outputs, rank 0 only: [num_layers, total_tokens, H] fp32, units in order.
   std::vector<float> outputs;
+  // record_expert_load, every rank: the last forward's expert load (docs/eplb.md).
+  //   expert_tokens [num_layers][E]: (token, top-k choice) pairs routed to each logical expert,
+  //     summed over the world, every pair counted once (ForwardArgs::expert_counts).
+  //   slot_experts [num_slots]: the logical expert of every slot, EP rank by EP rank (the
+  //     slots of the world rank at moe_ep_rank p, moe_tp_rank 0, in its order);
+  //     slot_ep_rank [num_slots] the EP rank of each.
+  //   slot_tokens [num_layers][num_slots]: the rows each slot computed (ForwardArgs::
+  //     slot_counts), so a hot expert's replicas show how its tokens were split.
+  std::vector<std::vector<int64_t>> expert_tokens;
+  std::vector<int64_t> slot_experts;
+  std::vector<int64_t> slot_ep_rank;
+  std::vector<std::vector<int64_t>> slot_tokens;
 };
 
 // One rank's built job: its kernel backend, loaded (and prepared) weights and runtime.
@@ -115,9 +129,10 @@ class ShardedJob {
   ~ShardedJob();
 
   // COLLECTIVE over the job's world: one run with `run`'s tokens_per_unit, input_seed, inputs,
-  // routing, token_ids, io_dtype, warmup, iters, verify, tolerance and collect_outputs; the
-  // other fields are the job's (run.plan must be null or the job's plan). The runtime's
-  // buffers are remade when the run's tokens per rank exceed those built for.
+  // routing, token_ids, io_dtype, warmup, iters, verify, tolerance, collect_outputs and
+  // record_expert_load; the other fields are the job's (run.plan must be null or the job's
+  // plan). The runtime's buffers are remade when the run's tokens per rank exceed those built
+  // for.
   Result<ShardedJobResult> Run(const ShardedJobSpec& run);
 
  private:
