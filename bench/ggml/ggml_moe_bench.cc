@@ -516,6 +516,274 @@ int RunCheck(const Options& o, const Shape& s, const Format& f, ggml_backend_t b
   return ok ? 0 : 1;
 }
 
+// What the machine and ggml's build are, recorded before the first case.
+struct Feature {
+  const char* name;
+  int on;
+};
+struct Machine {
+  std::string cpu;
+  int threads = 0;
+  std::string load_before;
+  bool openmp = false;
+  std::vector<Feature> features;  // ggml's CPU features, as built
+};
+
+Machine DescribeMachine(int threads) {
+  Machine m;
+  m.cpu = CpuModel();
+  m.threads = threads;
+  m.load_before = LoadAverage();
+  m.openmp = OpenMpLoaded();
+  m.features = {{"AVX2", ggml_cpu_has_avx2()},
+                {"FMA", ggml_cpu_has_fma()},
+                {"F16C", ggml_cpu_has_f16c()},
+                {"AVX512", ggml_cpu_has_avx512()},
+                {"AVX512_BF16", ggml_cpu_has_avx512_bf16()},
+                {"AVX512_VNNI", ggml_cpu_has_avx512_vnni()},
+                {"AVX512_VBMI", ggml_cpu_has_avx512_vbmi()},
+                {"AVX_VNNI", ggml_cpu_has_avx_vnni()}};
+  return m;
+}
+
+void PrintMachine(const Machine& m) {
+  std::string feat_list;
+  for (const Feature& ft : m.features) {
+    if (ft.on) feat_list += std::string(feat_list.empty() ? "" : " ") + ft.name;
+  }
+  std::printf(
+      "machine: %s, %d threads, ggml %s commit %s, CPU features (as built): %s, %s, "
+      "load average %s\n",
+      m.cpu.c_str(), m.threads, ggml_version(), GGML_BENCH_GGML_COMMIT,
+      feat_list.empty() ? "none of AVX2/AVX512" : feat_list.c_str(),
+      m.openmp ? "OpenMP threads" : "ggml threadpool", m.load_before.c_str());
+}
+
+// Why ggml cannot run this type/shape combination ("" when it can): reported and skipped, not
+// failed.
+std::string UnsupportedReason(const Shape& s, const Format& f) {
+  if (s.hidden % ggml_blck_size(f.type) != 0 || s.intermediate % ggml_blck_size(f.type) != 0) {
+    return std::string(ggml_type_name(f.type)) + " needs rows that are a multiple of " +
+           std::to_string(ggml_blck_size(f.type));
+  }
+  if (ggml_quantize_requires_imatrix(f.type)) {
+    return std::string(ggml_type_name(f.type)) + " needs an importance matrix";
+  }
+  return "";
+}
+
+// ggml's CPU backend with `threads` threads and its weight buffer types.
+struct CpuBackend {
+  ggml_backend_t backend = nullptr;
+  ggml_threadpool_t threadpool = nullptr;
+  ggml_backend_dev_t dev = nullptr;
+  std::vector<ggml_backend_buffer_type_t> extra;  // the extra ("repack") buffer types
+  ggml_backend_buffer_type_t plain = nullptr;
+};
+
+bool InitCpuBackend(int threads, CpuBackend* cb) {
+  cb->backend = ggml_backend_cpu_init();
+  if (cb->backend == nullptr) return false;
+  ggml_backend_cpu_set_n_threads(cb->backend, threads);
+  ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+  // persistent, as llama.cpp's tools use; GGML_BENCH_NO_THREADPOOL=1: a threadpool per compute
+  cb->threadpool = std::getenv("GGML_BENCH_NO_THREADPOOL") ? nullptr : ggml_threadpool_new(&tpp);
+  if (cb->threadpool) ggml_backend_cpu_set_threadpool(cb->backend, cb->threadpool);
+  cb->dev = ggml_backend_get_device(cb->backend);
+  ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cb->dev);
+  using GetExtraBufts = ggml_backend_buffer_type_t* (*)(ggml_backend_dev_t);
+  auto get_extra = reinterpret_cast<GetExtraBufts>(
+      ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+  if (get_extra) {
+    for (ggml_backend_buffer_type_t* p = get_extra(cb->dev); p && *p; ++p) cb->extra.push_back(*p);
+  }
+  cb->plain = ggml_backend_dev_buffer_type(cb->dev);
+  return true;
+}
+
+void FreeCpuBackend(CpuBackend* cb) {
+  if (cb->backend) ggml_backend_free(cb->backend);
+  if (cb->threadpool) ggml_threadpool_free(cb->threadpool);
+  *cb = CpuBackend();
+}
+
+// The gate, up and down expert tensors (distinct experts for --check); false with `why` set when
+// one cannot be made.
+bool MakeExpertTensors(const CpuBackend& cb, const Options& o, const Shape& s, const Format& f,
+                       ExpertTensor* gate, ExpertTensor* up, ExpertTensor* down, std::string* why) {
+  const bool distinct = o.check;
+  const double t0 = Now();
+  if (!MakeExpertTensor(cb.dev, cb.extra, cb.plain, f.type, s.hidden, s.intermediate, s.experts,
+                        s.top_k, "ffn_gate_exps", distinct, o.seed * 3 + 0, gate, why) ||
+      !MakeExpertTensor(cb.dev, cb.extra, cb.plain, f.type, s.hidden, s.intermediate, s.experts,
+                        s.top_k, "ffn_up_exps", distinct, o.seed * 3 + 1, up, why) ||
+      !MakeExpertTensor(cb.dev, cb.extra, cb.plain, f.type, s.intermediate, s.hidden, s.experts,
+                        s.top_k, "ffn_down_exps", distinct, o.seed * 3 + 2, down, why)) {
+    return false;
+  }
+  std::printf(
+      "weights: %s [%lld, %lld, %lld] x2 + [%lld, %lld, %lld], %.1f MB, in %s / %s / %s "
+      "(gate/up/down), %.1f s to make\n",
+      ggml_type_name(f.type), (long long)s.hidden, (long long)s.intermediate, (long long)s.experts,
+      (long long)s.intermediate, (long long)s.hidden, (long long)s.experts,
+      (ggml_nbytes(gate->t) + ggml_nbytes(up->t) + ggml_nbytes(down->t)) / 1e6,
+      gate->buft_name.c_str(), up->buft_name.c_str(), down->buft_name.c_str(), Now() - t0);
+  return true;
+}
+
+// Repetitions of one built case (T tokens): x from seed + tokens, then fresh logits per
+// repetition from the same stream, as moeshard. Warm-up (rep -1), then timed repetitions: at
+// least min_repetitions and min_time. False (with a message) when a compute fails.
+bool TimeCase(const Options& o, const Shape& s, const Format& f, ggml_backend_t backend,
+              const Graph& g, int64_t tokens, std::vector<double>* times, double* touched_sum) {
+  const bool verbose = std::getenv("GGML_BENCH_VERBOSE") != nullptr;  // every repetition's time
+  std::mt19937_64 rng(o.seed + static_cast<uint64_t>(tokens));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(tokens * s.hidden));
+  for (float& v : x) v = nd(rng);
+  ggml_backend_tensor_set(g.x, x.data(), 0, ggml_nbytes(g.x));
+  std::vector<float> logits(static_cast<size_t>(tokens * s.experts));
+  std::vector<int32_t> ids(static_cast<size_t>(tokens * s.top_k));
+  std::vector<float> rw(ids.size());
+  const double start = Now();
+  for (int rep = -1; rep < o.min_repetitions || Now() - start < o.min_time; ++rep) {
+    for (float& v : logits) v = nd(rng);
+    Route(logits, tokens, s.experts, s.top_k, &ids, &rw);
+    ggml_backend_tensor_set(g.ids, ids.data(), 0, ggml_nbytes(g.ids));
+    ggml_backend_tensor_set(g.weights, rw.data(), 0, ggml_nbytes(g.weights));
+    const double a = Now();
+    const ggml_status st = ggml_backend_graph_compute(backend, g.gf);
+    const double dt = Now() - a;
+    if (st != GGML_STATUS_SUCCESS) {
+      std::printf("%s %s tokens %lld: ggml_backend_graph_compute failed (%d)\n", s.name, f.name,
+                  (long long)tokens, static_cast<int>(st));
+      return false;
+    }
+    if (verbose) std::printf("    rep %d: %.3f ms\n", rep, dt * 1e3);
+    if (rep < 0) continue;
+    times->push_back(dt);
+    *touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+    if (rep > 1000) break;
+  }
+  return true;
+}
+
+// Every --tokens case: a result each, or a skipped line when ggml cannot build its graph.
+// Returns 1 when a compute failed, else 0.
+int RunTimings(const Options& o, const Shape& s, const Format& f, ggml_backend_t backend,
+               const ExpertTensor& gate, const ExpertTensor& up, const ExpertTensor& down,
+               std::vector<Result>* results, std::vector<std::string>* skipped) {
+  int rc = 0;
+  const double expert_bytes =
+      static_cast<double>(ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) /
+      static_cast<double>(s.experts);
+  for (const int64_t tokens : o.tokens) {
+    Graph g;
+    std::string gwhy;
+    if (!BuildGraph(backend, s, tokens, gate.t, up.t, down.t, &g, &gwhy)) {
+      std::printf("%s %s tokens %lld: skipped: %s\n", s.name, f.name, (long long)tokens,
+                  gwhy.c_str());
+      skipped->push_back(std::string(s.name) + " " + f.name + " tokens " + std::to_string(tokens) +
+                         ": " + gwhy);
+      FreeGraph(&g);
+      continue;
+    }
+    std::vector<double> times;
+    double touched_sum = 0;
+    const bool ok = TimeCase(o, s, f, backend, g, tokens, &times, &touched_sum);
+    FreeGraph(&g);
+    if (!ok) {
+      rc = 1;
+      continue;
+    }
+    Result r;
+    r.shape = s.name;
+    r.format = f.name;
+    r.tokens = tokens;
+    r.repetitions = static_cast<int>(times.size());
+    r.seconds = Median(times);
+    r.experts_touched = touched_sum / r.repetitions;
+    r.weight_bytes = r.experts_touched * expert_bytes;
+    r.flops = 2.0 * static_cast<double>(tokens * s.top_k) * 3.0 *
+              static_cast<double>(s.hidden * s.intermediate);
+    r.repack = gate.repack || up.repack || down.repack;
+    r.buffer_types = gate.buft_name + "/" + up.buft_name + "/" + down.buft_name;
+    std::printf("  %s %s tokens %lld: %.3f ms\n", s.name, f.name, (long long)tokens,
+                r.seconds * 1e3);
+    std::fflush(stdout);
+    results->push_back(r);
+  }
+  return rc;
+}
+
+void PrintTable(const std::vector<Result>& results, const std::string& load_after) {
+  if (results.empty()) return;
+  std::printf("\nload average after: %s\n", load_after.c_str());
+  std::printf(
+      "\n| shape | format | tokens | experts | weights MB | time ms | reps | GB/s | GFLOP/s | "
+      "buffers (gate/up/down) |\n");
+  std::printf("|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
+  for (const Result& r : results) {
+    std::printf("| %s | %s | %lld | %.1f | %.1f | %.3f | %d | %.1f | %.0f | %s |\n",
+                r.shape.c_str(), r.format.c_str(), (long long)r.tokens, r.experts_touched,
+                r.weight_bytes / 1e6, r.seconds * 1e3, r.repetitions,
+                r.weight_bytes / r.seconds / 1e9, r.flops / r.seconds / 1e9,
+                r.buffer_types.c_str());
+  }
+}
+
+std::string ResultsJson(const Machine& m, const std::string& load_after,
+                        const std::vector<Result>& results,
+                        const std::vector<std::string>& skipped) {
+  std::ostringstream js;
+  js.precision(9);
+  js << "{\n  \"machine\": {\n    \"cpu\": " << JsonString(m.cpu)
+     << ",\n    \"threads\": " << m.threads
+     << ",\n    \"ggml_commit\": " << JsonString(GGML_BENCH_GGML_COMMIT)
+     << ",\n    \"ggml_version\": " << JsonString(ggml_version())
+     << ",\n    \"openmp\": " << (m.openmp ? "true" : "false")
+     << ",\n    \"loadavg_before\": " << JsonString(m.load_before)
+     << ",\n    \"loadavg_after\": " << JsonString(load_after) << ",\n    \"cpu_features\": {";
+  for (size_t i = 0; i < m.features.size(); ++i) {
+    js << (i ? ", " : "") << JsonString(m.features[i].name) << ": "
+       << (m.features[i].on ? "true" : "false");
+  }
+  js << "}\n  },\n  \"results\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    js << (i ? "," : "") << "\n    {\"shape\": " << JsonString(r.shape)
+       << ", \"format\": " << JsonString(r.format) << ", \"tokens\": " << r.tokens
+       << ", \"seconds\": " << r.seconds << ", \"repetitions\": " << r.repetitions
+       << ", \"repack\": " << (r.repack ? "true" : "false")
+       << ", \"buffer_types\": " << JsonString(r.buffer_types)
+       << ", \"experts_touched\": " << r.experts_touched << ", \"weight_bytes\": " << r.weight_bytes
+       << ", \"flops\": " << r.flops << "}";
+  }
+  js << "\n  ],\n  \"skipped\": [";
+  for (size_t i = 0; i < skipped.size(); ++i) js << (i ? ", " : "") << JsonString(skipped[i]);
+  js << "]\n}\n";
+  return js.str();
+}
+
+// Writes `text` to `path` through a temporary name; false (with a message) when it cannot.
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.close();
+    written = out.good();
+  }
+  if (written && std::rename(tmp.c_str(), path.c_str()) == 0) {
+    std::printf("wrote %s\n", path.c_str());
+    return true;
+  }
+  std::remove(tmp.c_str());
+  std::fprintf(stderr, "ggml_moe_bench: '--json': cannot write '%s'\n", path.c_str());
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -533,230 +801,39 @@ int main(int argc, char** argv) {
     Usage(argv[0], "'--format': expected bf16, mxfp4, q4_0 or q8_0, got '" + o.format + "'");
   const Shape& s = *shape;
   const Format& f = *format;
-  const int threads = o.threads > 0 ? o.threads : OnlineCpus();
-  const bool verbose = std::getenv("GGML_BENCH_VERBOSE") != nullptr;  // every repetition's time
-
-  const std::string cpu = CpuModel();
-  const std::string load_before = LoadAverage();
-  const bool openmp = OpenMpLoaded();
-  struct Feature {
-    const char* name;
-    int on;
-  };
-  const Feature features[] = {{"AVX2", ggml_cpu_has_avx2()},
-                              {"FMA", ggml_cpu_has_fma()},
-                              {"F16C", ggml_cpu_has_f16c()},
-                              {"AVX512", ggml_cpu_has_avx512()},
-                              {"AVX512_BF16", ggml_cpu_has_avx512_bf16()},
-                              {"AVX512_VNNI", ggml_cpu_has_avx512_vnni()},
-                              {"AVX512_VBMI", ggml_cpu_has_avx512_vbmi()},
-                              {"AVX_VNNI", ggml_cpu_has_avx_vnni()}};
-  std::string feat_list;
-  for (const Feature& ft : features) {
-    if (ft.on) feat_list += std::string(feat_list.empty() ? "" : " ") + ft.name;
-  }
-  std::printf(
-      "machine: %s, %d threads, ggml %s commit %s, CPU features (as built): %s, %s, "
-      "load average %s\n",
-      cpu.c_str(), threads, ggml_version(), GGML_BENCH_GGML_COMMIT,
-      feat_list.empty() ? "none of AVX2/AVX512" : feat_list.c_str(),
-      openmp ? "OpenMP threads" : "ggml threadpool", load_before.c_str());
+  const Machine machine = DescribeMachine(o.threads > 0 ? o.threads : OnlineCpus());
+  PrintMachine(machine);
 
   std::vector<Result> results;
   std::vector<std::string> skipped;
   int rc = 0;
-  // Unsupported combinations are reported and skipped, not failed.
-  std::string why;
-  if (s.hidden % ggml_blck_size(f.type) != 0 || s.intermediate % ggml_blck_size(f.type) != 0) {
-    why = std::string(ggml_type_name(f.type)) + " needs rows that are a multiple of " +
-          std::to_string(ggml_blck_size(f.type));
-  } else if (ggml_quantize_requires_imatrix(f.type)) {
-    why = std::string(ggml_type_name(f.type)) + " needs an importance matrix";
-  }
-
-  ggml_backend_t backend = ggml_backend_cpu_init();
-  if (backend == nullptr) {
+  std::string why = UnsupportedReason(s, f);
+  CpuBackend cb;
+  if (!InitCpuBackend(machine.threads, &cb)) {
     std::fprintf(stderr, "ggml_moe_bench: ggml_backend_cpu_init failed\n");
     return 1;
   }
-  ggml_backend_cpu_set_n_threads(backend, threads);
-  ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
-  // persistent, as llama.cpp's tools use; GGML_BENCH_NO_THREADPOOL=1: a threadpool per compute
-  ggml_threadpool_t threadpool =
-      std::getenv("GGML_BENCH_NO_THREADPOOL") ? nullptr : ggml_threadpool_new(&tpp);
-  if (threadpool) ggml_backend_cpu_set_threadpool(backend, threadpool);
-  ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-  ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-  std::vector<ggml_backend_buffer_type_t> extra;
-  using GetExtraBufts = ggml_backend_buffer_type_t* (*)(ggml_backend_dev_t);
-  auto get_extra = reinterpret_cast<GetExtraBufts>(
-      ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
-  if (get_extra) {
-    for (ggml_backend_buffer_type_t* p = get_extra(dev); p && *p; ++p) extra.push_back(*p);
-  }
-  ggml_backend_buffer_type_t plain = ggml_backend_dev_buffer_type(dev);
-
   ExpertTensor gate, up, down;
-  if (why.empty()) {
-    const bool distinct = o.check;
-    const double t0 = Now();
-    if (MakeExpertTensor(dev, extra, plain, f.type, s.hidden, s.intermediate, s.experts, s.top_k,
-                         "ffn_gate_exps", distinct, o.seed * 3 + 0, &gate, &why) &&
-        MakeExpertTensor(dev, extra, plain, f.type, s.hidden, s.intermediate, s.experts, s.top_k,
-                         "ffn_up_exps", distinct, o.seed * 3 + 1, &up, &why) &&
-        MakeExpertTensor(dev, extra, plain, f.type, s.intermediate, s.hidden, s.experts, s.top_k,
-                         "ffn_down_exps", distinct, o.seed * 3 + 2, &down, &why)) {
-      std::printf(
-          "weights: %s [%lld, %lld, %lld] x2 + [%lld, %lld, %lld], %.1f MB, in %s / %s / %s "
-          "(gate/up/down), %.1f s to make\n",
-          ggml_type_name(f.type), (long long)s.hidden, (long long)s.intermediate,
-          (long long)s.experts, (long long)s.intermediate, (long long)s.hidden,
-          (long long)s.experts,
-          (ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) / 1e6,
-          gate.buft_name.c_str(), up.buft_name.c_str(), down.buft_name.c_str(), Now() - t0);
-    }
-  }
+  if (why.empty()) MakeExpertTensors(cb, o, s, f, &gate, &up, &down, &why);
   if (!why.empty()) {
     std::printf("%s %s: skipped: %s\n", s.name, f.name, why.c_str());
     skipped.push_back(std::string(s.name) + " " + f.name + ": " + why);
   } else if (o.check) {
-    rc = RunCheck(o, s, f, backend, gate, up, down);
+    rc = RunCheck(o, s, f, cb.backend, gate, up, down);
   } else {
-    const double expert_bytes =
-        static_cast<double>(ggml_nbytes(gate.t) + ggml_nbytes(up.t) + ggml_nbytes(down.t)) /
-        static_cast<double>(s.experts);
-    for (const int64_t tokens : o.tokens) {
-      Graph g;
-      std::string gwhy;
-      if (!BuildGraph(backend, s, tokens, gate.t, up.t, down.t, &g, &gwhy)) {
-        std::printf("%s %s tokens %lld: skipped: %s\n", s.name, f.name, (long long)tokens,
-                    gwhy.c_str());
-        skipped.push_back(std::string(s.name) + " " + f.name + " tokens " + std::to_string(tokens) +
-                          ": " + gwhy);
-        FreeGraph(&g);
-        continue;
-      }
-      // As moeshard: x from seed + tokens, then fresh logits per repetition from the same stream.
-      std::mt19937_64 rng(o.seed + static_cast<uint64_t>(tokens));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> x(static_cast<size_t>(tokens * s.hidden));
-      for (float& v : x) v = nd(rng);
-      ggml_backend_tensor_set(g.x, x.data(), 0, ggml_nbytes(g.x));
-      std::vector<float> logits(static_cast<size_t>(tokens * s.experts));
-      std::vector<int32_t> ids(static_cast<size_t>(tokens * s.top_k));
-      std::vector<float> rw(ids.size());
-      std::vector<double> times;
-      double touched_sum = 0;
-      bool failed = false;
-      const double start = Now();
-      // Warm-up (rep -1), then timed repetitions: at least min_repetitions and min_time.
-      for (int rep = -1; rep < o.min_repetitions || Now() - start < o.min_time; ++rep) {
-        for (float& v : logits) v = nd(rng);
-        Route(logits, tokens, s.experts, s.top_k, &ids, &rw);
-        ggml_backend_tensor_set(g.ids, ids.data(), 0, ggml_nbytes(g.ids));
-        ggml_backend_tensor_set(g.weights, rw.data(), 0, ggml_nbytes(g.weights));
-        const double a = Now();
-        const ggml_status st = ggml_backend_graph_compute(backend, g.gf);
-        const double dt = Now() - a;
-        if (st != GGML_STATUS_SUCCESS) {
-          std::printf("%s %s tokens %lld: ggml_backend_graph_compute failed (%d)\n", s.name, f.name,
-                      (long long)tokens, static_cast<int>(st));
-          failed = true;
-          rc = 1;
-          break;
-        }
-        if (verbose) std::printf("    rep %d: %.3f ms\n", rep, dt * 1e3);
-        if (rep < 0) continue;
-        times.push_back(dt);
-        touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
-        if (rep > 1000) break;
-      }
-      FreeGraph(&g);
-      if (failed) continue;
-      Result r;
-      r.shape = s.name;
-      r.format = f.name;
-      r.tokens = tokens;
-      r.repetitions = static_cast<int>(times.size());
-      r.seconds = Median(times);
-      r.experts_touched = touched_sum / r.repetitions;
-      r.weight_bytes = r.experts_touched * expert_bytes;
-      r.flops = 2.0 * static_cast<double>(tokens * s.top_k) * 3.0 *
-                static_cast<double>(s.hidden * s.intermediate);
-      r.repack = gate.repack || up.repack || down.repack;
-      r.buffer_types = gate.buft_name + "/" + up.buft_name + "/" + down.buft_name;
-      std::printf("  %s %s tokens %lld: %.3f ms\n", s.name, f.name, (long long)tokens,
-                  r.seconds * 1e3);
-      std::fflush(stdout);
-      results.push_back(r);
-    }
+    rc = RunTimings(o, s, f, cb.backend, gate, up, down, &results, &skipped);
   }
 
   const std::string load_after = LoadAverage();
-  if (!results.empty()) {
-    std::printf("\nload average after: %s\n", load_after.c_str());
-    std::printf(
-        "\n| shape | format | tokens | experts | weights MB | time ms | reps | GB/s | GFLOP/s | "
-        "buffers (gate/up/down) |\n");
-    std::printf("|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
-    for (const Result& r : results) {
-      std::printf("| %s | %s | %lld | %.1f | %.1f | %.3f | %d | %.1f | %.0f | %s |\n",
-                  r.shape.c_str(), r.format.c_str(), (long long)r.tokens, r.experts_touched,
-                  r.weight_bytes / 1e6, r.seconds * 1e3, r.repetitions,
-                  r.weight_bytes / r.seconds / 1e9, r.flops / r.seconds / 1e9,
-                  r.buffer_types.c_str());
-    }
-  }
-
-  if (!o.json.empty() && !o.check) {
-    std::ostringstream js;
-    js.precision(9);
-    js << "{\n  \"machine\": {\n    \"cpu\": " << JsonString(cpu)
-       << ",\n    \"threads\": " << threads
-       << ",\n    \"ggml_commit\": " << JsonString(GGML_BENCH_GGML_COMMIT)
-       << ",\n    \"ggml_version\": " << JsonString(ggml_version())
-       << ",\n    \"openmp\": " << (openmp ? "true" : "false")
-       << ",\n    \"loadavg_before\": " << JsonString(load_before)
-       << ",\n    \"loadavg_after\": " << JsonString(load_after) << ",\n    \"cpu_features\": {";
-    for (size_t i = 0; i < sizeof features / sizeof features[0]; ++i) {
-      js << (i ? ", " : "") << JsonString(features[i].name) << ": "
-         << (features[i].on ? "true" : "false");
-    }
-    js << "}\n  },\n  \"results\": [";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      js << (i ? "," : "") << "\n    {\"shape\": " << JsonString(r.shape)
-         << ", \"format\": " << JsonString(r.format) << ", \"tokens\": " << r.tokens
-         << ", \"seconds\": " << r.seconds << ", \"repetitions\": " << r.repetitions
-         << ", \"repack\": " << (r.repack ? "true" : "false")
-         << ", \"buffer_types\": " << JsonString(r.buffer_types)
-         << ", \"experts_touched\": " << r.experts_touched
-         << ", \"weight_bytes\": " << r.weight_bytes << ", \"flops\": " << r.flops << "}";
-    }
-    js << "\n  ],\n  \"skipped\": [";
-    for (size_t i = 0; i < skipped.size(); ++i) js << (i ? ", " : "") << JsonString(skipped[i]);
-    js << "]\n}\n";
-    const std::string tmp = o.json + ".tmp";
-    bool written = false;
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << js.str();
-      out.close();
-      written = out.good();
-    }
-    if (written && std::rename(tmp.c_str(), o.json.c_str()) == 0) {
-      std::printf("wrote %s\n", o.json.c_str());
-    } else {
-      std::remove(tmp.c_str());
-      std::fprintf(stderr, "ggml_moe_bench: '--json': cannot write '%s'\n", o.json.c_str());
-      rc = 1;
-    }
+  PrintTable(results, load_after);
+  if (!o.json.empty() && !o.check &&
+      !WriteFileAtomically(o.json, ResultsJson(machine, load_after, results, skipped))) {
+    rc = 1;
   }
 
   FreeExpertTensor(&gate);
   FreeExpertTensor(&up);
   FreeExpertTensor(&down);
-  ggml_backend_free(backend);
-  if (threadpool) ggml_threadpool_free(threadpool);
+  FreeCpuBackend(&cb);
   return rc;
 }

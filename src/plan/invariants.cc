@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -33,103 +34,99 @@ std::string TilingProblem(const std::map<std::pair<int64_t, int64_t>, int64_t>& 
   return "";
 }
 
-}  // namespace
+// Records one violation of invariant `inv` ("tiling", "waste", "backend").
+using AddViolation = std::function<void(const char* inv, std::string detail)>;
 
-std::vector<Violation> CheckPlan(const ShardPlan& plan) {
-  std::vector<Violation> out;
-  const std::string label = plan.topology.Label();
-  auto add = [&](const char* inv, std::string detail) {
-    out.push_back(Violation{inv, label, std::move(detail)});
-  };
+// Tiling of non-routed tensors on pipeline stage `stage`: each held by every rank of the group,
+// its shards tiling the split part of each block.
+void CheckDenseTiling(const ShardPlan& plan, int64_t stage, const AddViolation& add) {
   const ResolvedTopology& t = plan.topology;
-
-  // Tiling of non-routed tensors, per pipeline stage.
-  for (int64_t stage = 0; stage < t.pp; ++stage) {
-    std::map<std::string, std::map<std::pair<int64_t, int64_t>, int64_t>> slices;
-    std::map<std::string, int64_t> extent;
-    std::map<std::string, int64_t> holders;
-    for (const RankPlan& r : plan.ranks) {
-      if (r.coords.pp_stage != stage) continue;
-      for (const TensorShard& s : r.tensors) {
-        if (s.category == TensorCategory::kRoutedExperts) continue;
-        // One name template can cover disjoint layer sets (Kimi-K3's MLA and KDA o_proj).
-        const std::string key = s.layers.empty()
-                                    ? s.name
-                                    : fmt::format("{} (layers from {})", s.name, s.layers.front());
-        holders[key]++;
-        if (s.shard_dim < 0) continue;
-        slices[key][{s.shard_begin, s.shard_end}]++;
-        // The split part of one block (fused q/k/v: a third; A_log: the heads it reads).
-        extent[key] = s.split_extent > 0 ? s.split_extent
-                      : !s.section_sizes.empty()
-                          ? s.section_sizes[0]
-                          : s.logical_shape[s.shard_dim] / std::max<int64_t>(1, s.sections);
-      }
-    }
-    for (const auto& [name, n] : holders) {
-      if (n != t.group) {
-        add("tiling",
-            fmt::format("'{}' on {} of the {} ranks of stage {}", name, n, t.group, stage));
-      }
-    }
-    for (const auto& [name, s] : slices) {
-      const std::string problem = TilingProblem(s, extent[name]);
-      if (!problem.empty()) add("tiling", fmt::format("'{}': {}", name, problem));
-    }
-
-    // Routed experts: every expert's I range tiles [0, I) over the ranks holding it.
-    std::map<int64_t, std::map<std::pair<int64_t, int64_t>, int64_t>> per_expert;
-    for (const RankPlan& r : plan.ranks) {
-      if (r.coords.pp_stage != stage) continue;
-      const int64_t b = plan.intermediate.SliceBegin(r.coords.moe_tp_rank);
-      const int64_t end = plan.intermediate.SliceEnd(r.coords.moe_tp_rank);
-      if (b == end) continue;  // uneven block shards: an empty slice holds no rows
-      for (int64_t e : r.expert_slots) per_expert[e][{b, end}]++;
-    }
-    // ... and so does every routed tensor's own slice of its split dim (w13 rows, w2 columns,
-    // their scales and biases, in storage coordinates): each checkpoint row once per copy of
-    // the expert, the local shape equal to the slice, the padded shape holding it.
-    std::map<std::pair<std::string, int64_t>, std::map<std::pair<int64_t, int64_t>, int64_t>>
-        routed_slices;
-    std::map<std::string, int64_t> routed_extent;
-    for (const RankPlan& r : plan.ranks) {
-      if (r.coords.pp_stage != stage) continue;
-      for (const TensorShard& s : r.tensors) {
-        if (s.category != TensorCategory::kRoutedExperts || s.shard_dim < 0) continue;
-        const size_t d = static_cast<size_t>(s.shard_dim);
-        const int64_t width = s.shard_end - s.shard_begin;
-        if (s.local_shape[d] != s.sections * width || s.padded_shape[d] < s.local_shape[d]) {
-          add("tiling", fmt::format("'{}' on rank {}: slice [{}, {}) x {} sections, local {} "
-                                    "padded {} along dim {}",
-                                    s.name, r.coords.rank, s.shard_begin, s.shard_end, s.sections,
-                                    s.local_shape[d], s.padded_shape[d], s.shard_dim));
-        }
-        routed_extent[s.name] = s.logical_shape[d] / std::max<int64_t>(1, s.sections);
-        if (width == 0) continue;  // uneven block shards: an empty slice, all padding
-        for (int64_t e : r.expert_slots) routed_slices[{s.name, e}][{s.shard_begin, s.shard_end}]++;
-      }
-    }
-    for (const auto& [key, sl] : routed_slices) {
-      const std::string problem = TilingProblem(sl, routed_extent[key.first]);
-      if (!problem.empty()) {
-        add("tiling", fmt::format("'{}' expert {}: {}", key.first, key.second, problem));
-        break;
-      }
-    }
-    if (static_cast<int64_t>(per_expert.size()) != plan.model.num_experts) {
-      add("tiling", fmt::format("{} of {} experts placed on stage {}", per_expert.size(),
-                                plan.model.num_experts, stage));
-    }
-    for (const auto& [e, s] : per_expert) {
-      const std::string problem = TilingProblem(s, plan.intermediate.logical);
-      if (!problem.empty()) {
-        add("tiling", fmt::format("expert {} intermediate: {}", e, problem));
-        break;
-      }
+  std::map<std::string, std::map<std::pair<int64_t, int64_t>, int64_t>> slices;
+  std::map<std::string, int64_t> extent;
+  std::map<std::string, int64_t> holders;
+  for (const RankPlan& r : plan.ranks) {
+    if (r.coords.pp_stage != stage) continue;
+    for (const TensorShard& s : r.tensors) {
+      if (s.category == TensorCategory::kRoutedExperts) continue;
+      // One name template can cover disjoint layer sets (Kimi-K3's MLA and KDA o_proj).
+      const std::string key =
+          s.layers.empty() ? s.name : fmt::format("{} (layers from {})", s.name, s.layers.front());
+      holders[key]++;
+      if (s.shard_dim < 0) continue;
+      slices[key][{s.shard_begin, s.shard_end}]++;
+      // The split part of one block (fused q/k/v: a third; A_log: the heads it reads).
+      extent[key] = s.split_extent > 0 ? s.split_extent
+                    : !s.section_sizes.empty()
+                        ? s.section_sizes[0]
+                        : s.logical_shape[s.shard_dim] / std::max<int64_t>(1, s.sections);
     }
   }
+  for (const auto& [name, n] : holders) {
+    if (n != t.group) {
+      add("tiling", fmt::format("'{}' on {} of the {} ranks of stage {}", name, n, t.group, stage));
+    }
+  }
+  for (const auto& [name, s] : slices) {
+    const std::string problem = TilingProblem(s, extent[name]);
+    if (!problem.empty()) add("tiling", fmt::format("'{}': {}", name, problem));
+  }
+}
 
-  // Padding waste below one alignment unit (plus the chosen floor for model-floor).
+// Routed experts on stage `stage`: every expert's I range tiles [0, I) over the ranks holding
+// it, and so does every routed tensor's own slice of its split dim (w13 rows, w2 columns, their
+// scales and biases, in storage coordinates): each checkpoint row once per copy of the expert,
+// the local shape equal to the slice, the padded shape holding it.
+void CheckRoutedTiling(const ShardPlan& plan, int64_t stage, const AddViolation& add) {
+  std::map<int64_t, std::map<std::pair<int64_t, int64_t>, int64_t>> per_expert;
+  for (const RankPlan& r : plan.ranks) {
+    if (r.coords.pp_stage != stage) continue;
+    const int64_t b = plan.intermediate.SliceBegin(r.coords.moe_tp_rank);
+    const int64_t end = plan.intermediate.SliceEnd(r.coords.moe_tp_rank);
+    if (b == end) continue;  // uneven block shards: an empty slice holds no rows
+    for (int64_t e : r.expert_slots) per_expert[e][{b, end}]++;
+  }
+  std::map<std::pair<std::string, int64_t>, std::map<std::pair<int64_t, int64_t>, int64_t>>
+      routed_slices;
+  std::map<std::string, int64_t> routed_extent;
+  for (const RankPlan& r : plan.ranks) {
+    if (r.coords.pp_stage != stage) continue;
+    for (const TensorShard& s : r.tensors) {
+      if (s.category != TensorCategory::kRoutedExperts || s.shard_dim < 0) continue;
+      const size_t d = static_cast<size_t>(s.shard_dim);
+      const int64_t width = s.shard_end - s.shard_begin;
+      if (s.local_shape[d] != s.sections * width || s.padded_shape[d] < s.local_shape[d]) {
+        add("tiling", fmt::format("'{}' on rank {}: slice [{}, {}) x {} sections, local {} "
+                                  "padded {} along dim {}",
+                                  s.name, r.coords.rank, s.shard_begin, s.shard_end, s.sections,
+                                  s.local_shape[d], s.padded_shape[d], s.shard_dim));
+      }
+      routed_extent[s.name] = s.logical_shape[d] / std::max<int64_t>(1, s.sections);
+      if (width == 0) continue;  // uneven block shards: an empty slice, all padding
+      for (int64_t e : r.expert_slots) routed_slices[{s.name, e}][{s.shard_begin, s.shard_end}]++;
+    }
+  }
+  for (const auto& [key, sl] : routed_slices) {
+    const std::string problem = TilingProblem(sl, routed_extent[key.first]);
+    if (!problem.empty()) {
+      add("tiling", fmt::format("'{}' expert {}: {}", key.first, key.second, problem));
+      break;
+    }
+  }
+  if (static_cast<int64_t>(per_expert.size()) != plan.model.num_experts) {
+    add("tiling", fmt::format("{} of {} experts placed on stage {}", per_expert.size(),
+                              plan.model.num_experts, stage));
+  }
+  for (const auto& [e, s] : per_expert) {
+    const std::string problem = TilingProblem(s, plan.intermediate.logical);
+    if (!problem.empty()) {
+      add("tiling", fmt::format("expert {} intermediate: {}", e, problem));
+      break;
+    }
+  }
+}
+
+// Padding waste below one alignment unit (plus the chosen floor for model-floor).
+void CheckPaddingWaste(const ShardPlan& plan, const AddViolation& add) {
   const DimLayout& I = plan.intermediate;
   const int64_t base = plan.options.padding == PaddingPolicy::kModelFloor
                            ? std::max(I.raw_local, I.floor)
@@ -144,8 +141,12 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
     add("waste", fmt::format("hidden padded {} -> {} (alignment {})", plan.hidden.raw_local,
                              plan.hidden.padded_local, plan.hidden.align));
   }
+}
 
-  // Backend constraints.
+// The backend's alignment, quantization-group and parallelism constraints.
+void CheckBackendConstraints(const ShardPlan& plan, const AddViolation& add) {
+  const ResolvedTopology& t = plan.topology;
+  const DimLayout& I = plan.intermediate;
   const BackendSpec& b = plan.backend;
   const int64_t ia = b.IntermediateAlignFor(I.raw_local);
   if (I.padded_local % ia != 0) {
@@ -166,6 +167,22 @@ std::vector<Violation> CheckPlan(const ShardPlan& plan) {
     add("backend",
         fmt::format("{} needs slots % EP == 0, got {} % {}", b.name, plan.num_slots, t.moe_ep));
   }
+}
+
+}  // namespace
+
+std::vector<Violation> CheckPlan(const ShardPlan& plan) {
+  std::vector<Violation> out;
+  const std::string label = plan.topology.Label();
+  const AddViolation add = [&](const char* inv, std::string detail) {
+    out.push_back(Violation{inv, label, std::move(detail)});
+  };
+  for (int64_t stage = 0; stage < plan.topology.pp; ++stage) {
+    CheckDenseTiling(plan, stage, add);
+    CheckRoutedTiling(plan, stage, add);
+  }
+  CheckPaddingWaste(plan, add);
+  CheckBackendConstraints(plan, add);
   return out;
 }
 

@@ -69,191 +69,253 @@ inline FullTensors FullCheckpointTensors(const Checkpoint& ckpt) {
   return out;
 }
 
-// Expected bytes (padded, padding zero) of plan tensor `s` at `layer` on `rank`. Throws
-// std::out_of_range (via map::at) when a checkpoint tensor is missing.
-inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t rank,
-                                                  const TensorShard& s, int64_t layer,
-                                                  const FullTensors& full) {
-  const ModelConfig& m = plan.model;
-  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
-  const int64_t es = DTypeBits(s.dtype) / 8;
-  std::vector<std::byte> out(static_cast<size_t>(NumElements(s.padded_shape) * es));
-  const std::string name = ExpandName(s.name, layer);
-  auto copy_elem = [&](const FullTensor& src, int64_t src_elem, int64_t dst_elem) {
-    std::memcpy(out.data() + dst_elem * es, src.bytes.data() + src_elem * es,
-                static_cast<size_t>(es));
-  };
+namespace detail {
 
-  if (s.category != TensorCategory::kRoutedExperts) {
-    // Plain tensor: an N-d slice along shard_dim (of each of its `sections` blocks).
-    const std::string src_name = s.tied_source.empty() ? name : s.tied_source;
-    const FullTensor& src = full.at(src_name);
-    const std::vector<int64_t>& L = s.local_shape;
-    const std::vector<int64_t>& G = src.shape;
-    std::vector<int64_t> idx(L.size(), 0);
-    const int64_t n = NumElements(L);
-    const int64_t slice = s.shard_end - s.shard_begin;
-    for (int64_t k = 0; k < n; ++k) {
-      int64_t rem = k;
-      for (size_t d = L.size(); d-- > 0;) {
-        idx[d] = rem % L[d];
-        rem /= L[d];
-      }
-      int64_t flat = 0;
-      for (size_t d = 0; d < G.size(); ++d) {
-        int64_t i = idx[d];
-        if (static_cast<int>(d) == s.shard_dim && !s.section_sizes.empty()) {
-          // Unequal blocks: local index i falls in block b at offset j; the rank holds the
-          // (shard_begin / first slice)-th slice of each block.
-          const int64_t r = s.shard_begin / slice;
-          int64_t at = 0, local_at = 0;
-          for (int64_t size : s.section_sizes) {
-            const int64_t n = size * slice / s.section_sizes[0];
-            if (idx[d] < local_at + n) {
-              i = at + r * n + (idx[d] - local_at);
-              break;
-            }
-            at += size;
-            local_at += n;
-          }
-        } else if (static_cast<int>(d) == s.shard_dim) {
-          const int64_t block = G[d] / s.sections;
-          i = (idx[d] / slice) * block + s.shard_begin + idx[d] % slice;
-        }
-        flat = flat * G[d] + i;
-      }
-      copy_elem(src, flat, k);  // local == padded for non-expert tensors
-    }
-    return out;
+// The rank buffer being built, and the element copy every reference step uses.
+struct RankBuffer {
+  std::vector<std::byte> bytes;
+  int64_t elem_size = 0;  // bytes per element
+  int64_t rows_p = 1;     // expert tensors: padded [slots, rows_p, cols_p]
+  int64_t cols_p = 1;
+
+  void Copy(const FullTensor& src, int64_t src_elem, int64_t dst_elem) {
+    std::memcpy(bytes.data() + dst_elem * elem_size, src.bytes.data() + src_elem * elem_size,
+                static_cast<size_t>(elem_size));
   }
+  int64_t At(int64_t slot, int64_t r, int64_t c) const { return (slot * rows_p + r) * cols_p + c; }
+};
 
-  const ExpertLayout& x = plan.experts;
+// Index along plain tensor `s`'s shard dim (global size `global`) of local index `local`.
+inline int64_t PlainSourceIndex(const TensorShard& s, int64_t global, int64_t local) {
+  const int64_t slice = s.shard_end - s.shard_begin;
+  if (!s.section_sizes.empty()) {
+    // Unequal blocks: local index falls in block b at offset j; the rank holds the
+    // (shard_begin / first slice)-th slice of each block.
+    const int64_t r = s.shard_begin / slice;
+    int64_t at = 0, local_at = 0;
+    for (int64_t size : s.section_sizes) {
+      const int64_t n = size * slice / s.section_sizes[0];
+      if (local < local_at + n) return at + r * n + (local - local_at);
+      at += size;
+      local_at += n;
+    }
+    return local;
+  }
+  const int64_t block = global / s.sections;
+  return (local / slice) * block + s.shard_begin + local % slice;
+}
+
+// Plain tensor: an N-d slice along shard_dim (of each of its `sections` blocks).
+inline void ReferencePlainTensor(const TensorShard& s, const std::string& name,
+                                 const FullTensors& full, RankBuffer& out) {
+  const FullTensor& src = full.at(s.tied_source.empty() ? name : s.tied_source);
+  const std::vector<int64_t>& L = s.local_shape;
+  const std::vector<int64_t>& G = src.shape;
+  std::vector<int64_t> idx(L.size(), 0);
+  const int64_t n = NumElements(L);
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t rem = k;
+    for (size_t d = L.size(); d-- > 0;) {
+      idx[d] = rem % L[d];
+      rem /= L[d];
+    }
+    int64_t flat = 0;
+    for (size_t d = 0; d < G.size(); ++d) {
+      const int64_t i =
+          static_cast<int>(d) == s.shard_dim ? PlainSourceIndex(s, G[d], idx[d]) : idx[d];
+      flat = flat * G[d] + i;
+    }
+    out.Copy(src, flat, k);  // local == padded for non-expert tensors
+  }
+}
+
+// One routed-expert plan tensor at one layer on one rank: what it holds and its slice of I.
+struct ExpertRef {
+  const ExpertLayout& x;
+  const WeightScheme& q;
+  const TensorShard& s;
+  int64_t layer = 0;
+  bool w13 = false;  // gate_up (weight, scale or bias); else down
+  std::string leaf;  // per-expert checkpoint leaf: "bias", "weight_shape", scale or weight leaf
+  int64_t I = 0;     // moe_intermediate_size
+  int64_t H = 0;     // routed_expert_hidden_size
+  int64_t ib = 0;    // the rank's slice of I: [ib, ib + Ir)
+  int64_t Ir = 0;
+  int64_t Ip = 0;  // padded local intermediate
+};
+
+inline ExpertRef MakeExpertRef(const ShardPlan& plan, const RankPlan& rp, const TensorShard& s,
+                               int64_t layer) {
+  const ModelConfig& m = plan.model;
   const WeightScheme& q = plan.expert_scheme;
-  const bool w13 = s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias;
   const bool is_bias =
       s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;
   const std::string leaf = is_bias                            ? "bias"
                            : s.part == TensorPart::kShapeMeta ? "weight_shape"
                            : s.part == TensorPart::kScale     ? std::string(q.spec().scale_leaf)
                                                               : std::string(q.spec().weight_leaf);
-  const int64_t I = m.moe_intermediate_size, H = m.routed_expert_hidden_size;
-  // The rank's slice of I: [ib, ib + Ir). Uneven block shards (shard_plan.h): the stride is
-  // raw_local and the last ranks' slices are cut at I (short, or empty).
-  const int64_t stride = plan.intermediate.raw_local, Ip = plan.intermediate.padded_local;
+  const int64_t I = m.moe_intermediate_size;
+  // Uneven block shards (shard_plan.h): the stride is raw_local and the last ranks' slices are
+  // cut at I (short, or empty).
+  const int64_t stride = plan.intermediate.raw_local;
   const int64_t ib = std::min(rp.coords.moe_tp_rank * stride, I);
-  const int64_t Ir = std::min(stride, I - ib);
-  const int64_t rows_p = s.padded_shape[1];
-  const int64_t cols_p = s.padded_shape.size() > 2 ? s.padded_shape[2] : 1;
-  auto dst_at = [&](int64_t slot, int64_t r, int64_t c) {
-    return (slot * rows_p + r) * cols_p + c;
-  };
+  return ExpertRef{plan.experts,
+                   q,
+                   s,
+                   layer,
+                   s.role == TensorRole::kExpertsW13 || s.role == TensorRole::kExpertsW13Bias,
+                   leaf,
+                   I,
+                   m.routed_expert_hidden_size,
+                   ib,
+                   std::min(stride, I - ib),
+                   plan.intermediate.padded_local};
+}
 
-  for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
-    const int64_t e = rp.expert_slots[slot];
-    const auto sl = static_cast<int64_t>(slot);
-    if (x.fused) {  // gpt-oss, Llama-4
-      const std::string module = ExpandName(w13 ? x.fused_gate_up : x.fused_down, layer);
-      if (leaf == "bias") {
-        const FullTensor& src = full.at(module + x.bias_suffix);
-        const int64_t n = w13 ? 2 * I : H;
-        for (int64_t j = 0; j < (w13 ? 2 * Ir : H); ++j) {
-          copy_elem(src, e * n + (w13 ? 2 * ib : 0) + j, sl * s.padded_shape[1] + j);
-        }
-      } else if (q.format == WeightFormat::kMxfp4) {
-        const bool sc = s.part == TensorPart::kScale;
-        const int64_t unit = sc ? 32 : 2;
-        const FullTensor& src =
-            full.at(module + (sc ? x.fused_scale_suffix : x.fused_weight_suffix));
-        const int64_t out_rows = w13 ? 2 * I : H, in = w13 ? H : I;
-        const int64_t cols = in / unit;
-        if (w13) {
-          for (int64_t r = 0; r < 2 * Ir; ++r) {
-            for (int64_t c = 0; c < cols; ++c)
-              copy_elem(src, (e * out_rows + 2 * ib + r) * cols + c, dst_at(sl, r, c));
-          }
-        } else {
-          for (int64_t h = 0; h < H; ++h) {
-            for (int64_t c = 0; c < Ir / unit; ++c)
-              copy_elem(src, (e * out_rows + h) * cols + ib / unit + c, dst_at(sl, h, c));
-          }
-        }
-      } else if (!x.fused_in_major) {  // bf16, stored out-major [E, out, in] (Qwen3.5)
-        const FullTensor& src = full.at(module);
-        if (w13) {
-          for (int64_t r = 0; r < 2 * Ir; ++r) {
-            const int64_t h = r / Ir, j = r % Ir;
-            const int64_t row = x.gate_up_interleaved ? 2 * ib + r : h * I + ib + j;
-            const int64_t dst = x.gate_up_interleaved ? r : h * Ip + j;
-            for (int64_t c = 0; c < H; ++c)
-              copy_elem(src, (e * 2 * I + row) * H + c, dst_at(sl, dst, c));
-          }
-        } else {
-          for (int64_t h = 0; h < H; ++h) {
-            for (int64_t i = 0; i < Ir; ++i)
-              copy_elem(src, (e * H + h) * I + ib + i, dst_at(sl, h, i));
-          }
-        }
-      } else {  // bf16, stored in-major [E, in, out]
-        const FullTensor& src = full.at(module);
-        if (w13) {
-          // Interleaved (gpt-oss): the rank's columns are 2*[ib, ib + Ir). Gate then up halves
-          // (Llama-4): columns [h*I + ib, h*I + ib + Ir) go to rows h*Ip + [0, Ir).
-          for (int64_t r = 0; r < 2 * Ir; ++r) {
-            const int64_t h = r / Ir, j = r % Ir;
-            const int64_t col = x.gate_up_interleaved ? 2 * ib + r : h * I + ib + j;
-            const int64_t row = x.gate_up_interleaved ? r : h * Ip + j;
-            for (int64_t c = 0; c < H; ++c)
-              copy_elem(src, (e * H + c) * 2 * I + col, dst_at(sl, row, c));
-          }
-        } else {
-          for (int64_t h = 0; h < H; ++h) {
-            for (int64_t i = 0; i < Ir; ++i)
-              copy_elem(src, (e * I + ib + i) * H + h, dst_at(sl, h, i));
-          }
-        }
-      }
-      continue;
+// Fused bias [E, out] (gpt-oss): expert e's slice into slot `sl`.
+inline void ReferenceFusedBias(const ExpertRef& t, const std::string& module, int64_t e, int64_t sl,
+                               const FullTensors& full, RankBuffer& out) {
+  const FullTensor& src = full.at(module + t.x.bias_suffix);
+  const int64_t n = t.w13 ? 2 * t.I : t.H;
+  for (int64_t j = 0; j < (t.w13 ? 2 * t.Ir : t.H); ++j) {
+    out.Copy(src, e * n + (t.w13 ? 2 * t.ib : 0) + j, sl * t.s.padded_shape[1] + j);
+  }
+}
+
+// Fused MXFP4 blocks or scales [E, out, in / unit] (gpt-oss).
+inline void ReferenceFusedMxfp4(const ExpertRef& t, const std::string& module, int64_t e,
+                                int64_t sl, const FullTensors& full, RankBuffer& out) {
+  const bool sc = t.s.part == TensorPart::kScale;
+  const int64_t unit = sc ? 32 : 2;
+  const FullTensor& src = full.at(module + (sc ? t.x.fused_scale_suffix : t.x.fused_weight_suffix));
+  const int64_t out_rows = t.w13 ? 2 * t.I : t.H, in = t.w13 ? t.H : t.I;
+  const int64_t cols = in / unit;
+  if (t.w13) {
+    for (int64_t r = 0; r < 2 * t.Ir; ++r) {
+      for (int64_t c = 0; c < cols; ++c)
+        out.Copy(src, (e * out_rows + 2 * t.ib + r) * cols + c, out.At(sl, r, c));
     }
-    // Per-expert tensors, named by the family's layout.
-    auto src_name = [&](int proj) {
-      const std::string* modules[] = {&x.gate, &x.up, &x.down};
-      return ExpandName(*modules[proj] + "." + leaf, layer, e);
-    };
-    if (s.part == TensorPart::kShapeMeta) {
-      // Whole [2] tensors, gate and up for w13, down for w2.
-      const int parts = w13 ? 2 : 1;
-      for (int h = 0; h < parts; ++h) {
-        const FullTensor& src = full.at(src_name(w13 ? h : 2));
-        for (int64_t j = 0; j < 2; ++j) copy_elem(src, j, (sl * parts + h) * 2 + j);
-      }
-      continue;
+  } else {
+    for (int64_t h = 0; h < t.H; ++h) {
+      for (int64_t c = 0; c < t.Ir / unit; ++c)
+        out.Copy(src, (e * out_rows + h) * cols + t.ib / unit + c, out.At(sl, h, c));
     }
-    // Logical columns per storage element along the input dim, rows per storage row.
-    int64_t col_unit = 1, row_unit = 1;
-    if (s.part == TensorPart::kWeight && q.packed()) col_unit = 2;
-    if (s.part == TensorPart::kScale) {
-      col_unit = q.group;
-      if (q.format == WeightFormat::kFp8Block) row_unit = q.block_rows;
-    }
-    if (w13) {
-      for (int h = 0; h < 2; ++h) {
-        const FullTensor& src = full.at(src_name(h));
-        const int64_t cols = src.shape[1];
-        for (int64_t r = 0; r < Ir / row_unit; ++r) {
-          for (int64_t c = 0; c < cols; ++c)
-            copy_elem(src, (ib / row_unit + r) * cols + c, dst_at(sl, (h * Ip) / row_unit + r, c));
-        }
+  }
+}
+
+// Fused bf16, stored out-major [E, out, in] (Qwen3.5) or in-major [E, in, out] (gpt-oss,
+// Llama-4). Interleaved (gpt-oss): the rank's gate_up rows are 2*[ib, ib + Ir). Gate then up
+// halves (Llama-4): rows [h*I + ib, h*I + ib + Ir) go to rows h*Ip + [0, Ir).
+inline void ReferenceFusedBf16(const ExpertRef& t, const std::string& module, int64_t e, int64_t sl,
+                               const FullTensors& full, RankBuffer& out) {
+  const FullTensor& src = full.at(module);
+  const int64_t I = t.I, H = t.H, ib = t.ib, Ir = t.Ir;
+  if (t.w13) {
+    for (int64_t r = 0; r < 2 * Ir; ++r) {
+      const int64_t h = r / Ir, j = r % Ir;
+      const int64_t from = t.x.gate_up_interleaved ? 2 * ib + r : h * I + ib + j;
+      const int64_t to = t.x.gate_up_interleaved ? r : h * t.Ip + j;
+      for (int64_t c = 0; c < H; ++c) {
+        const int64_t src_elem =
+            t.x.fused_in_major ? (e * H + c) * 2 * I + from : (e * 2 * I + from) * H + c;
+        out.Copy(src, src_elem, out.At(sl, to, c));
       }
-    } else {
-      const FullTensor& src = full.at(src_name(2));
-      const int64_t cols = src.shape[1];
-      for (int64_t r = 0; r < src.shape[0]; ++r) {
-        for (int64_t c = 0; c < Ir / col_unit; ++c)
-          copy_elem(src, r * cols + ib / col_unit + c, dst_at(sl, r, c));
+    }
+  } else {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < Ir; ++i) {
+        const int64_t src_elem =
+            t.x.fused_in_major ? (e * I + ib + i) * H + h : (e * H + h) * I + ib + i;
+        out.Copy(src, src_elem, out.At(sl, h, i));
       }
     }
   }
-  return out;
+}
+
+// Fused over experts (gpt-oss, Llama-4, Qwen3.5): expert e into slot `sl`.
+inline void ReferenceFusedSlot(const ExpertRef& t, int64_t e, int64_t sl, const FullTensors& full,
+                               RankBuffer& out) {
+  const std::string module = ExpandName(t.w13 ? t.x.fused_gate_up : t.x.fused_down, t.layer);
+  if (t.leaf == "bias") {
+    ReferenceFusedBias(t, module, e, sl, full, out);
+  } else if (t.q.format == WeightFormat::kMxfp4) {
+    ReferenceFusedMxfp4(t, module, e, sl, full, out);
+  } else {
+    ReferenceFusedBf16(t, module, e, sl, full, out);
+  }
+}
+
+// Per-expert tensors, named by the family's layout: expert e into slot `sl`.
+inline void ReferencePerExpertSlot(const ExpertRef& t, int64_t e, int64_t sl,
+                                   const FullTensors& full, RankBuffer& out) {
+  auto src_name = [&](int proj) {
+    const std::string* modules[] = {&t.x.gate, &t.x.up, &t.x.down};
+    return ExpandName(*modules[proj] + "." + t.leaf, t.layer, e);
+  };
+  if (t.s.part == TensorPart::kShapeMeta) {
+    // Whole [2] tensors, gate and up for w13, down for w2.
+    const int parts = t.w13 ? 2 : 1;
+    for (int h = 0; h < parts; ++h) {
+      const FullTensor& src = full.at(src_name(t.w13 ? h : 2));
+      for (int64_t j = 0; j < 2; ++j) out.Copy(src, j, (sl * parts + h) * 2 + j);
+    }
+    return;
+  }
+  // Logical columns per storage element along the input dim, rows per storage row.
+  int64_t col_unit = 1, row_unit = 1;
+  if (t.s.part == TensorPart::kWeight && t.q.packed()) col_unit = 2;
+  if (t.s.part == TensorPart::kScale) {
+    col_unit = t.q.group;
+    if (t.q.format == WeightFormat::kFp8Block) row_unit = t.q.block_rows;
+  }
+  if (t.w13) {
+    for (int h = 0; h < 2; ++h) {
+      const FullTensor& src = full.at(src_name(h));
+      const int64_t cols = src.shape[1];
+      for (int64_t r = 0; r < t.Ir / row_unit; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          out.Copy(src, (t.ib / row_unit + r) * cols + c, out.At(sl, (h * t.Ip) / row_unit + r, c));
+        }
+      }
+    }
+  } else {
+    const FullTensor& src = full.at(src_name(2));
+    const int64_t cols = src.shape[1];
+    for (int64_t r = 0; r < src.shape[0]; ++r) {
+      for (int64_t c = 0; c < t.Ir / col_unit; ++c)
+        out.Copy(src, r * cols + t.ib / col_unit + c, out.At(sl, r, c));
+    }
+  }
+}
+
+}  // namespace detail
+
+// Expected bytes (padded, padding zero) of plan tensor `s` at `layer` on `rank`. Throws
+// std::out_of_range (via map::at) when a checkpoint tensor is missing.
+inline std::vector<std::byte> ReferenceRankTensor(const ShardPlan& plan, int64_t rank,
+                                                  const TensorShard& s, int64_t layer,
+                                                  const FullTensors& full) {
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(rank)];
+  detail::RankBuffer out;
+  out.elem_size = DTypeBits(s.dtype) / 8;
+  out.bytes.resize(static_cast<size_t>(NumElements(s.padded_shape) * out.elem_size));
+  if (s.category != TensorCategory::kRoutedExperts) {
+    detail::ReferencePlainTensor(s, ExpandName(s.name, layer), full, out);
+    return std::move(out.bytes);
+  }
+  out.rows_p = s.padded_shape[1];
+  out.cols_p = s.padded_shape.size() > 2 ? s.padded_shape[2] : 1;
+  const detail::ExpertRef t = detail::MakeExpertRef(plan, rp, s, layer);
+  for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
+    const int64_t e = rp.expert_slots[slot];
+    const auto sl = static_cast<int64_t>(slot);
+    if (t.x.fused) {
+      detail::ReferenceFusedSlot(t, e, sl, full, out);
+    } else {
+      detail::ReferencePerExpertSlot(t, e, sl, full, out);
+    }
+  }
+  return std::move(out.bytes);
 }
 
 }  // namespace moeshard::testing_util

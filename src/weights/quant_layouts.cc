@@ -69,6 +69,164 @@ Result<std::vector<std::byte>> ReadRect(const SafetensorsFile& file, const Tenso
   return buf;
 }
 
+// One ReadEncoded call: rows [a, b) and bytes [cb, ce) of the view of `spec`, row r written
+// at out + (r - a) * stride; out_rows is the view's row count.
+struct EncodedWindow {
+  const SafetensorsFile& file;
+  const TensorInfo& info;
+  const SourceTensorSpec& spec;
+  int64_t a = 0, b = 0, cb = 0, ce = 0;
+  std::byte* out = nullptr;
+  int64_t stride = 0;
+  int64_t out_rows = 0;
+
+  uint8_t* dst() const { return reinterpret_cast<uint8_t*>(out); }
+};
+
+// AWQ (stored [in, out/8]: input rows, words of eight outputs) or GPTQ (stored [in/8, out]:
+// words of eight input rows, outputs) codes. View bytes [cb, ce) of output rows [a, b): input
+// columns [2 cb, 2 ce).
+Status ReadPackedCodes(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b, stride = w.stride;
+  const int64_t i0 = 2 * w.cb, i1 = 2 * w.ce;
+  uint8_t* dst = w.dst();
+  if (w.spec.encoding == SourceEncoding::kAwqCodes) {
+    const int64_t words = CeilDiv(w.out_rows, 8), w0 = a / 8, w1 = CeilDiv(b, 8);
+    MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                              ReadRect(w.file, w.info, words * 4, i0, i1, w0 * 4, w1 * 4));
+    for (int64_t o = a; o < b; ++o) {
+      for (int64_t i = i0; i < i1; i += 2) {
+        const uint8_t lo = Nibble(Word(buf, i - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
+        const uint8_t hi = Nibble(Word(buf, i + 1 - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
+        dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+    return Status::Ok();
+  }
+  const int64_t r0 = i0 / 8, r1 = CeilDiv(i1, 8);
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, w.out_rows * 4, r0, r1, a * 4, b * 4));
+  for (int64_t o = a; o < b; ++o) {
+    for (int64_t i = i0; i < i1; i += 2) {
+      const uint8_t lo = Nibble(Word(buf, i / 8 - r0, o - a, b - a), static_cast<int>(i % 8));
+      const uint8_t hi =
+          Nibble(Word(buf, (i + 1) / 8 - r0, o - a, b - a), static_cast<int>((i + 1) % 8));
+      dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+  return Status::Ok();
+}
+
+// AWQ / GPTQ zero points, stored [in/g, out/8]: view bytes [cb, ce) are groups.
+Status ReadPackedZeros(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b, cb = w.cb, ce = w.ce;
+  const int64_t words = CeilDiv(w.out_rows, 8), w0 = a / 8, w1 = CeilDiv(b, 8);
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, words * 4, cb, ce, w0 * 4, w1 * 4));
+  const int add = w.spec.encoding == SourceEncoding::kGptqZeros ? 1 : 0;  // v1 stores zero - 1
+  for (int64_t o = a; o < b; ++o) {
+    const int nibble =
+        w.spec.encoding == SourceEncoding::kAwqZeros ? kAwqNibble[o % 8] : static_cast<int>(o % 8);
+    for (int64_t gi = cb; gi < ce; ++gi) {
+      w.dst()[(o - a) * w.stride + (gi - cb)] =
+          static_cast<uint8_t>(Nibble(Word(buf, gi - cb, o / 8 - w0, w1 - w0), nibble) + add);
+    }
+  }
+  return Status::Ok();
+}
+
+// compressed-tensors zero points, stored [out/8, in/g]: words of eight output rows, groups.
+Status ReadCtZeros(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b, cb = w.cb, ce = w.ce;
+  const int64_t groups = w.spec.view_shape[1], r0 = a / 8, r1 = CeilDiv(b, 8);
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, groups * 4, r0, r1, cb * 4, ce * 4));
+  for (int64_t o = a; o < b; ++o) {
+    for (int64_t gi = cb; gi < ce; ++gi) {
+      w.dst()[(o - a) * w.stride + (gi - cb)] =
+          Nibble(Word(buf, o / 8 - r0, gi - cb, ce - cb), static_cast<int>(o % 8));
+    }
+  }
+  return Status::Ok();
+}
+
+// View F16 [out, in/g], bytes [cb, ce) = groups [cb/2, ce/2); stored F16 [in/g, out].
+Status ReadTransposedF16(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b;
+  const int64_t g0 = w.cb / 2, g1 = w.ce / 2;
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, w.out_rows * 2, g0, g1, a * 2, b * 2));
+  for (int64_t o = a; o < b; ++o) {
+    for (int64_t gi = g0; gi < g1; ++gi) {
+      std::memcpy(w.out + (o - a) * w.stride + (gi - g0) * 2,
+                  buf.data() + ((gi - g0) * (b - a) + (o - a)) * 2, 2);
+    }
+  }
+  return Status::Ok();
+}
+
+// Stored BF16, viewed as F16 of the same shape.
+Status ReadBf16ToF16(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b, cb = w.cb, ce = w.ce;
+  const int64_t row_bytes = w.spec.view_shape[1] * 2;
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, row_bytes, a, b, cb, ce));
+  for (int64_t r = a; r < b; ++r) {
+    for (int64_t c = 0; c < (ce - cb) / 2; ++c) {
+      bf16_t v;
+      std::memcpy(&v.bits, buf.data() + (r - a) * (ce - cb) + c * 2, 2);
+      const fp16_t h = FloatToHalf(Bf16ToFloat(v));
+      std::memcpy(w.out + (r - a) * w.stride + c * 2, &h, 2);
+    }
+  }
+  return Status::Ok();
+}
+
+// View F32 [rows, blocks], bytes [cb, ce) = blocks [cb/4, ce/4); stored one byte a block.
+Status ReadE8M0ToF32(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b, cb = w.cb, ce = w.ce;
+  const int64_t blocks = w.spec.view_shape[1];
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, blocks, a, b, cb / 4, ce / 4));
+  for (int64_t r = a; r < b; ++r) {
+    for (int64_t c = 0; c < (ce - cb) / 4; ++c) {
+      const float v = E8M0ToFloat(static_cast<uint8_t>(buf[(r - a) * ((ce - cb) / 4) + c]));
+      std::memcpy(w.out + (r - a) * w.stride + c * 4, &v, 4);
+    }
+  }
+  return Status::Ok();
+}
+
+// Each view row repeats its stored scale (per row, or the tensor's one).
+Status ReadRepeatedScale(const EncodedWindow& w) {
+  const int64_t a = w.a, b = w.b;
+  const bool per_row = w.spec.encoding == SourceEncoding::kRowScale;
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
+                            ReadRect(w.file, w.info, 4, per_row ? a : 0, per_row ? b : 1, 0, 4));
+  for (int64_t r = a; r < b; ++r) {
+    for (int64_t c = 0; c < (w.ce - w.cb) / 4; ++c) {
+      std::memcpy(w.out + (r - a) * w.stride + c * 4, buf.data() + (per_row ? (r - a) * 4 : 0), 4);
+    }
+  }
+  return Status::Ok();
+}
+
+// One F32 scalar, as stored or (NVFP4's global scale, which divides) its reciprocal.
+Status ReadScalarF32(const EncodedWindow& w) {
+  MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf, ReadRect(w.file, w.info, 4, 0, 1, 0, 4));
+  float v;
+  std::memcpy(&v, buf.data(), 4);
+  if (w.spec.encoding == SourceEncoding::kReciprocalF32) {
+    if (!(v > 0.0f)) {
+      return InvalidArgumentError(fmt::format(
+          "load: '{}': expected a positive NVFP4 global scale, got {}", w.spec.name, v));
+    }
+    v = 1.0f / v;
+  }
+  std::memcpy(w.out, &v, 4);
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string RankLeaf(const WeightScheme& q, TensorPart part) {
@@ -177,140 +335,30 @@ Status ReadEncoded(const SafetensorsFile& file, const TensorInfo& info,
                    std::byte* out, int64_t stride) {
   using E = SourceEncoding;
   if (b <= a || ce <= cb) return Status::Ok();
-  const int64_t out_rows = spec.view_shape.empty() ? 1 : spec.view_shape[0];
-  auto* dst = reinterpret_cast<uint8_t*>(out);
+  const EncodedWindow w{.file = file,
+                        .info = info,
+                        .spec = spec,
+                        .a = a,
+                        .b = b,
+                        .cb = cb,
+                        .ce = ce,
+                        .out = out,
+                        .stride = stride,
+                        .out_rows = spec.view_shape.empty() ? 1 : spec.view_shape[0]};
   switch (spec.encoding) {
     case E::kAwqCodes:
-    case E::kGptqCodes: {
-      // View bytes [cb, ce) of output rows [a, b): input columns [2 cb, 2 ce).
-      const bool awq = spec.encoding == E::kAwqCodes;
-      const int64_t i0 = 2 * cb, i1 = 2 * ce;
-      if (awq) {  // stored [in, out/8]: input rows, words of eight outputs
-        const int64_t words = CeilDiv(out_rows, 8), w0 = a / 8, w1 = CeilDiv(b, 8);
-        MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                  ReadRect(file, info, words * 4, i0, i1, w0 * 4, w1 * 4));
-        for (int64_t o = a; o < b; ++o) {
-          for (int64_t i = i0; i < i1; i += 2) {
-            const uint8_t lo = Nibble(Word(buf, i - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
-            const uint8_t hi =
-                Nibble(Word(buf, i + 1 - i0, o / 8 - w0, w1 - w0), kAwqNibble[o % 8]);
-            dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
-          }
-        }
-      } else {  // stored [in/8, out]: words of eight input rows, outputs
-        const int64_t r0 = i0 / 8, r1 = CeilDiv(i1, 8);
-        MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                  ReadRect(file, info, out_rows * 4, r0, r1, a * 4, b * 4));
-        for (int64_t o = a; o < b; ++o) {
-          for (int64_t i = i0; i < i1; i += 2) {
-            const uint8_t lo = Nibble(Word(buf, i / 8 - r0, o - a, b - a), static_cast<int>(i % 8));
-            const uint8_t hi =
-                Nibble(Word(buf, (i + 1) / 8 - r0, o - a, b - a), static_cast<int>((i + 1) % 8));
-            dst[(o - a) * stride + (i - i0) / 2] = static_cast<uint8_t>(lo | (hi << 4));
-          }
-        }
-      }
-      return Status::Ok();
-    }
+    case E::kGptqCodes: return ReadPackedCodes(w);
     case E::kAwqZeros:
     case E::kGptqZeros:
-    case E::kGptqV2Zeros: {
-      // Stored [in/g, out/8]: view bytes [cb, ce) are groups.
-      const int64_t words = CeilDiv(out_rows, 8), w0 = a / 8, w1 = CeilDiv(b, 8);
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                ReadRect(file, info, words * 4, cb, ce, w0 * 4, w1 * 4));
-      const int add = spec.encoding == E::kGptqZeros ? 1 : 0;  // GPTQ v1 stores zero - 1
-      for (int64_t o = a; o < b; ++o) {
-        const int nibble =
-            spec.encoding == E::kAwqZeros ? kAwqNibble[o % 8] : static_cast<int>(o % 8);
-        for (int64_t gi = cb; gi < ce; ++gi) {
-          dst[(o - a) * stride + (gi - cb)] =
-              static_cast<uint8_t>(Nibble(Word(buf, gi - cb, o / 8 - w0, w1 - w0), nibble) + add);
-        }
-      }
-      return Status::Ok();
-    }
-    case E::kCtZeros: {
-      // Stored [out/8, in/g]: words of eight output rows, groups.
-      const int64_t groups = spec.view_shape[1], r0 = a / 8, r1 = CeilDiv(b, 8);
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                ReadRect(file, info, groups * 4, r0, r1, cb * 4, ce * 4));
-      for (int64_t o = a; o < b; ++o) {
-        for (int64_t gi = cb; gi < ce; ++gi) {
-          dst[(o - a) * stride + (gi - cb)] =
-              Nibble(Word(buf, o / 8 - r0, gi - cb, ce - cb), static_cast<int>(o % 8));
-        }
-      }
-      return Status::Ok();
-    }
-    case E::kTransposedF16: {
-      // View F16 [out, in/g], bytes [cb, ce) = groups [cb/2, ce/2); stored F16 [in/g, out].
-      const int64_t g0 = cb / 2, g1 = ce / 2;
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                ReadRect(file, info, out_rows * 2, g0, g1, a * 2, b * 2));
-      for (int64_t o = a; o < b; ++o) {
-        for (int64_t gi = g0; gi < g1; ++gi) {
-          std::memcpy(out + (o - a) * stride + (gi - g0) * 2,
-                      buf.data() + ((gi - g0) * (b - a) + (o - a)) * 2, 2);
-        }
-      }
-      return Status::Ok();
-    }
-    case E::kBf16ToF16: {
-      const int64_t row_bytes = spec.view_shape[1] * 2;
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                ReadRect(file, info, row_bytes, a, b, cb, ce));
-      for (int64_t r = a; r < b; ++r) {
-        for (int64_t c = 0; c < (ce - cb) / 2; ++c) {
-          bf16_t v;
-          std::memcpy(&v.bits, buf.data() + (r - a) * (ce - cb) + c * 2, 2);
-          const fp16_t h = FloatToHalf(Bf16ToFloat(v));
-          std::memcpy(out + (r - a) * stride + c * 2, &h, 2);
-        }
-      }
-      return Status::Ok();
-    }
-    case E::kE8M0ToF32: {
-      // View F32 [rows, blocks], bytes [cb, ce) = blocks [cb/4, ce/4); stored one byte a block.
-      const int64_t blocks = spec.view_shape[1];
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                ReadRect(file, info, blocks, a, b, cb / 4, ce / 4));
-      for (int64_t r = a; r < b; ++r) {
-        for (int64_t c = 0; c < (ce - cb) / 4; ++c) {
-          const float v = E8M0ToFloat(static_cast<uint8_t>(buf[(r - a) * ((ce - cb) / 4) + c]));
-          std::memcpy(out + (r - a) * stride + c * 4, &v, 4);
-        }
-      }
-      return Status::Ok();
-    }
+    case E::kGptqV2Zeros: return ReadPackedZeros(w);
+    case E::kCtZeros: return ReadCtZeros(w);
+    case E::kTransposedF16: return ReadTransposedF16(w);
+    case E::kBf16ToF16: return ReadBf16ToF16(w);
+    case E::kE8M0ToF32: return ReadE8M0ToF32(w);
     case E::kRowScale:
-    case E::kTensorScale: {
-      // Each view row repeats its stored scale (per row, or the tensor's one).
-      const bool per_row = spec.encoding == E::kRowScale;
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf,
-                                ReadRect(file, info, 4, per_row ? a : 0, per_row ? b : 1, 0, 4));
-      for (int64_t r = a; r < b; ++r) {
-        for (int64_t c = 0; c < (ce - cb) / 4; ++c) {
-          std::memcpy(out + (r - a) * stride + c * 4, buf.data() + (per_row ? (r - a) * 4 : 0), 4);
-        }
-      }
-      return Status::Ok();
-    }
+    case E::kTensorScale: return ReadRepeatedScale(w);
     case E::kReciprocalF32:
-    case E::kScalarF32: {
-      MOESHARD_ASSIGN_OR_RETURN(std::vector<std::byte> buf, ReadRect(file, info, 4, 0, 1, 0, 4));
-      float v;
-      std::memcpy(&v, buf.data(), 4);
-      if (spec.encoding == E::kReciprocalF32) {
-        if (!(v > 0.0f)) {
-          return InvalidArgumentError(fmt::format(
-              "load: '{}': expected a positive NVFP4 global scale, got {}", spec.name, v));
-        }
-        v = 1.0f / v;
-      }
-      std::memcpy(out, &v, 4);
-      return Status::Ok();
-    }
+    case E::kScalarF32: return ReadScalarF32(w);
     case E::kDirect: break;
   }
   return InternalError(fmt::format("load: '{}': encoding {} is not a conversion", spec.name,

@@ -358,19 +358,12 @@ Result<int64_t> ParseSafetensorsHeaderSize(std::span<const uint8_t> prefix, int6
   return static_cast<int64_t>(n);
 }
 
-Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix, int64_t file_size,
-                                                 std::string_view file_name) {
-  MOESHARD_ASSIGN_OR_RETURN(const int64_t n,
-                            ParseSafetensorsHeaderSize(prefix, file_size, file_name));
-  if (prefix.size() < static_cast<size_t>(8 + n)) {
-    return HeaderError(file_name, fmt::format("expected the first {} bytes (8 + header), got {}",
-                                              8 + n, prefix.size()));
-  }
-  const std::string_view text(reinterpret_cast<const char*>(prefix.data()) + 8,
-                              static_cast<size_t>(n));
+namespace {
 
-  // Rule 2: UTF-8, then an object (nlohmann would silently skip a UTF-8 byte-order mark, which
-  // the reference rejects, hence the explicit first-character check).
+// Rule 2, before the parser sees the text: UTF-8, no NUL, an object (nlohmann would silently
+// skip a UTF-8 byte-order mark, which the reference rejects, hence the explicit first-character
+// check).
+Status CheckHeaderText(std::string_view text, std::string_view file_name) {
   if (size_t bad = weights_internal::FirstInvalidUtf8(text); bad != text.size()) {
     return HeaderError(file_name, fmt::format("header: expected UTF-8, got byte 0x{:02x} at header "
                                               "byte {}",
@@ -393,8 +386,11 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
                        fmt::format("header: expected a JSON object starting with '{{', got '{}'",
                                    Printable(text.substr(first, 1))));
   }
+  return Status::Ok();
+}
 
-  HeaderSax sax;
+// Runs the state machine over the header JSON; `sax` holds what it read.
+Status ParseHeaderJson(std::string_view text, std::string_view file_name, HeaderSax& sax) {
   bool parsed = false;
   try {
     parsed = nlohmann::json::sax_parse(text.begin(), text.end(), &sax,
@@ -406,7 +402,12 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
   if (!parsed || !sax.error.empty()) {
     return HeaderError(file_name, sax.error.empty() ? "header: invalid JSON" : sax.error);
   }
+  return Status::Ok();
+}
 
+// The header of what `sax` read (header length n), tensors in data-buffer order.
+SafetensorsHeader MakeHeader(HeaderSax& sax, int64_t n, int64_t file_size,
+                             std::string_view file_name) {
   SafetensorsHeader header;
   header.file_name = std::string(file_name);
   header.header_bytes = n;
@@ -426,8 +427,47 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
               return std::tie(a.data_begin, a.data_end, a.name) <
                      std::tie(b.data_begin, b.data_end, b.name);
             });
+  return header;
+}
 
-  // Rules 3 and 4, in data-buffer order.
+// Rule 4 for one tensor: its shape and dtype fill exactly its data_offsets.
+Status CheckTensorBytes(const TensorInfo& t, std::string_view file_name) {
+  const std::string name = Printable(t.name);
+  int64_t elements = 1;
+  for (int64_t d : t.shape) {
+    std::optional<int64_t> next = CheckedMul(elements, d);
+    if (!next) {
+      return HeaderError(file_name, fmt::format("tensor '{}': shape {}: expected an element count "
+                                                "that fits in 64 bits, got an overflow",
+                                                name, FormatDims(t.shape)));
+    }
+    elements = *next;
+  }
+  std::optional<int64_t> bits = CheckedMul(elements, DTypeBits(t.dtype));
+  if (!bits) {
+    return HeaderError(file_name, fmt::format("tensor '{}': shape {} {}: expected a bit count that "
+                                              "fits in 64 bits, got an overflow",
+                                              name, FormatDims(t.shape), DTypeName(t.dtype)));
+  }
+  if (*bits % 8 != 0) {
+    return HeaderError(
+        file_name, fmt::format("tensor '{}': shape {} {}: expected a whole number of bytes, got "
+                               "{} elements x {} bits = {} bits",
+                               name, FormatDims(t.shape), DTypeName(t.dtype), elements,
+                               DTypeBits(t.dtype), *bits));
+  }
+  if (*bits / 8 != t.num_bytes()) {
+    return HeaderError(file_name, fmt::format("tensor '{}': shape {} {}: expected data_offsets to "
+                                              "span {} bytes, got [{}, {}] = {} bytes",
+                                              name, FormatDims(t.shape), DTypeName(t.dtype),
+                                              *bits / 8, t.data_begin, t.data_end, t.num_bytes()));
+  }
+  return Status::Ok();
+}
+
+// Rules 3 to 5 over the sorted tensors: each starts where the previous one ends, fills its
+// bytes, and the last one ends the data buffer.
+Status CheckDataLayout(const SafetensorsHeader& header, std::string_view file_name) {
   int64_t expected_begin = 0;
   const TensorInfo* prev = nullptr;
   for (const TensorInfo& t : header.tensors) {
@@ -448,42 +488,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
                       t.data_begin > expected_begin ? t.data_begin - expected_begin
                                                     : expected_begin - t.data_begin));
     }
-    int64_t elements = 1;
-    for (int64_t d : t.shape) {
-      std::optional<int64_t> next = CheckedMul(elements, d);
-      if (!next) {
-        return HeaderError(file_name,
-                           fmt::format("tensor '{}': shape {}: expected an element count "
-                                       "that fits in 64 bits, got an overflow",
-                                       name, FormatDims(t.shape)));
-      }
-      elements = *next;
-    }
-    std::optional<int64_t> bits = CheckedMul(elements, DTypeBits(t.dtype));
-    if (!bits) {
-      return HeaderError(file_name,
-                         fmt::format("tensor '{}': shape {} {}: expected a bit count that "
-                                     "fits in 64 bits, got an overflow",
-                                     name, FormatDims(t.shape), DTypeName(t.dtype)));
-    }
-    if (*bits % 8 != 0) {
-      return HeaderError(
-          file_name, fmt::format("tensor '{}': shape {} {}: expected a whole number of bytes, got "
-                                 "{} elements x {} bits = {} bits",
-                                 name, FormatDims(t.shape), DTypeName(t.dtype), elements,
-                                 DTypeBits(t.dtype), *bits));
-    }
-    if (*bits / 8 != t.num_bytes()) {
-      return HeaderError(file_name,
-                         fmt::format("tensor '{}': shape {} {}: expected data_offsets to "
-                                     "span {} bytes, got [{}, {}] = {} bytes",
-                                     name, FormatDims(t.shape), DTypeName(t.dtype), *bits / 8,
-                                     t.data_begin, t.data_end, t.num_bytes()));
-    }
+    MOESHARD_RETURN_IF_ERROR(CheckTensorBytes(t, file_name));
     expected_begin = t.data_end;
     prev = &t;
   }
-  // Rule 5.
   if (expected_begin != header.data_bytes) {
     const std::string last = prev ? fmt::format("the end of tensor '{}'", Printable(prev->name))
                                   : std::string("no tensors");
@@ -494,6 +502,26 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix
                     header.data_bytes > expected_begin ? "trailing bytes after the last tensor"
                                                        : "truncated file?"));
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::span<const uint8_t> prefix, int64_t file_size,
+                                                 std::string_view file_name) {
+  MOESHARD_ASSIGN_OR_RETURN(const int64_t n,
+                            ParseSafetensorsHeaderSize(prefix, file_size, file_name));
+  if (prefix.size() < static_cast<size_t>(8 + n)) {
+    return HeaderError(file_name, fmt::format("expected the first {} bytes (8 + header), got {}",
+                                              8 + n, prefix.size()));
+  }
+  const std::string_view text(reinterpret_cast<const char*>(prefix.data()) + 8,
+                              static_cast<size_t>(n));
+  MOESHARD_RETURN_IF_ERROR(CheckHeaderText(text, file_name));
+  HeaderSax sax;
+  MOESHARD_RETURN_IF_ERROR(ParseHeaderJson(text, file_name, sax));
+  SafetensorsHeader header = MakeHeader(sax, n, file_size, file_name);
+  MOESHARD_RETURN_IF_ERROR(CheckDataLayout(header, file_name));
   for (size_t i = 0; i < header.tensors.size(); ++i) {
     header.tensor_idx_by_name.emplace(header.tensors[i].name, static_cast<int64_t>(i));
   }
