@@ -322,6 +322,7 @@ class Runtime:
                                    **_options(**options))
         self._progress = progress
         self.verification = None
+        self.expert_load = None
 
     @property
     def layers(self):
@@ -344,12 +345,17 @@ class Runtime:
         token_ids ([T]) feed hash-routed layers. Returns the last layer's output (float32 for
         float32 input, bf16 bits for uint16), or with all_layers every layer's, [L, T, H].
         verify: also run the single-rank reference and store its comparison in
-        ``self.verification`` (max_abs_err, limit, passes, summary, ...)."""
-        out, layers, stats = self._core.moe(x, topk_ids=topk_ids, topk_weights=topk_weights,
+        ``self.verification`` (max_abs_err, limit, passes, summary, ...). The call's expert
+        load goes to ``self.expert_load``: ``{"layers": [[tokens per logical expert] per MoE
+        layer], "slot_experts": [...], "slot_tokens": [[rows per slot] per layer]}``, what
+        ``moeshard run --expert-load-out`` writes: ``json.dump`` it to a file for
+        ``plan(..., expert_placement="eplb", expert_load=path)`` (docs/eplb.md)."""
+        out, layers, stats, load = self._core.moe(x, topk_ids=topk_ids, topk_weights=topk_weights,
                                             token_ids=token_ids, all_layers=all_layers,
                                             verify=verify,
                                             progress=_progress_sink(self._progress))
         self.verification = stats
+        self.expert_load = load
         return out
 
     def __repr__(self):

@@ -368,6 +368,7 @@ py::tuple Runtime::Moe(const py::object& x_object, const py::object& topk_ids,
   spec.iters = 1;
   spec.verify = verify;
   spec.collect_outputs = true;
+  spec.record_expert_load = true;
   RankPool& pool = Pool(progress);
   Result<ShardedJobResult> run = InternalError("Runtime: not run");
   {
@@ -396,7 +397,11 @@ py::tuple Runtime::Moe(const py::object& x_object, const py::object& topk_ids,
     out = a;
   }
   py::object stats = verify ? py::object(ErrorDict(result.error, spec.tolerance)) : py::none();
-  return py::make_tuple(out, result.layers, stats);
+  py::dict load;  // `moeshard run --expert-load-out`'s content (docs/eplb.md)
+  load["layers"] = result.expert_tokens;
+  load["slot_experts"] = result.slot_experts;
+  load["slot_tokens"] = result.slot_tokens;
+  return py::make_tuple(out, result.layers, stats, load);
 }
 
 }  // namespace

@@ -165,6 +165,17 @@ def test_weights_are_loaded_once():
     assert np.array_equal(rt.moe(x), first)
 
 
+def test_expert_load_counts_the_given_routing():
+    rt = moeshard.Runtime(MODEL, dp=2, ep=True, layers=2)
+    T, k, e = 6, rt.top_k, rt.num_experts
+    ids = np.stack([(np.arange(k) * 3 + t) % e for t in range(T)]).astype(np.int64)
+    rt.moe(inputs(rt, tokens=T), topk_ids=ids, topk_weights=np.full((T, k), 1.0 / k, np.float32))
+    want = np.bincount(ids.ravel(), minlength=e).tolist()
+    assert rt.expert_load["layers"] == [want, want]
+    assert sorted(rt.expert_load["slot_experts"]) == list(range(e))
+    assert [sum(row) for row in rt.expert_load["slot_tokens"]] == [T * k, T * k]
+
+
 def test_a_failed_call_does_not_break_the_runtime():
     rt = moeshard.Runtime(MODEL, tp=2, layers=1)
     x = inputs(rt, tokens=4)
