@@ -98,11 +98,11 @@ std::string RenderTitle(const ShardPlan& plan, bool md) {
                      md ? "## " : "", m.name, m.family_name(), t.Label(), t.world,
                      t.world == 1 ? "" : "s", t.group, t.moe_tp, t.moe_ep);
   out += fmt::format(
-      "{}backend {} ({} experts), padding policy {}, placement {}, parameters {:.1f}B total / "
+      "{}backend {} ({}{} experts), padding policy {}, placement {}, parameters {:.1f}B total / "
       "{:.1f}B active\n\n",
       md ? "\n" : "", plan.backend.name, WeightFormatName(plan.expert_scheme.format),
-      PaddingPolicyName(plan.options.padding), ExpertPlacementName(plan.options.placement),
-      params.total / 1e9, params.active / 1e9);
+      plan.expert_scheme.act_order ? " act-order" : "", PaddingPolicyName(plan.options.padding),
+      ExpertPlacementName(plan.options.placement), params.total / 1e9, params.active / 1e9);
 
   return out;
 }

@@ -174,8 +174,8 @@ Status ParseAwq(const ConfigFields& f, QuantizationConfig& out) {
 }
 
 // AutoGPTQ / GPTQModel (`quant_method: gptq`): 4-bit, zero points stored minus one unless
-// `checkpoint_format` is "gptq_v2". Act-order (`desc_act`) permutes the input channels by
-// `g_idx`, which the contiguous-group kernels cannot follow.
+// `checkpoint_format` is "gptq_v2". Act-order (`desc_act`) assigns each input channel its group
+// through the stored `g_idx` (WeightScheme::act_order).
 Status ParseGptq(const ConfigFields& f, QuantizationConfig& out) {
   MOESHARD_ASSIGN_OR_RETURN(int64_t bits, f.IntAlias({"bits", "w_bit"}));
   MOESHARD_ASSIGN_OR_RETURN(int64_t group, f.Int("group_size", 128, -1));
@@ -184,14 +184,9 @@ Status ParseGptq(const ConfigFields& f, QuantizationConfig& out) {
                             f.Choice("checkpoint_format", "gptq", {"gptq", "gptq_v2"}));
   if (bits != 4) return f.Error("bits", "4 (moeshard reads 4-bit GPTQ)", std::to_string(bits));
   MOESHARD_RETURN_IF_ERROR(CheckInt4Group(f, "group_size", group));
-  if (desc_act) {
-    return f.Error("desc_act",
-                   "false (moeshard's int4 kernels take groups of consecutive input "
-                   "channels)",
-                   "true", "act-order GPTQ checkpoints are not supported yet");
-  }
   out.scheme = WeightScheme{WeightFormat::kInt4Zp, group, 1,
                             format == "gptq_v2" ? QuantLayout::kGptqV2 : QuantLayout::kGptq};
+  out.scheme.act_order = desc_act;
   // GPTQModel's per-module rules (vLLM gptq.py `dynamic`): "-:<regex>" leaves the modules it
   // matches unquantized; "+:<regex>" (or a bare regex) overrides bits / group_size, which
   // moeshard's one-scheme plan supports only when they equal the defaults.

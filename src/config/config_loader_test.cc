@@ -374,6 +374,9 @@ TEST(ConfigTest, QuantizationMethods) {
   // GPTQModel's v2 format stores zero points as they are.
   q = edited("tiny-qwen2-moe-gptq", [](auto& j) { j["checkpoint_format"] = "gptq_v2"; });
   EXPECT_EQ(q.scheme.layout, QuantLayout::kGptqV2);
+  // Act-order: each input channel's group is read from g_idx.
+  EXPECT_FALSE(Preset("tiny-qwen2-moe-gptq").quant.scheme.act_order);
+  EXPECT_TRUE(Preset("tiny-qwen2-moe-gptq-act").quant.scheme.act_order);
   // GPTQModel's `dynamic` rules: "-:" leaves modules unquantized (re.match on the module name).
   q = edited("tiny-qwen2-moe-gptq", [](auto& j) {
     j["dynamic"] = {{"-:.*shared_expert.*", nlohmann::json::object()},
@@ -454,8 +457,8 @@ TEST(ConfigErrorTest, UnsupportedQuantizationNamesTheField) {
   };
   const std::vector<Case> cases = {
       {"tiny-qwen2-moe-gptq",
-       [](auto& j) { j["desc_act"] = true; },
-       {"'quantization_config.desc_act'", "expected false", "got true", "act-order"}},
+       [](auto& j) { j["desc_act"] = "yes"; },
+       {"'quantization_config.desc_act'", "expected true or false", "got \"yes\""}},
       {"tiny-qwen2-moe-gptq",
        [](auto& j) { j["bits"] = 8; },
        {"'quantization_config.bits'", "expected 4", "got 8"}},

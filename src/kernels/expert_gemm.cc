@@ -199,6 +199,18 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
         "got {} x {}",
         internal::kCpuKBlock, w.scheme.block_rows, w.scheme.group));
   }
+  if (w.scheme.act_order) {
+    if (w.scheme.format != WeightFormat::kInt4Zp || w.bf16_row_groups) {
+      return InvalidArgumentError(
+          fmt::format("expert weights: 'scheme.act_order': expected format int4-zp (GPTQ), got {}",
+                      WeightFormatName(w.scheme.format)));
+    }
+    if (w.num_experts_local > 0 && (w.w13_group_index == nullptr || w.w2_group_index == nullptr)) {
+      return InvalidArgumentError(
+          "expert weights: 'w13_group_index/w2_group_index': expected non-null for act-order "
+          "int4-zp (GPTQ g_idx)");
+    }
+  }
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));
   if (w.bf16_row_groups) MOESHARD_RETURN_IF_ERROR(CheckBf16RowGroupShape(w));
@@ -266,13 +278,25 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert) {
   m.row_groups = w.bf16_row_groups;
   m.row_bytes = w.scheme.WeightRowBytes(m.cols);
   const int64_t data_bytes = w.scheme.WeightBytes(m.rows, m.cols);
-  const int64_t scale_bytes = w.scheme.ScaleBytes(m.rows, m.cols);
+  // Scales and zero points per expert: ScaleRows x ScaleCols (act-order w2: every group's).
+  const int64_t scale_cols = w.ScaleCols(w13);
+  const int64_t scale_bytes =
+      w.scheme.ScaleRows(m.rows) * scale_cols *
+      (w.scheme.has_scales() ? DTypeBits(w.scheme.spec().scale_dtype) / 8 : 0);
   m.data = static_cast<const uint8_t*>(w13 ? w.w13 : w.w2) + expert * data_bytes;
   const void* scales = w13 ? w.w13_scales : w.w2_scales;
   m.scales =
       scales == nullptr ? nullptr : static_cast<const uint8_t*>(scales) + expert * scale_bytes;
   const uint8_t* zeros = w13 ? w.w13_zeros : w.w2_zeros;
-  m.zeros = zeros == nullptr ? nullptr : zeros + expert * w.scheme.ZeroBytes(m.rows, m.cols);
+  m.zeros = zeros == nullptr ? nullptr : zeros + expert * w.scheme.ScaleRows(m.rows) * scale_cols;
+  if (w.scheme.act_order) {
+    m.scale_cols = scale_cols;
+    m.group_index[0] = w.GroupIndex(w13, expert, 0);
+    m.group_index[1] =
+        w13 ? w.GroupIndex(w13, expert, w.gate_up_interleaved ? 1 : m.rows - 1) : m.group_index[0];
+    m.group_index_split = w13 && w.gated ? w.intermediate : m.rows;
+    m.group_index_interleaved = w13 && w.gate_up_interleaved;
+  }
   if (w.scheme.format == WeightFormat::kNvfp4 && w.w13_global != nullptr &&
       w.w2_global != nullptr) {
     if (!w13) {
@@ -783,7 +807,9 @@ Status ValidateGemmParams(const GroupedGemmParams& p) {
 Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
   MOESHARD_RETURN_IF_ERROR(ValidateGemmParams(p));
   if (p.expert_offsets[p.weights->num_experts_local] == 0) return Status::Ok();
-  const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
+  // Act-order weights look up each column's group: only the portable dot path does.
+  const internal::CpuBackend& be = p.weights->scheme.act_order ? internal::PortableBackend()
+                                                               : internal::CpuBackendFor(ctx.isa());
   KernelScratch& s = ctx.scratch();
   const GemmSchedule g = BuildGemmSchedule(p, be, ctx.pool().num_threads(), s);
   GemmRun run;

@@ -72,12 +72,15 @@ std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& pla
     auto rank = [&](int64_t bytes) { return converted ? bytes : 0; };
     out[*module + "." + std::string(leaves.weight)] = {false, true,
                                                        rank(q.WeightBytes(rows, cols))};
+    // Act-order: every rank keeps all of down's scales and zero points (shard_plan.cc).
+    const bool scales_split = !(q.act_order && module == &x.down);
     if (q.has_scales()) {
-      out[*module + "." + std::string(leaves.scale)] = {false, true,
+      out[*module + "." + std::string(leaves.scale)] = {false, scales_split,
                                                         rank(q.ScaleBytes(rows, cols))};
     }
     if (q.has_zero_points()) {
-      out[*module + "." + std::string(leaves.zero)] = {false, true, rank(q.ZeroBytes(rows, cols))};
+      out[*module + "." + std::string(leaves.zero)] = {false, scales_split,
+                                                       rank(q.ZeroBytes(rows, cols))};
     }
     if (q.has_global_scale()) out[*module + "." + std::string(leaves.global)] = {false, false};
     if (!leaves.input.empty()) out[*module + "." + std::string(leaves.input)] = {false, false};

@@ -431,15 +431,19 @@ void AddLinearShards(const TensorDef& t, const ModelConfig& m, const TpWindow& w
   sink.Push(t.name + "." + leaf, q.WeightDType(t.dtype), w_logical, w_local, dim, wb, we,
             TensorPart::kWeight);
   if (q.has_scales()) {
-    const auto [sb, se] =
-        dim < 0 ? std::pair<int64_t, int64_t>{begin, end} : q.ScaleSlice(dim == 0, begin, end);
+    // Act-order with the input split: the rank's channels may be in any group, so it keeps
+    // every group's scales and zero points (whole, like the replicated case).
+    const bool whole = q.act_order && dim == 1;
+    const int s_dim = whole ? -1 : dim;
+    const auto [sb, se] = s_dim < 0
+                              ? std::pair<int64_t, int64_t>{whole ? 0 : begin, whole ? 0 : end}
+                              : q.ScaleSlice(dim == 0, begin, end);
+    const std::vector<int64_t> s_local = q.ScaleShape(lrows, whole ? cols : lcols);
     sink.Push(t.name + "." + std::string(q.spec().scale_leaf), q.spec().scale_dtype,
-              q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), dim, sb, se,
-              TensorPart::kScale);
+              q.ScaleShape(rows, cols), s_local, s_dim, sb, se, TensorPart::kScale);
     if (q.has_zero_points()) {  // one per scale, sliced like the scales
       sink.Push(t.name + "." + std::string(q.spec().zero_leaf), q.spec().zero_dtype,
-                q.ScaleShape(rows, cols), q.ScaleShape(lrows, lcols), dim, sb, se,
-                TensorPart::kZeroPoint);
+                q.ScaleShape(rows, cols), s_local, s_dim, sb, se, TensorPart::kZeroPoint);
     }
   }
   const QuantLeaves leaves = CheckpointLeaves(q);
@@ -520,19 +524,24 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
                    {El, pad[0], pad[1]}, shard_dim, wb, we, moe_layers),
          role, TensorPart::kWeight, sections);
     if (q.has_scales()) {
-      const auto [sb, se] = shard_dim < 0 ? std::pair<int64_t, int64_t>{begin, end}
-                                          : q.ScaleSlice(shard_dim == 1, begin, end);
+      // Act-order with the input split (w2 under MoE TP): every group's scales and zero
+      // points on each rank, as vLLM's act-order GPTQ MoE (is_k_full false) holds them.
+      const bool whole = q.act_order && shard_dim == 2;
+      const int s_dim = whole ? -1 : shard_dim;
+      const auto [sb, se] = s_dim < 0
+                                ? std::pair<int64_t, int64_t>{whole ? 0 : begin, whole ? 0 : end}
+                                : q.ScaleSlice(shard_dim == 1, begin, end);
       const std::vector<int64_t> slg = q.ScaleShape(out_logical, in_logical);
-      const std::vector<int64_t> sraw = q.ScaleShape(out_raw, in_raw);
-      const std::vector<int64_t> spad = q.ScaleShape(out_pad, in_pad);
+      const std::vector<int64_t> sraw = q.ScaleShape(out_raw, whole ? in_logical : in_raw);
+      const std::vector<int64_t> spad = q.ScaleShape(out_pad, whole ? in_logical : in_pad);
       push(MakeShard(p + proj + "_" + std::string(q.spec().scale_leaf), cat, q.spec().scale_dtype,
-                     {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]}, shard_dim,
-                     sb, se, moe_layers),
+                     {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]}, s_dim, sb,
+                     se, moe_layers),
            role, TensorPart::kScale, sections);
       if (q.has_zero_points()) {  // one per scale, sliced and padded like the scales
         push(MakeShard(p + proj + "_" + std::string(q.spec().zero_leaf), cat, q.spec().zero_dtype,
-                       {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]},
-                       shard_dim, sb, se, moe_layers),
+                       {E, slg[0], slg[1]}, {El, sraw[0], sraw[1]}, {El, spad[0], spad[1]}, s_dim,
+                       sb, se, moe_layers),
              role, TensorPart::kZeroPoint, sections);
       }
     }

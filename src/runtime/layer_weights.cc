@@ -53,6 +53,10 @@ class WeightBinder {
                             const std::vector<int64_t>& scale_shape, const uint8_t** zeros,
                             const float** globals, float* global);
   Status BindHashTable(LayerWeights* ly);
+  // Act-order: the g_idx of `role` ([parts..., cols] int32) for scales of `scale_shape`, each
+  // entry checked to name one of the scale columns.
+  Result<const int32_t*> GroupIndex(TensorRole role, int64_t cols,
+                                    const std::vector<int64_t>& scale_shape);
 
   const ShardPlan& plan_;
   const RankPlan& rank_plan_;
@@ -106,7 +110,12 @@ Result<DenseWeight> WeightBinder::Dense(TensorRole role) {
   d.scheme = plan_.model.quant.scheme;
   d.scales = sv->data;
   d.cols = d.scheme.packed() ? v->shape[1] * 2 : v->shape[1];
-  if (d.scheme.WeightDType() != v->dtype || d.scheme.ScaleShape(d.rows, d.cols) != sv->shape) {
+  if (d.scheme.act_order) {  // every group's scales when the rank holds a slice of the input
+    MOESHARD_ASSIGN_OR_RETURN(d.group_index, GroupIndex(role, d.cols, sv->shape));
+    d.scale_cols = sv->shape.back();
+  }
+  if (d.scheme.WeightDType() != v->dtype ||
+      (!d.scheme.act_order && d.scheme.ScaleShape(d.rows, d.cols) != sv->shape)) {
     return InvalidArgumentError(fmt::format(
         "runtime: {} of layer {}: expected {} storage with scales [{}], got {} [{}] with scales "
         "[{}]",
@@ -117,6 +126,31 @@ Result<DenseWeight> WeightBinder::Dense(TensorRole role) {
   MOESHARD_RETURN_IF_ERROR(
       BindZerosAndGlobal(role, d.scheme, sv->shape, &d.zeros, nullptr, &d.global));
   return d;
+}
+
+Result<const int32_t*> WeightBinder::GroupIndex(TensorRole role, int64_t cols,
+                                                const std::vector<int64_t>& scale_shape) {
+  MOESHARD_ASSIGN_OR_RETURN(const WeightView* gv, View(role, P::kGroupIndex, true));
+  if (gv->dtype != DType::kI32 || gv->shape.empty() || gv->shape.back() != cols) {
+    return InvalidArgumentError(fmt::format(
+        "runtime: {} of layer {}: expected an I32 g_idx of {} input channels (act-order GPTQ), "
+        "got {} [{}]",
+        TensorRoleName(role), layer_, cols, DTypeName(gv->dtype), fmt::join(gv->shape, ", ")));
+  }
+  const int64_t groups = scale_shape.back();
+  int64_t n = 1;
+  for (int64_t d : gv->shape) n *= d;
+  const int32_t* g = gv->as<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (g[i] < 0 || g[i] >= groups) {
+      return InvalidArgumentError(fmt::format(
+          "runtime: {} of layer {}: g_idx entry {} (input channel {}) is {}, expected a group in "
+          "[0, {}) (a corrupt act-order GPTQ checkpoint, or one quantized with another "
+          "group_size than its config's)",
+          TensorRoleName(role), layer_, i, i % cols, g[i], groups));
+    }
+  }
+  return g;
 }
 
 Status WeightBinder::BindZerosAndGlobal(TensorRole role, const WeightScheme& q,
@@ -261,6 +295,11 @@ Status WeightBinder::BindExperts(LayerWeights* ly) {
       MOESHARD_RETURN_IF_ERROR(BindZerosAndGlobal(role, x.scheme, sv->shape,
                                                   is_w13 ? &x.w13_zeros : &x.w2_zeros,
                                                   is_w13 ? &x.w13_global : &x.w2_global, nullptr));
+      if (x.scheme.act_order) {
+        MOESHARD_ASSIGN_OR_RETURN((is_w13 ? x.w13_group_index : x.w2_group_index),
+                                  GroupIndex(role, is_w13 ? x.hidden : x.intermediate, sv->shape));
+        if (!is_w13) x.w2_scale_cols = sv->shape.back();
+      }
     }
   }
   if (!plan_.experts.bias_suffix.empty()) {

@@ -177,6 +177,10 @@ Status MapPlain(const ShardPlan& plan, int64_t rank, MappedTensor& t) {
   if (s.role == TensorRole::kHashTable) {
     spec.values = DummyExpertTable(plan.model.num_experts, plan.model.num_experts_per_tok);
   }
+  // Act-order group indices are used: the dummy source writes valid ones.
+  if (s.part == TensorPart::kGroupIndex && plan.model.quant.scheme.act_order) {
+    spec.values = DummyGroupIndex(s.logical_shape[0], plan.model.quant.scheme.group);
+  }
   const int src = AddSource(t, std::move(spec));
   const int64_t total = BytesOf(s.dtype, s.logical_shape);
   if (s.shard_dim < 0) {
@@ -504,8 +508,9 @@ Status MapExpertGroupIndex(const PerExpertSources& src, MappedTensor& t) {
       const int proj = src.ProjOf(h);
       const int64_t n = c.w13 ? c.H.logical : c.I.logical;
       Piece p;
-      p.source_idx =
-          AddSource(t, SourceTensorSpec{src.NameOf(e, proj), c.s.dtype, {n}, c.kind, {}});
+      SourceTensorSpec spec{src.NameOf(e, proj), c.s.dtype, {n}, c.kind, {}};
+      if (c.q.act_order) spec.values = DummyGroupIndex(n, c.q.group);  // used: valid values
+      p.source_idx = AddSource(t, std::move(spec));
       p.element_bytes = es;
       p.window = Slice2D{.base_offset = 0,
                          .row_bytes = n * es,
@@ -609,6 +614,12 @@ Status MapExpertMatrices(const PerExpertSources& src, MappedTensor& t) {
                          .col_begin = geo.ColBytes(c.ib),
                          .col_end = geo.ColBytes(c.ie),
                          .dst_row_stride = geo.ColBytes(I.padded_local)};
+      if (c.scale && c.q.act_order && c.s.shard_dim < 0) {
+        // Act-order: every group's scales and zero points, whatever slice of I the rank holds.
+        p.window.col_begin = 0;
+        p.window.col_end = geo.ColBytes(I.logical);
+        p.window.dst_row_stride = c.s.padded_shape.back() * c.es;
+      }
       if (c.scale && c.q.RowUniform()) {
         // Every block of a row holds the row's scale: the rank's blocks are the first ones.
         p.window.col_begin = 0;

@@ -6,6 +6,7 @@
 #include "moeshard/weights/dummy_weights.h"
 
 #include <cstring>
+#include <numeric>
 #include <string>
 
 #include "base/check.h"
@@ -196,6 +197,16 @@ std::vector<int64_t> DummyExpertTable(int64_t num_experts, int64_t top_k) {
   const int64_t stride = num_experts / top_k;
   for (int64_t r = 0; r < kDummyExpertTableRows; ++r) {
     for (int64_t j = 0; j < top_k; ++j) out.push_back((7 * r + j * stride) % num_experts);
+  }
+  return out;
+}
+
+std::vector<int64_t> DummyGroupIndex(int64_t channels, int64_t group) {
+  int64_t a = 7;
+  while (std::gcd(a, channels) != 1) a += 2;
+  std::vector<int64_t> out(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c) {
+    out[static_cast<size_t>(c)] = ((a % channels) * c + 3) % channels / group;
   }
   return out;
 }

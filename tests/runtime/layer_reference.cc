@@ -27,6 +27,7 @@ struct Dense {
   const WeightView* s = nullptr;
   const WeightView* z = nullptr;               // int4-zp zero points, one byte per scale
   const WeightView* g = nullptr;               // nvfp4 global scale
+  const WeightView* gidx = nullptr;            // act-order GPTQ: the group of each column
   int64_t block_rows = 128, block_cols = 128;  // fp8 `weight_block_size` from the config
   double At(int64_t r, int64_t c) const {
     const int64_t cols = w->shape[1];
@@ -36,7 +37,7 @@ struct Dense {
     if (w->dtype == DType::kU8) {
       const uint8_t byte = w->as<uint8_t>()[r * cols + c / 2];
       const int code = (c % 2 == 0) ? (byte & 0xf) : (byte >> 4);
-      const int64_t gi = r * sc + c / block_cols;
+      const int64_t gi = r * sc + (gidx != nullptr ? gidx->as<int32_t>()[c] : c / block_cols);
       if (z != nullptr) {
         return (code - static_cast<int>(z->as<uint8_t>()[gi])) *
                static_cast<double>(HalfToFloat(s->as<fp16_t>()[gi]));
@@ -79,6 +80,10 @@ Dense DenseOf(const ShardPlan& plan, const WeightViews& v, TensorRole role, int6
     d.block_cols = plan.model.quant.scheme.group;
     d.z = ViewOf(plan, v, role, TensorPart::kZeroPoint, layer);
     d.g = ViewOf(plan, v, role, TensorPart::kGlobalScale, layer);
+    if (plan.model.quant.scheme.act_order) {
+      d.gidx = ViewOf(plan, v, role, TensorPart::kGroupIndex, layer);
+      EXPECT_NE(d.gidx, nullptr) << TensorRoleName(role);
+    }
   }
   EXPECT_NE(d.w, nullptr) << TensorRoleName(role);
   return d;
@@ -233,6 +238,10 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
     if (const WeightView* z13 = P.View(R::kExpertsW13, TensorPart::kZeroPoint)) {
       ew.w13_zeros = z13->as<uint8_t>();
       ew.w2_zeros = P.View(R::kExpertsW2, TensorPart::kZeroPoint)->as<uint8_t>();
+    }
+    if (ew.scheme.act_order) {  // the checkpoint's g_idx: w13 [E, 2, H], w2 [E, I]
+      ew.w13_group_index = P.View(R::kExpertsW13, TensorPart::kGroupIndex)->as<int32_t>();
+      ew.w2_group_index = P.View(R::kExpertsW2, TensorPart::kGroupIndex)->as<int32_t>();
     }
     if (const WeightView* g13 = P.View(R::kExpertsW13, TensorPart::kGlobalScale)) {
       ew.w13_global = g13->as<float>();

@@ -41,6 +41,8 @@ TEST(RuntimeLayerReferenceTest, Qwen2Moe) { CheckPreset("tiny-qwen2-moe"); }
 // loader's conversion is checked by tests/weights/quantized_checkpoint_test.cc.
 TEST(RuntimeLayerReferenceTest, Qwen2MoeAwq) { CheckPreset("tiny-qwen2-moe-awq"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeGptq) { CheckPreset("tiny-qwen2-moe-gptq"); }
+// Act-order: each input channel's group from g_idx (the dummy source writes a shuffled one).
+TEST(RuntimeLayerReferenceTest, Qwen2MoeGptqActOrder) { CheckPreset("tiny-qwen2-moe-gptq-act"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeW4a16Asym) { CheckPreset("tiny-qwen2-moe-w4a16-asym"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeNvfp4) { CheckPreset("tiny-qwen2-moe-nvfp4"); }
 TEST(RuntimeLayerReferenceTest, Qwen2MoeModelOptNvfp4) {

@@ -344,6 +344,8 @@ std::vector<RuntimeCase> BuildCases() {
       // rank layout and the runtime binds zero points and global scales.
       {"tiny-qwen2-moe-awq", "qwen2awq", "", 2},
       {"tiny-qwen2-moe-gptq", "qwen2gptq", "", 2},
+      // Act-order GPTQ: shuffled g_idx; under MoE TP each rank keeps every group's w2 scales.
+      {"tiny-qwen2-moe-gptq-act", "qwen2gptqact", "", 2},
       {"tiny-qwen2-moe-w4a16-asym", "qwen2ctasym", "", 2},
       {"tiny-qwen2-moe-nvfp4", "qwen2nvfp4", "", 2},
       {"tiny-qwen2-moe-modelopt-nvfp4", "qwen2modelopt", "", 2},

@@ -5,7 +5,7 @@ quantized_checkpoint_test.cc.
 
 usage: quantized_checkpoint.py LAYOUT SPEC_JSON OUT_DIR EXPECTED_FILE
 
-LAYOUT is one of awq, gptq, gptq_v2, ct-int4-asym, ct-nvfp4, modelopt-nvfp4, ct-fp8-channel,
+LAYOUT is one of awq, gptq, gptq_v2, gptq-act, ct-int4-asym, ct-nvfp4, modelopt-nvfp4, ct-fp8-channel,
 modelopt-fp8, deepseek-v4. SPEC_JSON holds
 {"group": g, "plain": [{"name", "dtype", "shape"}, ...], "linears": [{"module", "out", "in"}]}:
 the unquantized tensors moeshard expects (filled with a byte pattern) and the quantized linears
@@ -18,6 +18,8 @@ its dequantized values, F32 [out, in], under the module name. Layouts (sources):
   gptq, gptq_v2  AutoGPTQ: qweight I32 [in/8, out], input row 8k+j in nibble j; qzeros I32
                  [in/g, out/8], output 8k+j in nibble j, storing z - 1 (gptq) or z (gptq_v2);
                  scales F16 [in/g, out]; g_idx I32 [in] = i / g
+  gptq-act       gptq with act-order (desc_act): g_idx a shuffled assignment of g channels to
+                 each group; w = (q - z[g_idx[i]]) * s[g_idx[i]]
   ct-int4-asym   compressed-tensors pack-quantized: weight_packed I32 [out, in/8] (input 8k+j in
                  nibble j), weight_zero_point I32 [ceil(out/8), in/g] (output 8k+j in nibble j),
                  weight_scale BF16 [out, in/g], weight_shape I64 [2]; w = (q - z) * s
@@ -134,7 +136,16 @@ def quantized(layout, module, out, inn, g, fmt):
     q = [[rng.randrange(16) for _ in range(inn)] for _ in range(out)]
     z = [[rng.randrange(1, 16) for _ in range(groups)] for _ in range(out)]  # GPTQ v1 stores z - 1
     s = [[rng.randrange(1, 64) / 1024.0 for _ in range(groups)] for _ in range(out)]
-    deq = [[(q[o][i] - z[o][i // g]) * s[o][i // g] for i in range(inn)] for o in range(out)]
+    # Act-order: GPTQ visits the input channels in a data-dependent order and gives the n-th
+    # visited channel group n // g, so g_idx is a shuffled assignment with g channels a group.
+    gidx = [i // g for i in range(inn)]
+    if layout == "gptq-act":
+        order = list(range(inn))
+        rng.shuffle(order)
+        for n, i in enumerate(order):
+            gidx[i] = n // g
+        layout = "gptq"
+    deq = [[(q[o][i] - z[o][gidx[i]]) * s[o][gidx[i]] for i in range(inn)] for o in range(out)]
     if layout == "awq":
         t[module + ".qweight"] = ("I32", [inn, out // 8], b"".join(
             words([q[k * 8 + AWQ_ORDER[j]][i] for j in range(8)])
@@ -153,7 +164,7 @@ def quantized(layout, module, out, inn, g, fmt):
             for gi in range(groups) for k in range(out // 8)))
         t[module + ".scales"] = ("F16", [groups, out], b"".join(
             f16_bytes(s[o][gi]) for gi in range(groups) for o in range(out)))
-        t[module + ".g_idx"] = ("I32", [inn], b"".join(struct.pack("<i", i // g) for i in range(inn)))
+        t[module + ".g_idx"] = ("I32", [inn], b"".join(struct.pack("<i", v) for v in gidx))
     elif layout == "ct-int4-asym":
         t[module + ".weight_packed"] = ("I32", [out, inn // 8], b"".join(
             words([q[o][k * 8 + j] for j in range(8)]) for o in range(out) for k in range(inn // 8)))

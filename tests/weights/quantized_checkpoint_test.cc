@@ -177,9 +177,10 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
         EXPECT_NE(b, nullptr) << base << leaf;
         return b == nullptr ? nullptr : b->data.data();
       };
-      // GPTQ's g_idx as written (i / g), each rank its slice of the input.
+      // GPTQ's g_idx as written (i / g), each rank its slice of the input. Act-order g_idx
+      // are shuffled: the dequantisation below reads them from the rank's buffers.
       for (const TensorShard& s : rp.tensors) {
-        if (s.part != TensorPart::kGroupIndex) continue;
+        if (s.part != TensorPart::kGroupIndex || q.act_order) continue;
         for (int64_t l : s.layers.vec()) {
           const TensorBuffer* b = w->Find(ExpandName(s.name, l));
           ASSERT_NE(b, nullptr) << s.name;
@@ -192,6 +193,20 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           ++checked;
         }
       }
+      // Scale columns per row of the scales beside `weight` (act-order with a split input:
+      // every group's), and its g_idx (act-order only).
+      auto scale_cols = [&](const WeightScheme& sq, const std::string& weight, int64_t layer) {
+        const std::string base = weight.substr(0, weight.size() - sq.spec().weight_leaf.size());
+        for (const TensorShard& t : rp.tensors) {
+          if (ExpandName(t.name, layer) == base + std::string(sq.spec().scale_leaf)) {
+            return t.padded_shape.back();
+          }
+        }
+        return int64_t{0};
+      };
+      auto group_index = [&](const WeightScheme& sq, const std::string& weight) {
+        return sq.act_order ? static_cast<const int32_t*>(sibling(sq, weight, "g_idx")) : nullptr;
+      };
       std::vector<float> row;
       for (const TensorShard& s : rp.tensors) {
         const WeightScheme& sq =
@@ -212,9 +227,11 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
             const int64_t r0 = s.shard_dim == 0 ? s.shard_begin : 0;
             const int64_t c0 = s.shard_dim == 1 ? s.shard_begin * per_byte : 0;
             row.resize(static_cast<size_t>(cols));
+            const int32_t* gidx = group_index(sq, name);
+            const int64_t scols = scale_cols(sq, name, l);
             for (int64_t r = 0; r < rows; ++r) {
               reference::DequantizeMatrixRow(sq, b->data.data(), scales, rows, cols, r, row.data(),
-                                             zeros, globals ? *globals : 1.0f);
+                                             zeros, globals ? *globals : 1.0f, gidx, scols);
               for (int64_t col = 0; col < cols; ++col) {
                 ASSERT_EQ(row[static_cast<size_t>(col)], want(module, r0 + r, c0 + col))
                     << module << " [" << r0 + r << ", " << c0 + col << "]";
@@ -231,19 +248,26 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
           const int64_t H = plan->hidden.logical;
           const int64_t ib = rp.coords.moe_tp_rank * Il;
           row.resize(static_cast<size_t>(cols));
+          // Act-order: g_idx w13 [El, 2, H_pad], w2 [El, I_pad]; w2's scales may hold every group.
+          const int32_t* gidx = group_index(sq, name);
+          const int64_t scols = sq.act_order ? scale_cols(sq, name, l) : sq.ScaleCols(cols);
+          const int64_t scale_bytes = sq.ScaleRows(rows) * sq.ScaleRowBytes(scols * sq.group);
           for (size_t slot = 0; slot < rp.expert_slots.size(); ++slot) {
             const int64_t e = rp.expert_slots[slot];
             const auto* d = b->data.data() + slot * rows * sq.WeightRowBytes(cols);
-            const auto* sc =
-                static_cast<const std::byte*>(scales) + slot * sq.ScaleBytes(rows, cols);
-            const uint8_t* z = zeros ? zeros + slot * sq.ZeroBytes(rows, cols) : nullptr;
+            const auto* sc = static_cast<const std::byte*>(scales) + slot * scale_bytes;
+            const uint8_t* z = zeros ? zeros + slot * sq.ScaleRows(rows) * scols : nullptr;
             for (int half = 0; half < (w13 ? 2 : 1); ++half) {
               const std::string module = ExpandName(
                   w13 ? (half ? plan->experts.up : plan->experts.gate) : plan->experts.down, l, e);
               const float gs = globals ? globals[w13 ? 2 * slot + half : slot] : 1.0f;
+              const int32_t* gi = gidx == nullptr
+                                      ? nullptr
+                                      : gidx + (w13 ? (2 * static_cast<int64_t>(slot) + half) * cols
+                                                    : static_cast<int64_t>(slot) * cols);
               for (int64_t r = 0; r < (w13 ? Il : H); ++r) {
                 reference::DequantizeMatrixRow(sq, d, sc, rows, cols, (w13 ? half * Ip : 0) + r,
-                                               row.data(), z, gs);
+                                               row.data(), z, gs, gi, sq.act_order ? scols : 0);
                 for (int64_t col = 0; col < (w13 ? H : Il); ++col) {
                   ASSERT_EQ(row[static_cast<size_t>(col)],
                             w13 ? want(module, ib + r, col) : want(module, r, ib + col))
@@ -264,6 +288,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, QuantizedCheckpointTest,
                          ::testing::Values(Case{"tiny-qwen2-moe-awq", "awq"},
                                            Case{"tiny-qwen2-moe-gptq", "gptq"},
                                            Case{"tiny-qwen2-moe-gptq", "gptq_v2", "gptq_v2"},
+                                           Case{"tiny-qwen2-moe-gptq-act", "gptq-act"},
                                            Case{"tiny-qwen2-moe-w4a16-asym", "ct-int4-asym"},
                                            Case{"tiny-qwen2-moe-nvfp4", "ct-nvfp4"},
                                            Case{"tiny-qwen2-moe-modelopt-nvfp4", "modelopt-nvfp4"},

@@ -148,6 +148,11 @@ struct WeightScheme {
   // The checkpoint stores an activation scale per linear (ModelOpt; compressed-tensors with
   // static input activations), which the plan holds as the checkpoint does.
   bool input_scale = false;
+  // GPTQ act-order (`desc_act: true`): input channel k belongs to group g_idx[k] (the
+  // checkpoint's per-linear `g_idx`), not k / group, so every channel finds its scale and zero
+  // point through g_idx. A rank holding a slice of the input keeps every group's scales and
+  // zero points (vLLM's GPTQ layers do the same for row-parallel act-order weights).
+  bool act_order = false;
 
   // The format's defaults (fp8 128 x 128, mxfp4 32, int4 32, int4-zp 128, nvfp4 16).
   static WeightScheme Default(WeightFormat format);

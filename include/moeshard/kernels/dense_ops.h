@@ -30,8 +30,13 @@ struct DenseWeight {
   int64_t cols = 0;
   const void* data = nullptr;      // the weight tensor
   const void* scales = nullptr;    // the scale tensor (quantized formats)
-  const uint8_t* zeros = nullptr;  // int4-zp: zero points [rows, cols / g]
+  const uint8_t* zeros = nullptr;  // int4-zp: zero points [rows, scale_cols]
   float global = 1.0f;             // nvfp4: the tensor's global scale (a multiplier)
+  // Act-order int4-zp (GPTQ desc_act): the group of each column [cols], and the scale (and
+  // zero-point) columns per row: every group's when the rank holds a slice of the input (0:
+  // cols / g).
+  const int32_t* group_index = nullptr;
+  int64_t scale_cols = 0;
 };
 
 // y[t, r] (+)= sum_c x[t, c] * W[r, c] (+ bias[r]).

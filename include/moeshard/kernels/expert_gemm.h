@@ -24,6 +24,10 @@
 //             w = (nibble - 8) * scale. g % 32 == 0 and cols % g == 0.
 //   kInt4Zp   data as kInt4; scales fp16 [rows, cols/g]; zeros uint8 [rows, cols/g] (0..15);
 //             w = (nibble - zero) * scale (AWQ, GPTQ). g % 32 == 0 and cols % g == 0.
+//             Act-order (scheme.act_order, GPTQ desc_act): column c's scale and zero point are
+//             those of group gidx[c] (w13_group_index, w2_group_index), and w2's scales and
+//             zeros have w2_scale_cols columns (every group of the logical I when a rank holds
+//             a slice of it). These run on the portable dot path on every instruction set.
 //   kNvfp4    data as kMxfp4; scales fp8 e4m3fn [rows, cols/16]; one fp32 global scale per
 //             tensor: w13_global [E_local, 2] (gate, up; [E_local, 1] when not gated), w2_global
 //             [E_local]; w = e2m1 * e4m3 * global. cols % 16 == 0.
@@ -110,8 +114,26 @@ struct ExpertWeights {
   const float* w2_global = nullptr;    // kNvfp4: [E_local]
   const float* w13_bias = nullptr;     // optional [E_local, R13] fp32
   const float* w2_bias = nullptr;      // optional [E_local, H] fp32
+  // Act-order int4-zp: the group of each input column, w13 [E_local, 2, H] (gate, up; [E_local,
+  // 1, H] when not gated) and w2 [E_local, I]; w2's scale (and zero-point) columns per row
+  // (0: I / g).
+  const int32_t* w13_group_index = nullptr;
+  const int32_t* w2_group_index = nullptr;
+  int64_t w2_scale_cols = 0;
 
   int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
+  // Scale columns per row of w13 (`w13`) or w2.
+  int64_t ScaleCols(bool w13) const {
+    return !w13 && w2_scale_cols > 0 ? w2_scale_cols
+                                     : scheme.ScaleCols(w13 ? hidden : intermediate);
+  }
+  // Act-order: the group index of row `row` of expert `e`'s w13 ([H]) or w2 ([I]).
+  const int32_t* GroupIndex(bool w13, int64_t e, int64_t row) const {
+    if (!w13) return w2_group_index + e * intermediate;
+    const int64_t parts = gated ? 2 : 1;
+    const bool up = gated && (gate_up_interleaved ? row % 2 == 1 : row >= intermediate);
+    return w13_group_index + (e * parts + (up ? 1 : 0)) * hidden;
+  }
   // kNvfp4: the global scale of row `row` of expert `e`'s w13 (gate or up half) or w2.
   float W13Global(int64_t e, int64_t row) const {
     if (!gated) return w13_global[e];

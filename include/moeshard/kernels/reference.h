@@ -30,11 +30,13 @@ enum class Projection { kW13, kW2 };
 // The dequantised weight W[expert][row][col] of one projection, decoded from its format.
 // Row `row` of one [rows, cols] matrix stored in `scheme` (row-major; base/weight_format.h),
 // dequantised exactly into out[0, cols). `data` and `scales` point at the matrix, `zeros` at its
-// zero points (int4-zp) and `global` is its global scale (nvfp4). The one scalar decoder every
-// other path is tested against.
+// zero points (int4-zp) and `global` is its global scale (nvfp4). Act-order int4-zp
+// (scheme.act_order): column c's scale and zero point are in column group_index[c] of rows of
+// `scale_cols` (0: cols / group). The one scalar decoder every other path is tested against.
 void DequantizeMatrixRow(const WeightScheme& scheme, const void* data, const void* scales,
                          int64_t rows, int64_t cols, int64_t row, float* out,
-                         const uint8_t* zeros = nullptr, float global = 1.0f);
+                         const uint8_t* zeros = nullptr, float global = 1.0f,
+                         const int32_t* group_index = nullptr, int64_t scale_cols = 0);
 
 float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, int64_t row,
                        int64_t col);

@@ -61,6 +61,14 @@ DummyKind DummyKindOf(std::string_view name, DType dtype);
 inline constexpr int64_t kDummyExpertTableRows = 61;
 std::vector<int64_t> DummyExpertTable(int64_t num_experts, int64_t top_k);
 
+// The values of a dummy act-order GPTQ `g_idx` over `channels` input channels in groups of
+// `group` (hashed bits would index scales that do not exist): channel c belongs to group
+// ((a c + 3) mod channels) / group for the first a in 7, 11, 13, ... coprime to `channels`, a
+// permutation of the channels, so every group has `group` members (the last one fewer when
+// `group` does not divide `channels`) and they are spread over the input as act-order
+// spreads them. REQUIRES: channels >= 1, group >= 1.
+std::vector<int64_t> DummyGroupIndex(int64_t channels, int64_t group);
+
 // The per-tensor hash key (first line above).
 uint64_t DummyTensorKey(uint64_t seed, std::string_view name);
 

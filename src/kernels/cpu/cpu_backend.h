@@ -40,8 +40,15 @@ struct MatrixRef {
   bool row_groups = false;
 
   int64_t row_bytes = 0;  // bytes of one stored row (the weight-format table's, by ExpertMatrix)
-  // kInt4Zp: zero points [rows, cols / group], one byte each.
+  // kInt4Zp: zero points [rows, scale_cols], one byte each.
   const uint8_t* zeros = nullptr;
+  // kInt4Zp act-order (portable dot path only): scale and zero columns per row, and the group
+  // of each column for the rows before group_index_split ([0]) and from it on ([1]; interleaved
+  // gate/up: even and odd rows).
+  int64_t scale_cols = 0;
+  const int32_t* group_index[2] = {nullptr, nullptr};
+  int64_t group_index_split = 0;
+  bool group_index_interleaved = false;
   // kNvfp4: the global scale of each row: global[1] for the up half of a gated w13 (rows from
   // global_split on, or the odd rows when interleaved), else global[0].
   float global[2] = {1.0f, 1.0f};
@@ -50,6 +57,10 @@ struct MatrixRef {
 
   int64_t RowBytes() const { return row_bytes; }
   const uint8_t* Row(int64_t r) const { return data + r * RowBytes(); }
+  const int32_t* RowGroupIndex(int64_t r) const {
+    const bool second = group_index_interleaved ? r % 2 == 1 : r >= group_index_split;
+    return group_index[second ? 1 : 0];
+  }
   float RowGlobal(int64_t r) const {
     const bool up = global_interleaved ? r % 2 == 1 : r >= global_split;
     return up ? global[1] : global[0];

@@ -36,7 +36,7 @@ void DequantizeRow(const DenseWeight& w, int64_t r, float* out) {
     return;
   }
   reference::DequantizeMatrixRow(w.scheme, w.data, w.scales, w.rows, w.cols, r, out, w.zeros,
-                                 w.global);
+                                 w.global, w.group_index, w.scale_cols);
 }
 
 void Linear(ThreadPool& pool, DenseScratch& scratch, const LinearArgs& a) {

@@ -56,9 +56,16 @@ void DecodeRow(const MatrixRef& m, int64_t r, float* out) {
       return;
     }
     case WeightFormat::kInt4Zp: {
-      const int64_t groups = cols / m.group;
+      const int64_t groups = m.scale_cols > 0 ? m.scale_cols : cols / m.group;
       const fp16_t* scale = reinterpret_cast<const fp16_t*>(m.scales) + r * groups;
       const uint8_t* zero = m.zeros + r * groups;
+      if (const int32_t* gidx = m.RowGroupIndex(r); gidx != nullptr) {  // act-order
+        for (int64_t c = 0; c < cols; ++c) {
+          const int code = (c & 1) ? (row[c / 2] >> 4) : (row[c / 2] & 0xf);
+          out[c] = static_cast<float>(code - zero[gidx[c]]) * HalfToFloat(scale[gidx[c]]);
+        }
+        return;
+      }
       for (int64_t c = 0; c < cols; c += 2) {
         const float s = HalfToFloat(scale[c / m.group]);
         const int z = zero[c / m.group];

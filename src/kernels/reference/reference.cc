@@ -274,8 +274,8 @@ Status PermuteTokens(const PermuteParams& p, TokenPermutation* out) {
 }
 
 void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* scales, int64_t rows,
-                         int64_t cols, int64_t row, float* out, const uint8_t* zeros,
-                         float global) {
+                         int64_t cols, int64_t row, float* out, const uint8_t* zeros, float global,
+                         const int32_t* group_index, int64_t scale_cols) {
   switch (q.format) {
     case WeightFormat::kBf16: {
       const bf16_t* p = static_cast<const bf16_t*>(data) + row * cols;
@@ -307,12 +307,13 @@ void DequantizeMatrixRow(const WeightScheme& q, const void* data, const void* sc
       return;
     }
     case WeightFormat::kInt4Zp: {
+      const int64_t groups = scale_cols > 0 ? scale_cols : q.ScaleCols(cols);
       const uint8_t* p = static_cast<const uint8_t*>(data) + row * q.WeightRowBytes(cols);
-      const fp16_t* s = static_cast<const fp16_t*>(scales) + row * q.ScaleCols(cols);
-      const uint8_t* z = zeros + row * q.ScaleCols(cols);
+      const fp16_t* s = static_cast<const fp16_t*>(scales) + row * groups;
+      const uint8_t* z = zeros + row * groups;
       for (int64_t c = 0; c < cols; ++c) {
         const int code = (c & 1) ? (p[c / 2] >> 4) : (p[c / 2] & 0xf);
-        const int64_t g = c / q.group;
+        const int64_t g = group_index != nullptr ? group_index[c] : c / q.group;
         out[c] = static_cast<float>(code - z[g]) * HalfToFloat(s[g]);
       }
       return;
@@ -370,8 +371,10 @@ float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, 
     case WeightFormat::kInt4Zp: {
       const uint8_t byte = static_cast<const uint8_t*>(data)[elem / 2];
       const int nibble = (col % 2 == 0) ? (byte & 0xf) : (byte >> 4);
-      const int64_t groups = q.ScaleCols(cols);
-      const int64_t g = (expert * rows + row) * groups + col / q.group;
+      const int64_t groups = w.ScaleCols(is_w13);
+      // Act-order: the column's group is its g_idx entry, not col / group.
+      const int64_t group = q.act_order ? w.GroupIndex(is_w13, expert, row)[col] : col / q.group;
+      const int64_t g = (expert * rows + row) * groups + group;
       const uint8_t* zeros = is_w13 ? w.w13_zeros : w.w2_zeros;
       return static_cast<float>(nibble - zeros[g]) *
              HalfToFloat(static_cast<const fp16_t*>(scales)[g]);

@@ -155,7 +155,7 @@ void ReferenceKernelBackend::Linear(const LinearArgs& a) {
                   static_cast<size_t>(w.cols) * sizeof(float));
     } else {
       reference::DequantizeMatrixRow(w.scheme, w.data, w.scales, w.rows, w.cols, r, row_.data(),
-                                     w.zeros, w.global);
+                                     w.zeros, w.global, w.group_index, w.scale_cols);
     }
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       double acc = a.bias != nullptr ? a.bias[r] : 0.0;
