@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -209,7 +211,20 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return NotFoundError(fmt::format("write: '{}': cannot create the file", tmp));
+    if (!out) {
+      // Name the likely cause: a directory that does not exist, or one we may not write to.
+      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      std::error_code ec;
+      if (!dir.empty() && !std::filesystem::is_directory(dir, ec)) {
+        return NotFoundError(fmt::format(
+            "write: '{}': the directory '{}' does not exist (create it first, or give a path in "
+            "an existing directory)",
+            path, dir.string()));
+      }
+      return NotFoundError(
+          fmt::format("write: '{}': cannot create the file '{}' (is the directory writable?): {}",
+                      path, tmp, std::strerror(errno)));
+    }
     out.write(content.data(), static_cast<std::streamsize>(content.size()));
     out.flush();
     if (!out) {

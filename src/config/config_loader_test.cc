@@ -340,7 +340,9 @@ TEST(ConfigTest, QuantizationMethods) {
         Case{"mixtral-8x7b-instruct-v0.1-awq", WeightFormat::kInt4Zp, 128, QuantLayout::kAwq},
         Case{"kimi-k2.5", WeightFormat::kInt4, 32, QuantLayout::kNative},
         Case{"qwen3-235b-a22b-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kModelOpt},
-        Case{"minimax-m2.5-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kModelOpt}}) {
+        Case{"minimax-m2.5-nvfp4", WeightFormat::kNvfp4, 16, QuantLayout::kModelOpt},
+        Case{"llama-4-scout-17b-16e-instruct-fp8-dynamic", WeightFormat::kFp8Block,
+             kFp8RowUniformGroup, QuantLayout::kFp8PerChannel}}) {
     SCOPED_TRACE(c.preset);
     const ModelConfig m = Preset(c.preset);
     EXPECT_EQ(m.quant.scheme.format, c.format);
@@ -436,6 +438,13 @@ TEST(ConfigTest, ReleasedQuantizationIgnoreLists) {
       {"qwen3-235b-a22b-nvfp4",
        {"model.layers.0.self_attn.q_proj", "model.layers.93.self_attn.o_proj"},
        {"model.layers.0.mlp.gate", "model.layers.93.mlp.gate", "lm_head"}},
+      {"llama-4-scout-17b-16e-instruct-fp8-dynamic",
+       {"language_model.model.layers.0.feed_forward.shared_expert.down_proj",
+        "language_model.model.layers.47.feed_forward.shared_expert.gate_proj"},
+       {"language_model.model.layers.0.self_attn.q_proj",
+        "language_model.model.layers.47.self_attn.o_proj",
+        "language_model.model.layers.3.feed_forward.router", "language_model.lm_head",
+        "vision_model.model.layers.0.self_attn.q_proj"}},
       {"minimax-m2.5-nvfp4",
        {"model.layers.0.block_sparse_moe.experts.0.w1"},
        {"model.layers.0.self_attn.q_proj", "model.layers.61.self_attn.o_proj",

@@ -44,6 +44,9 @@ struct ExpertPart {
   // > 0: the bytes one expert's tensor takes in the rank layout, where the checkpoint stores it
   // converted (AWQ zero points, E8M0 fp8 scales, ...): charged instead of the stored bytes.
   int64_t rank_bytes = 0;
+  // Row-uniform fp8 down scales: a rank holds ScaleBytes(H, its slice of I) (each row's scale
+  // repeated per block of its own slice), not a share of the whole tensor's blocks.
+  bool row_uniform_down = false;
 };
 
 // Every checkpoint template of the family's routed experts in the plan's format.
@@ -75,8 +78,8 @@ std::unordered_map<std::string, ExpertPart> ExpertTemplates(const ShardPlan& pla
     // Act-order: every rank keeps all of down's scales and zero points (shard_plan.cc).
     const bool scales_split = !(q.act_order && module == &x.down);
     if (q.has_scales()) {
-      out[*module + "." + std::string(leaves.scale)] = {false, scales_split,
-                                                        rank(q.ScaleBytes(rows, cols))};
+      out[*module + "." + std::string(leaves.scale)] = {
+          false, scales_split, rank(q.ScaleBytes(rows, cols)), q.RowUniform() && module == &x.down};
     }
     if (q.has_zero_points()) {
       out[*module + "." + std::string(leaves.zero)] = {false, scales_split,
@@ -167,10 +170,17 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
   const size_t routed = CategoryIndex(TensorCategory::kRoutedExperts);
   std::set<int64_t> mtp_layers;
 
-  auto charge_expert = [&](int64_t layer, int64_t expert, double bytes, bool split_by_i) {
+  auto charge_expert = [&](int64_t layer, int64_t expert, double bytes, const ExpertPart& part) {
     for (const auto& [rank, n] : holders[static_cast<size_t>(
              stage_of_layer[static_cast<size_t>(layer)])][static_cast<size_t>(expert)]) {
-      const double f = split_by_i ? i_fraction(rank) : 1.0;
+      if (part.row_uniform_down) {
+        const int64_t i_local =
+            plan.intermediate.SliceWidth(plan.ranks[static_cast<size_t>(rank)].coords.moe_tp_rank);
+        out.rank_bytes[static_cast<size_t>(rank)][routed] +=
+            plan.expert_scheme.ScaleBytes(plan.hidden.logical, i_local) * n;
+        continue;
+      }
+      const double f = part.split_by_i ? i_fraction(rank) : 1.0;
       out.rank_bytes[static_cast<size_t>(rank)][routed] += std::llround(bytes * f) * n;
     }
   };
@@ -205,12 +215,12 @@ CheckpointSizing SizeFromCheckpoint(const ShardPlan& plan,
           const double per_expert =
               static_cast<double>(ct.bytes) / static_cast<double>(m.num_experts);
           for (int64_t x = 0; x < m.num_experts; ++x) {
-            charge_expert(k.layer, x, per_expert, e->second.split_by_i);
+            charge_expert(k.layer, x, per_expert, e->second);
           }
           placed = true;
         } else if (!e->second.fused && k.expert >= 0 && k.expert < m.num_experts) {
           const int64_t bytes = e->second.rank_bytes > 0 ? e->second.rank_bytes : ct.bytes;
-          charge_expert(k.layer, k.expert, static_cast<double>(bytes), e->second.split_by_i);
+          charge_expert(k.layer, k.expert, static_cast<double>(bytes), e->second);
           placed = true;
         }
       } else if (auto p = plain.find(k.key); p != plain.end()) {

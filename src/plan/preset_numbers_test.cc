@@ -211,6 +211,26 @@ TEST(PresetNumbersTest, QwenMoeGptqGroupsOfTheRelease) {
       << tp8.status().message();
 }
 
+TEST(PresetNumbersTest, Llama4ScoutFp8DynamicPerChannel) {
+  // Compressed-tensors fp8 per channel, held as fp8 with 1-row blocks 2048 wide (one F32 scale
+  // per row repeated per block). TP 4 splits I 8192: per expert w13 [2 x 2048, 5120] with
+  // scales [4096, 3], w2 [5120, 2048] with scales [5120, 1]; 16 experts on 48 layers.
+  const int64_t per_expert = 4096LL * 5120 + 4096 * 3 * 4 + 5120LL * 2048 + 5120 * 1 * 4;
+  EXPECT_EQ(Routed("llama-4-scout-17b-16e-instruct-fp8-dynamic", Opts(4)), 16 * 48 * per_expert);
+}
+
+TEST(PresetNumbersTest, ActOrderGptqKeepsEveryGroupOfASplitInput) {
+  // tiny-qwen2-moe-gptq(-act): H 256, I 256, group 32, 12 experts, 2 layers, TP 2 splits I.
+  // w13 [2 x 128, 256]: codes 256 x 128 B, 8 groups a row of F16 scale + U8 zero, g_idx 2 x 256
+  // I32. w2 [256, 128]: codes 256 x 64 B, g_idx 128 I32, and per row 4 groups (its slice) or,
+  // with act-order, all 8 (a slice of the input can hold channels of any group).
+  const int64_t w13 = 256 * 128 + 256 * 8 * 3 + 2 * 256 * 4;
+  EXPECT_EQ(Routed("tiny-qwen2-moe-gptq", Opts(2)),
+            12 * 2 * (w13 + 256 * 64 + 256 * 4 * 3 + 128 * 4));
+  EXPECT_EQ(Routed("tiny-qwen2-moe-gptq-act", Opts(2)),
+            12 * 2 * (w13 + 256 * 64 + 256 * 8 * 3 + 128 * 4));
+}
+
 TEST(PresetNumbersTest, QuantizedReleasesPlanOnTpAndEpLayouts) {
   struct Layout {
     int64_t tp, dp;
@@ -218,8 +238,9 @@ TEST(PresetNumbersTest, QuantizedReleasesPlanOnTpAndEpLayouts) {
   };
   const std::vector<Layout> layouts = {{1, 1, false}, {2, 1, false}, {4, 1, false},
                                        {8, 1, false}, {8, 1, true},  {1, 8, true}};
-  for (const char* preset : {"kimi-k2.5", "qwen3-235b-a22b-nvfp4", "minimax-m2.5-nvfp4",
-                             "mixtral-8x7b-instruct-v0.1-awq"}) {
+  for (const char* preset :
+       {"kimi-k2.5", "qwen3-235b-a22b-nvfp4", "minimax-m2.5-nvfp4",
+        "mixtral-8x7b-instruct-v0.1-awq", "llama-4-scout-17b-16e-instruct-fp8-dynamic"}) {
     const ModelConfig m = PresetOrDie(preset);
     for (const Layout& l : layouts) {
       SCOPED_TRACE(std::string(preset) + " tp " + std::to_string(l.tp) + " dp " +

@@ -159,6 +159,19 @@ TEST_P(QuantizedCheckpointTest, EveryRankDequantisesToTheWrittenValues) {
     Result<ShardPlan> plan =
         BuildShardPlan(*model, PlanOptions{.topology = topo, .backend = "cpu"});
     ASSERT_TRUE(plan.ok()) << plan.status().message();
+    {
+      // Header sizing on this layout: every rank's weights equal the plan's (act-order: the
+      // ranks of a split input keep every group's scales, from the headers too).
+      std::vector<CheckpointTensorInfo> infos;
+      for (const auto& [name, entry] : (*ckpt)->tensors()) {
+        infos.push_back({name, entry.info->dtype, entry.info->shape, entry.info->num_bytes()});
+      }
+      const CheckpointSizing sizing = SizeFromCheckpoint(*plan, infos);
+      for (int64_t rank = 0; rank < plan->topology.world; ++rank) {
+        EXPECT_EQ(sizing.RankTotal(rank), plan->ranks[static_cast<size_t>(rank)].WeightBytes())
+            << plan->topology.Label() << " rank " << rank;
+      }
+    }
     LoadOptions opts;
     opts.source = LoadOptions::Source::kCheckpoint;
     opts.checkpoint = ckpt->get();
