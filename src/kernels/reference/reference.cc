@@ -51,22 +51,33 @@ int64_t LocalExpert(const int32_t* map, int32_t global) {
   return map == nullptr ? global : map[global];
 }
 
+// The weights of the chosen experts ids[0, k): score[ids[i]], divided by their sum when
+// renormalising (`denominator` of the sum: each family's guard against zero), times the routed
+// scaling factor. chosen_weight keeps the unscaled scores.
+template <typename Denominator>
+void WriteChosenWeights(const RoutingParams& p, const int32_t* ids,
+                        const std::vector<double>& score, float* weights,
+                        std::vector<double>& chosen_weight, Denominator denominator) {
+  double wsum = 0.0;
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    chosen_weight[i] = score[ids[i]];
+    wsum += chosen_weight[i];
+  }
+  const double d = denominator(wsum);
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    const double v = p.renormalize ? chosen_weight[i] / d : chosen_weight[i];
+    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
+  }
+}
+
 // Softmax over every expert, then the top k (renormalised on request).
 void RouteSoftmaxTopK(const RoutingParams& p, const RoutingArgs& a, int64_t t, const float* logits,
                       int32_t* ids, float* weights, std::vector<double>& chosen_weight) {
   const int64_t num_experts = p.num_experts;
   const std::vector<double> prob = SoftmaxOf(logits, num_experts);
   const std::vector<int32_t> order = SortedDescending(prob);
-  double wsum = 0.0;
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    ids[i] = order[i];
-    chosen_weight[i] = prob[order[i]];
-    wsum += chosen_weight[i];
-  }
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
-    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-  }
+  for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
+  WriteChosenWeights(p, ids, prob, weights, chosen_weight, [](double w) { return w; });
 }
 
 // DeepSeek-V3: sigmoid scores plus the correction bias choose the best groups (by their top
@@ -99,16 +110,8 @@ void RouteSigmoidGroupedTopK(const RoutingParams& p, const RoutingArgs& a, int64
     }
   }
   const std::vector<int32_t> order = SortedDescending(masked);
-  double wsum = 0.0;
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    ids[i] = order[i];
-    chosen_weight[i] = score[order[i]];
-    wsum += chosen_weight[i];
-  }
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    double v = p.renormalize ? chosen_weight[i] / (wsum + 1e-20) : chosen_weight[i];
-    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-  }
+  for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
+  WriteChosenWeights(p, ids, score, weights, chosen_weight, [](double w) { return w + 1e-20; });
 }
 
 // DeepSeek-V2: softmax, groups ranked by their best expert, then the top k inside the best.
@@ -129,16 +132,8 @@ void RouteSoftmaxGroupedTopK(const RoutingParams& p, const RoutingArgs& a, int64
     for (int64_t i = 0; i < group_size; ++i) masked[g * group_size + i] = prob[g * group_size + i];
   }
   const std::vector<int32_t> order = SortedDescending(masked);
-  double wsum = 0.0;
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    ids[i] = order[i];
-    chosen_weight[i] = prob[order[i]];
-    wsum += chosen_weight[i];
-  }
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    const double v = p.renormalize ? chosen_weight[i] / wsum : chosen_weight[i];
-    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-  }
+  for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
+  WriteChosenWeights(p, ids, prob, weights, chosen_weight, [](double w) { return w; });
 }
 
 // Top k of the logits, each weighted by its sigmoid (Llama-4).
@@ -177,15 +172,8 @@ void RouteSqrtSoftplus(const RoutingParams& p, const RoutingArgs& a, int64_t t, 
     const std::vector<int32_t> order = SortedDescending(biased);
     for (int64_t i = 0; i < p.top_k; ++i) ids[i] = order[i];
   }
-  double wsum = 0.0;
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    chosen_weight[i] = score[ids[i]];
-    wsum += chosen_weight[i];
-  }
-  for (int64_t i = 0; i < p.top_k; ++i) {
-    const double v = p.renormalize ? chosen_weight[i] / std::max(wsum, 1e-20) : chosen_weight[i];
-    weights[i] = static_cast<float>(v * p.routed_scaling_factor);
-  }
+  WriteChosenWeights(p, ids, score, weights, chosen_weight,
+                     [](double w) { return std::max(w, 1e-20); });
 }
 
 // Top k of the logits, then a softmax over those k (Mixtral).
