@@ -60,6 +60,21 @@ void DecodeRow(const MatrixRef& m, int64_t r, float* out) {
       const fp16_t* scale = reinterpret_cast<const fp16_t*>(m.scales) + r * groups;
       const uint8_t* zero = m.zeros + r * groups;
       if (const int32_t* gidx = m.RowGroupIndex(r); gidx != nullptr) {  // act-order
+        // The row's scales and zero points widened once (a row has few groups), then looked up
+        // per column: the same (code - zero) * scale in fp32 as the direct form below.
+        constexpr int64_t kMaxGroups = 1024;
+        float sf[kMaxGroups], zf[kMaxGroups];
+        if (groups <= kMaxGroups) {
+          for (int64_t g = 0; g < groups; ++g) {
+            sf[g] = HalfToFloat(scale[g]);
+            zf[g] = static_cast<float>(zero[g]);
+          }
+          for (int64_t c = 0; c < cols; ++c) {
+            const int code = (c & 1) ? (row[c / 2] >> 4) : (row[c / 2] & 0xf);
+            out[c] = (static_cast<float>(code) - zf[gidx[c]]) * sf[gidx[c]];
+          }
+          return;
+        }
         for (int64_t c = 0; c < cols; ++c) {
           const int code = (c & 1) ? (row[c / 2] >> 4) : (row[c / 2] & 0xf);
           out[c] = static_cast<float>(code - zero[gidx[c]]) * HalfToFloat(scale[gidx[c]]);
