@@ -284,6 +284,10 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
       ->check(CLI::NonNegativeNumber);
 }
 
+void FollowGpu(const MemoryOptions& memory, PlanOptions* plan) {
+  plan->native_fp8 = memory.gpu.NativeFp8();
+}
+
 Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
   MemoryOptions o;
   if (f.gpu_memory_gib > 0) {

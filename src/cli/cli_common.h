@@ -82,5 +82,8 @@ struct MemoryFlags {
 };
 void AddMemoryFlags(CLI::App* app, MemoryFlags* flags);
 Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& flags);
+// What the target GPU decides in the plan: a GPU without native FP8 runs fp8 experts on Marlin
+// under `--moe-backend auto` (PlanOptions::native_fp8).
+void FollowGpu(const MemoryOptions& memory, PlanOptions* plan);
 
 }  // namespace moeshard::cli

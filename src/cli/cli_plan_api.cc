@@ -133,6 +133,7 @@ Result<SweepSetup> PrepareSweep(const PlanFlags& plan, const MemoryFlags& memory
   MOESHARD_ASSIGN_OR_RETURN(s.model, LoadModelConfig(plan.model));
   MOESHARD_ASSIGN_OR_RETURN(s.base, ToPlanOptions(plan));
   MOESHARD_ASSIGN_OR_RETURN(s.memory, ToMemoryOptions(memory));
+  FollowGpu(s.memory, &s.base);
   MOESHARD_ASSIGN_OR_RETURN(s.gpu_counts, ParseGpuList(options.gpus));
   static const char* kSorts[] = {"gpus", "weights", "kv", "waste"};
   if (std::find(std::begin(kSorts), std::end(kSorts), options.sort) == std::end(kSorts)) {

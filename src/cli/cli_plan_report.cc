@@ -16,6 +16,7 @@ Result<PlanInputs> LoadPlanInputs(const PlanFlags& plan, const MemoryFlags& memo
   MOESHARD_ASSIGN_OR_RETURN(in.model, LoadModelConfig(plan.model));
   MOESHARD_ASSIGN_OR_RETURN(in.plan_options, ToPlanOptions(plan));
   MOESHARD_ASSIGN_OR_RETURN(in.memory_options, ToMemoryOptions(memory));
+  FollowGpu(in.memory_options, &in.plan_options);
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(plan.model, ec)) {

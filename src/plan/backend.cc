@@ -30,7 +30,14 @@ const std::vector<BackendSpec>& BackendCatalog() {
        .intermediate_align = 128,
        .hidden_align = 256,
        .formats = {Q::kMxfp4, Q::kInt4, Q::kInt4Zp, Q::kFp8Block},
-       .source = "vLLM Marlin MoE tile families (n%64,k%128)/(n%128,k%64); I%128, H%256"},
+       .source = "vLLM Marlin MoE tile families (n%64,k%128)/(n%128,k%64); I%128, H%256",
+       .weight_extras = {{.format = Q::kFp8Block,
+                          .fp8_block_scales_per_column = true,
+                          .source = "vLLM marlin_utils_fp8.py prepare_moe_fp8_layer_for_marlin "
+                                    "and prepare_fp8_layer_for_marlin: block scales "
+                                    ".to(orig_dtype), transposed and repeat_interleave'd by "
+                                    "block_n to [K/bk, N]; the weights repack in place "
+                                    "(gptq_marlin_repack, same bytes)"}}},
       {.name = "flashinfer-cutlass",
        .description = "FlashInfer CUTLASS fused MoE (MXFP4 x BF16/MXFP8, bf16, fp8)",
        .intermediate_align = 128,
@@ -129,11 +136,12 @@ Result<const BackendSpec*> FindBackend(const std::string& name) {
       fmt::format("plan: '--moe-backend {}': unknown backend (known: auto, {})", name, names));
 }
 
-const BackendSpec& DefaultBackend(const ModelConfig& model) {
+const BackendSpec& DefaultBackend(const ModelConfig& model, bool native_fp8) {
   std::string name = "triton";
   switch (model.expert_scheme().format) {
     case WeightFormat::kBf16: name = "triton"; break;
-    case WeightFormat::kFp8Block: name = "block-fp8"; break;
+    // vLLM Fp8MoEMethod: use_marlin = not has_device_capability(89).
+    case WeightFormat::kFp8Block: name = native_fp8 ? "block-fp8" : "marlin"; break;
     case WeightFormat::kMxfp4: name = "marlin"; break;
     case WeightFormat::kInt4: name = "marlin"; break;
     case WeightFormat::kInt4Zp: name = "marlin"; break;

@@ -6,6 +6,7 @@
 
 #include "moeshard/base/math.h"
 #include "moeshard/base/units.h"
+#include "moeshard/config/config_loader.h"
 #include "moeshard/plan/engine_profile.h"
 #include "moeshard/plan/memory.h"
 #include "plan/plan_test_util.h"
@@ -235,6 +236,40 @@ TEST(EngineLogTest, VllmGptOss120bWeightsOnTritonAndMarlin) {
       PlanMemory(PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(1, 1, false, "marlin")), mo).ranks[0];
   EXPECT_EQ(TermBytes(m, "weight_extras:marlin"), -1);
   EXPECT_LE(std::fabs(m.weights / (65.97 * kGiB) - 1), 0.005);
+}
+
+// Qwen3-Coder-30B-A3B-Instruct-FP8 (128 x 128 fp8 blocks) on one A100-40GB: no native FP8
+// (compute capability 8.0 < 8.9), so vLLM runs every fp8 linear and the experts on Marlin
+// (fp8.py: use_marlin = not has_device_capability(89)), whose weight-only FP8 turns each
+// weight's fp32 block scales [N/128, K/128] into bf16 group scales [K/128, N]
+// (marlin_utils_fp8.py). vLLM logged "Model loading took 29.54 GiB" (issue 16;
+// docs/engine-memory.md row 2); the checkpoint's tensors alone are 1.7 % short of it.
+TEST(EngineLogTest, VllmFp8OnA100RunsMarlinWithPerColumnScales) {
+  const Result<ModelConfig> model =
+      LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
+                      "/tests/engine_logs/qwen3-coder-30b-a3b-instruct-fp8.json");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  PlanOptions o = Opts(1);
+  EXPECT_EQ(PlanOrDie(*model, o).backend.name, "block-fp8");  // an H100: native FP8
+  o.native_fp8 = FindGpu("a100-40gb")->NativeFp8();
+  EXPECT_FALSE(o.native_fp8);
+  const ShardPlan p = PlanOrDie(*model, o);
+  EXPECT_EQ(p.backend.name, "marlin");
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("a100-40gb");
+  mo.gpu_memory_utilization = 0.9;
+  mo.max_model_len = 32768;
+  const RankMemory r = PlanMemory(p, mo).ranks[0];
+  // Per layer: 128 experts x (w13 [1536, 2048]: 16 x 1536 bf16 for 12 x 16 fp32; w2 [2048, 768]:
+  // 6 x 2048 for 16 x 6) and attention (q [4096, 2048], k and v [512, 2048], o [2048, 4096]).
+  const int64_t experts = 128 * ((16 * 1536 * 2 - 12 * 16 * 4) + (6 * 2048 * 2 - 16 * 6 * 4));
+  const int64_t attention = (16 * 4096 * 2 - 32 * 16 * 4) + 2 * (16 * 512 * 2 - 4 * 16 * 4) +
+                            (32 * 2048 * 2 - 16 * 32 * 4);
+  const int64_t extras = TermBytes(r, "weight_extras:marlin");
+  EXPECT_EQ(extras, 48 * (experts + attention));
+  const double logged = 29.54 * kGiB;
+  EXPECT_GT(std::fabs(r.weights / logged - 1), 0.01);
+  EXPECT_LE(std::fabs((r.weights + extras) / logged - 1), 0.005);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <map>
 #include <optional>
+#include <string_view>
 
 #include "moeshard/base/math.h"
 #include "moeshard/base/units.h"
@@ -18,20 +20,21 @@ const std::vector<GpuSpec>& GpuCatalog() {
   // datasheet figure. What a process can allocate is a little less; gpu_memory_utilization
   // leaves the margin.
   static const std::vector<GpuSpec> catalog = {
-      {"h100", "NVIDIA H100 SXM 80 GB", 81559 * kMiB, "nvidia-smi: 81559 MiB"},
-      {"h200", "NVIDIA H200 141 GB", 143771 * kMiB, "nvidia-smi: 143771 MiB"},
-      {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB"},
-      {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e"},
-      {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB"},
+      {"h100", "NVIDIA H100 SXM 80 GB", 81559 * kMiB, "nvidia-smi: 81559 MiB", 90},
+      {"h200", "NVIDIA H200 141 GB", 143771 * kMiB, "nvidia-smi: 143771 MiB", 90},
+      {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB", 100},
+      {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e", 103},
+      {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB", 80},
       // What PyTorch (and so vLLM's mem_get_info) reports as total, from OOM messages.
       {"a100-80gb", "NVIDIA A100 80 GB", static_cast<int64_t>(79.25 * kGiB),
-       "PyTorch 'total capacity of 79.25 GiB' on A100-SXM4-80GB (vllm-project/vllm issue 20581)"},
+       "PyTorch 'total capacity of 79.25 GiB' on A100-SXM4-80GB (vllm-project/vllm issue 20581)",
+       80},
       {"a100-40gb", "NVIDIA A100 40 GB", static_cast<int64_t>(39.50 * kGiB),
-       "PyTorch 'total capacity of 39.50 GiB' (TianheWu/CoSeR issue 10)"},
+       "PyTorch 'total capacity of 39.50 GiB' (TianheWu/CoSeR issue 10)", 80},
       {"a10", "NVIDIA A10 24 GB", static_cast<int64_t>(22.06 * kGiB),
-       "PyTorch '22.06 GiB total capacity' (vllm-project/vllm issue 928)"},
+       "PyTorch '22.06 GiB total capacity' (vllm-project/vllm issue 928)", 86},
       {"l4", "NVIDIA L4 24 GB", static_cast<int64_t>(21.96 * kGiB),
-       "PyTorch 'total capacity of 21.96 GiB' (vllm-project/vllm issue 12539)"},
+       "PyTorch 'total capacity of 21.96 GiB' (vllm-project/vllm issue 12539)", 89},
       {"mi300x", "AMD Instinct MI300X 192 GB", 192 * kGiB, "datasheet: 192 GB HBM3"},
       {"mi355x", "AMD Instinct MI355X 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3E"},
   };
@@ -277,13 +280,37 @@ MemoryOptions ResolveOptions(const MemoryOptions& in, const EngineProfile& e,
   return o;
 }
 
-// What the backend adds beside the rank's routed-expert tensors after loading (BackendSpec
-// weight_extras), or a term of 0 bytes.
+// Marlin's weight-only FP8 (BackendWeightExtras::fp8_block_scales_per_column): the scales of
+// every fp8 weight [.., N, K] of the rank become [.., K/bk, N] in bf16 (per channel or per
+// tensor: [.., 1, N]), replacing the checkpoint's fp32 ones. Returns the bytes added.
+int64_t Fp8ScalesPerColumnExtra(const RankPlan& r) {
+  std::map<std::string_view, const TensorShard*> weights;
+  for (const TensorShard& s : r.tensors) {
+    if (s.part == TensorPart::kWeight && s.dtype == DType::kF8E4M3) weights[s.name] = &s;
+  }
+  int64_t extra = 0;
+  for (const TensorShard& s : r.tensors) {
+    const size_t at = s.name.rfind("weight_scale");
+    if (s.part != TensorPart::kScale || at == std::string::npos) continue;
+    const auto w = weights.find(std::string_view(s.name).substr(0, at + 6));  // "...weight"
+    if (w == weights.end()) continue;
+    const std::vector<int64_t>& ws = w->second->padded_shape;
+    int64_t columns = ws.size() >= 2 ? ws[ws.size() - 2] : 1;  // N (times the leading dims)
+    for (size_t d = 0; d + 2 < ws.size(); ++d) columns *= ws[d];
+    const int64_t groups = s.padded_shape.size() >= 2 ? s.padded_shape.back() : 1;  // K / bk
+    extra += w->second->count() * columns * groups * 2 - s.bytes;
+  }
+  return extra;
+}
+
+// What the backend adds beside the rank's tensors after loading (BackendSpec weight_extras), or
+// a term of 0 bytes.
 MemoryTerm WeightExtrasTerm(const ShardPlan& plan, const RankPlan& r) {
   MemoryTerm term{"weight_extras:" + plan.backend.name, 0, "", true};
   const BackendWeightExtras* x = plan.backend.ExtrasFor(plan.expert_scheme.format);
   if (x == nullptr) return term;
   term.source = x->source;
+  if (x->fp8_block_scales_per_column) term.bytes += Fp8ScalesPerColumnExtra(r);
   for (const TensorShard& s : r.tensors) {
     if (s.category != TensorCategory::kRoutedExperts) continue;
     const bool bias = s.role == TensorRole::kExpertsW13Bias || s.role == TensorRole::kExpertsW2Bias;

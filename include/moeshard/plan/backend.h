@@ -23,6 +23,9 @@ struct BackendWeightExtras {
   WeightFormat format = WeightFormat::kBf16;
   bool fp32_bias_copies = false;   // the bf16 expert biases become fp32 copies (+1x their bytes)
   bool scales_kept_twice = false;  // swizzled copies of the scales beside the originals (+1x)
+  // fp8 block scales [.., N/bn, K/bk] (fp32) become per-column group scales [.., K/bk, N] in
+  // the model dtype (bf16): Marlin's weight-only FP8. Applies to every fp8 linear of the rank.
+  bool fp8_block_scales_per_column = false;
   std::string source;
 };
 
@@ -53,8 +56,8 @@ const std::vector<BackendSpec>& BackendCatalog();
 // By name; an unknown name lists the known ones.
 Result<const BackendSpec*> FindBackend(const std::string& name);
 
-// The backend `auto` picks for a model's expert format: triton (bf16), block-fp8 (fp8),
-// marlin (mxfp4, int4).
-const BackendSpec& DefaultBackend(const ModelConfig& model);
+// The backend `auto` picks for a model's expert format: triton (bf16), block-fp8 (fp8; marlin
+// where the GPU has no native FP8), marlin (mxfp4, int4).
+const BackendSpec& DefaultBackend(const ModelConfig& model, bool native_fp8 = true);
 
 }  // namespace moeshard

@@ -36,6 +36,11 @@ struct GpuSpec {
   std::string description;  // "NVIDIA H200 141 GB"
   int64_t bytes = 0;        // total device memory
   std::string source;       // where the number comes from
+  // CUDA compute capability x 10 (80: A100, 90: H100); 0 where unknown or not CUDA (AMD).
+  int sm = 0;
+  // The GPU runs FP8 GEMMs natively (vLLM: has_device_capability(89)); an unknown GPU counts
+  // as native.
+  bool NativeFp8() const { return sm == 0 || sm >= 89; }
 };
 
 const std::vector<GpuSpec>& GpuCatalog();

@@ -62,6 +62,9 @@ inline constexpr int64_t kRedundantExpertsAuto = -1;
 struct PlanOptions {
   Topology topology;
   std::string backend = "auto";
+  // The target GPU runs FP8 GEMMs natively (GpuSpec::NativeFp8). Without, `auto` runs fp8
+  // experts on Marlin, as vLLM does below compute capability 8.9.
+  bool native_fp8 = true;
   PaddingPolicy padding = PaddingPolicy::kBackend;
   ExpertPlacement placement = ExpertPlacement::kLinear;
   int64_t num_redundant_experts = 0;  // EPLB: slots = experts + redundant; or kRedundantExpertsAuto
