@@ -185,6 +185,43 @@ TEST(EngineLogTest, VllmDeepSeekV2Lite_TP2PP2_L4) {
   }
   EXPECT_EQ(first_stage_tokens, mp.engine_kv_tokens);
   ExpectWithin5Percent(mp.engine_kv_tokens, 807'792, "DeepSeek-V2-Lite TP2 PP2 4xL4");
+  // The last stage's KV memory (11.33 GiB logged) follows once the sampler's dummy run is
+  // counted at the PyTorch top-k / top-p path's 24 bytes per logit (at 10 it was +4.5 %).
+  for (const RankMemory& r : mp.ranks) {
+    if (p.ranks[r.rank].coords.pp_stage != 1) continue;
+    const double err = static_cast<double>(r.kv_cache) / (11.33 * kGiB) - 1;
+    EXPECT_LE(std::fabs(err), 0.025) << "last stage " << r.kv_cache / kGiB << " GiB";
+  }
+}
+
+// vLLM 0.10.2, Qwen3-235B-A22B-Instruct-2507-FP8 (128 x 128 fp8 blocks), `--tensor-parallel-size 8
+// --enable-expert-parallel --gpu-memory-utilization 0.90 --swap-space 0 --max-model-len 32K` on
+// eight L40S (compute capability 8.9: native FP8, the block-fp8 kernels), PyTorch-native
+// sampler ("FlashInfer is not available"): "Model loading took 27.7183 GiB", "Actual usage is
+// 27.72 GiB for weight, 1.4 GiB for peak activation, 0.21 GiB for non-torch memory",
+// num_gpu_blocks 14834 = 237,344 tokens (docs/engine-memory.md row 7). The TP4-8 non-torch row
+// is taken from this log; the weights and the activation peak are not.
+TEST(EngineLogTest, VllmQwen3_235B_Fp8_TP8EP_L40S) {
+  const Result<ModelConfig> model = LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
+                                                    "/tests/engine_logs/qwen3-235b-a22b-fp8.json");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  PlanOptions o = Opts(8, 1, true);
+  o.native_fp8 = FindGpu("l40s")->NativeFp8();
+  const ShardPlan p = PlanOrDie(*model, o);
+  EXPECT_EQ(p.backend.name, "block-fp8");
+  EXPECT_EQ(p.topology.moe_ep, 8);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("l40s");
+  mo.gpu_memory_utilization = 0.9;
+  mo.max_model_len = 32768;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_EQ(mp.options.max_num_batched_tokens, 2048);  // 44.42 GiB < 70: the small defaults
+  const RankMemory& r = mp.ranks[0];
+  EXPECT_LE(std::fabs(static_cast<double>(r.weights) / (27.7183 * kGiB) - 1), 0.005);
+  // The sampler's dummy run: 256 rows x 151,936 logits x 24 bytes, most of the 1.4 GiB peak.
+  EXPECT_GE(r.activations, 256LL * 151936 * 24);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 237'344, "Qwen3-235B-FP8 TP8 EP 8xL40S");
 }
 
 // vLLM 0.19.0, gpt-oss-20b (MXFP4 experts), one A100 80 GB, `--max-model-len 131072
@@ -270,6 +307,9 @@ TEST(EngineLogTest, VllmFp8OnA100RunsMarlinWithPerColumnScales) {
   const double logged = 29.54 * kGiB;
   EXPECT_GT(std::fabs(r.weights / logged - 1), 0.01);
   EXPECT_LE(std::fabs((r.weights + extras) / logged - 1), 0.005);
+  // "GPU KV cache size: 54,912 tokens". Calibration, not independent: the TP1 non-torch row
+  // was set against this log (docs/engine-memory.md row 2).
+  ExpectWithin5Percent(PlanMemory(p, mo).engine_kv_tokens, 54'912, "Qwen3-Coder-FP8 A100-40GB");
 }
 
 }  // namespace

@@ -73,6 +73,7 @@ EngineProfile ProfileOf(const json& e) {
   p.large_gpu_min_gib = e.at("large_gpu_min_gib").get<double>();
   p.default_all2all_backend = e.at("default_all2all_backend").get<std::string>();
   p.rejects_moe_tp_with_moe_ep = e.at("rejects_moe_tp_with_moe_ep").get<bool>();
+  p.sampler_bytes_per_logit = e.at("sampler_bytes_per_logit").get<int64_t>();
   for (const json& s : e.at("sources")) p.sources.push_back(s.get<std::string>());
   return p;
 }

@@ -35,6 +35,9 @@ const std::vector<GpuSpec>& GpuCatalog() {
        "PyTorch '22.06 GiB total capacity' (vllm-project/vllm issue 928)", 86},
       {"l4", "NVIDIA L4 24 GB", static_cast<int64_t>(21.96 * kGiB),
        "PyTorch 'total capacity of 21.96 GiB' (vllm-project/vllm issue 12539)", 89},
+      {"l40s", "NVIDIA L40S 48 GB", static_cast<int64_t>(44.42 * kGiB),
+       "vLLM 'Free memory on device (43.93/44.42 GiB)' on an L40S (docs/engine-memory.md row 7)",
+       89},
       {"mi300x", "AMD Instinct MI300X 192 GB", 192 * kGiB, "datasheet: 192 GB HBM3"},
       {"mi355x", "AMD Instinct MI355X 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3E"},
   };
@@ -207,7 +210,8 @@ int64_t WidestProjection(const ShardPlan& plan) {
 
 }  // namespace
 
-int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& o) {
+int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& o,
+                        const EngineProfile& engine) {
   // The peak of the engine's profile forward: T = max_num_batched_tokens tokens per DP rank,
   // bf16 activations (vLLM gpu_model_runner.py profile_run; the torch peak increase it logs):
   //   residual + hidden + normed hidden            3 * T * H * 2
@@ -217,9 +221,9 @@ int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const Memor
   //     fused-MoE workspace (fused_moe.py): the shared gate_up / down output cache
   //     [M, top_k, max(g * I_pad, H_moe)] and the activation cache [M * top_k, I_pad]
   //                                                M * top_k * (max(g * I, H) + I) * 2
-  //   last stage only, the sampler's dummy run over R = min(max_num_seqs, T) rows: logits
-  //     gathered to the whole vocabulary in bf16, their fp32 copy and the fp32 probabilities
-  //                                                R * vocab * (2 + 4 + 4)
+  //   last stage only, the sampler's dummy run over R = min(max_num_seqs, T) rows, at the
+  //     engine's bytes per logit (the engine table: vLLM's PyTorch top-k / top-p path sorts)
+  //                                                R * vocab * sampler_bytes_per_logit
   const ModelConfig& m = plan.model;
   const ResolvedTopology& t = plan.topology;
   const int64_t T = BatchedTokens(o), H = m.hidden_size;
@@ -233,7 +237,7 @@ int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const Memor
   }
   if (rank.coords.pp_stage == t.pp - 1) {
     const int64_t seqs = o.engine_max_num_seqs > 0 ? o.engine_max_num_seqs : 256;
-    bytes += std::min(seqs, T) * m.vocab_size * (2 + 4 + 4);
+    bytes += std::min(seqs, T) * m.vocab_size * engine.sampler_bytes_per_logit;
   }
   return bytes;
 }
@@ -390,7 +394,7 @@ void SizeRank(const ShardPlan& plan, const RankPlan& r, const MemoryPlan& mp,
   rm.rank = r.coords.rank;
   rm.budget = static_cast<int64_t>(static_cast<double>(o.gpu.bytes) * o.gpu_memory_utilization);
   rm.weights = sizing ? RankWeightsFromCheckpoint(*sizing, r) : r.WeightBytes();
-  rm.activations = ActivationBytes(plan, r, o);
+  rm.activations = ActivationBytes(plan, r, o, e);
   rm.terms = RankTerms(plan, r, o, e, rm.activations);
   for (const MemoryTerm& t : rm.terms) {
     if (t.in_kv_budget) {

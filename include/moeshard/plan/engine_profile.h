@@ -37,6 +37,9 @@ struct EngineProfile {
   double large_gpu_min_gib = 70;
   std::string default_all2all_backend;
   bool rejects_moe_tp_with_moe_ep = false;
+  // Peak bytes per logit of the profile's dummy sampler run (last PP stage): the gathered bf16
+  // logits, their fp32 copy and whatever the top-k / top-p path allocates.
+  int64_t sampler_bytes_per_logit = 10;
   std::vector<std::string> sources;
 
   std::string Label() const { return name + "@" + version; }

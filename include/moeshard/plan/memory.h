@@ -106,8 +106,10 @@ struct MemoryPlan {
 MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& options);
 
 // Activation peak of one rank (bytes) in the engine's profile forward of max_num_batched_tokens
-// tokens (and, on the last stage, its sampler over max_num_seqs rows). See memory.cc.
-int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& options);
+// tokens (and, on the last stage, its sampler over max_num_seqs rows, at the engine's bytes per
+// logit). See memory.cc.
+int64_t ActivationBytes(const ShardPlan& plan, const RankPlan& rank, const MemoryOptions& options,
+                        const EngineProfile& engine);
 
 // The engine profile's refusals for this topology (vLLM cannot express moe_tp > 1 with
 // moe_ep > 1), or Ok.
