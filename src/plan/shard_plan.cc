@@ -105,6 +105,33 @@ std::vector<int64_t> ExpertSlotsOf(int64_t num_experts, int64_t num_slots, int64
 
 namespace {
 
+// A redundant slot on the rank that already holds its expert balances nothing and doubles the
+// expert's memory there. Round-robin with redundant slots does this whenever lcm(experts, ep) <
+// slots (12 experts + 4 redundant over EP4: rank 0 holds slots 0, 4, 8, 12 = experts 0, 4, 8,
+// 0); vLLM
+// does not offer it (fused_moe layer.py: round-robin only without redundant experts, otherwise
+// a warning and linear placement).
+Status CheckNoReplicaOnItsOwnRank(const std::vector<int64_t>& experts, int64_t ep_rank,
+                                  int64_t num_experts, int64_t num_slots,
+                                  ExpertPlacement placement) {
+  std::vector<int64_t> first_slot(static_cast<size_t>(num_experts), -1);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    int64_t& seen = first_slot[static_cast<size_t>(experts[i])];
+    if (seen < 0) {
+      seen = static_cast<int64_t>(i);
+      continue;
+    }
+    return InvalidArgumentError(fmt::format(
+        "plan: '--expert-placement-strategy {}' with {} slots for {} experts ({} redundant): EP "
+        "rank {} would hold expert {} twice (its local slots {} and {}); expected every replica "
+        "on another rank (use the linear placement, or --expert-placement eplb with "
+        "--expert-load, which places replicas by load)",
+        ExpertPlacementName(placement), num_slots, num_experts, num_slots - num_experts, ep_rank,
+        experts[i], seen, i));
+  }
+  return Status::Ok();
+}
+
 // The experts each MoE EP rank's slots hold; with an expert load, also the per-layer imbalance
 // before (linear) and after (the plan's placement), and for kEplb the balanced placement of
 // the summed load.
@@ -130,6 +157,9 @@ Result<std::vector<std::vector<int64_t>>> SlotsByEpRank(const ModelConfig& model
   for (int64_t r = 0; r < ep; ++r) {
     slots[static_cast<size_t>(r)] =
         ExpertSlotsOf(model.num_experts, plan.num_slots, ep, r, options.placement);
+    if (options.placement == ExpertPlacement::kEplb) continue;  // placed by the load below
+    MOESHARD_RETURN_IF_ERROR(CheckNoReplicaOnItsOwnRank(
+        slots[static_cast<size_t>(r)], r, model.num_experts, plan.num_slots, options.placement));
   }
   if (load.layers.empty()) return slots;
   const std::vector<std::vector<int64_t>> linear = [&] {

@@ -78,6 +78,32 @@ TEST(PaddingTest, QuantGroupAndBackendRules) {
   EXPECT_NE(r.status().message().find("moeshard-cpu"), std::string::npos);
 }
 
+// Round-robin over redundant slots would put a replica beside its own expert (12 experts + 4
+// redundant slots over EP4: rank 0 gets slots 0, 4, 8, 12 = experts 0, 4, 8, 0): refused,
+// naming the rank and the expert; linear placement of the same slots holds each expert once
+// per rank.
+TEST(PlacementTest, RoundRobinRefusesAReplicaOnItsOwnRank) {
+  const ModelConfig m = PresetOrDie("tiny-qwen3-moe");
+  ASSERT_EQ(m.num_experts, 12);
+  PlanOptions o = Opts(4, 1, true);
+  o.num_redundant_experts = 4;
+  o.placement = ExpertPlacement::kRoundRobin;
+  const Result<ShardPlan> r = BuildShardPlan(m, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("EP rank 0 would hold expert 0 twice"), std::string::npos)
+      << r.status().message();
+  o.placement = ExpertPlacement::kLinear;
+  const Result<ShardPlan> linear = BuildShardPlan(m, o);
+  ASSERT_TRUE(linear.ok()) << linear.status().message();
+  for (const RankPlan& rank : linear->ranks) {
+    const std::set<int64_t> distinct(rank.expert_slots.begin(), rank.expert_slots.end());
+    EXPECT_EQ(distinct.size(), rank.expert_slots.size()) << rank.coords.rank;
+  }
+  o.num_redundant_experts = 0;  // without redundancy round-robin is a permutation
+  o.placement = ExpertPlacement::kRoundRobin;
+  EXPECT_TRUE(BuildShardPlan(m, o).ok());
+}
+
 TEST(PlacementTest, LinearRoundRobinUneven) {
   EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 0, ExpertPlacement::kLinear), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(ExpertSlotsOf(10, 10, 4, 1, ExpertPlacement::kLinear), (std::vector<int64_t>{3, 4, 5}));
