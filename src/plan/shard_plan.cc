@@ -108,9 +108,8 @@ namespace {
 // A redundant slot on the rank that already holds its expert balances nothing and doubles the
 // expert's memory there. Round-robin with redundant slots does this whenever lcm(experts, ep) <
 // slots (12 experts + 4 redundant over EP4: rank 0 holds slots 0, 4, 8, 12 = experts 0, 4, 8,
-// 0); vLLM
-// does not offer it (fused_moe layer.py: round-robin only without redundant experts, otherwise
-// a warning and linear placement).
+// 0); vLLM does not offer it (fused_moe layer.py: round-robin only without redundant experts,
+// otherwise a warning and linear placement).
 Status CheckNoReplicaOnItsOwnRank(const std::vector<int64_t>& experts, int64_t ep_rank,
                                   int64_t num_experts, int64_t num_slots,
                                   ExpertPlacement placement) {
@@ -157,7 +156,9 @@ Result<std::vector<std::vector<int64_t>>> SlotsByEpRank(const ModelConfig& model
   for (int64_t r = 0; r < ep; ++r) {
     slots[static_cast<size_t>(r)] =
         ExpertSlotsOf(model.num_experts, plan.num_slots, ep, r, options.placement);
-    if (options.placement == ExpertPlacement::kEplb) continue;  // placed by the load below
+    // Linear placement repeats an expert on a rank only when the rank holds more slots than
+    // there are experts (one rank: the runtime's single-rank reference of a redundant plan).
+    if (options.placement != ExpertPlacement::kRoundRobin) continue;
     MOESHARD_RETURN_IF_ERROR(CheckNoReplicaOnItsOwnRank(
         slots[static_cast<size_t>(r)], r, model.num_experts, plan.num_slots, options.placement));
   }

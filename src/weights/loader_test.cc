@@ -215,20 +215,22 @@ TEST(LoaderTest, ExpertReassemblesIdenticallyAcrossTopologies) {
   EXPECT_NE(tp1, std::vector<uint16_t>(tp1.size(), 0));
 }
 
+// Round-robin over redundant slots where no rank gets a replica of its own expert: 12 experts
+// + 4 redundant slots over EP8 (lcm(12, 8) = 24 >= 16 slots).
 TEST(LoaderTest, RoundRobinAndRedundantSlotsHoldTheirExperts) {
-  Result<ModelConfig> m = LoadModelConfig("tiny-mixtral");
+  Result<ModelConfig> m = LoadModelConfig("tiny-qwen3-moe");
   ASSERT_TRUE(m.ok());
   PlanOptions o;
-  o.topology = Topology{.tp = 2, .enable_ep = true};
+  o.topology = Topology{.tp = 8, .enable_ep = true};
   o.placement = ExpertPlacement::kRoundRobin;
-  o.num_redundant_experts = 2;
+  o.num_redundant_experts = 4;
   Result<ShardPlan> plan = BuildShardPlan(*m, o);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   const FullTensors full = testing_util::FullDummyTensors(*ExpectedCheckpointTensors(*plan), 3);
-  for (int64_t r = 0; r < 2; ++r) {
+  for (int64_t r = 0; r < 8; ++r) {
     auto w = LoadRankWeights(*plan, r, {.seed = 3});
     ASSERT_TRUE(w.ok());
-    ExpectRankMatches(*plan, r, *w, full, "mixtral round-robin eplb");
+    ExpectRankMatches(*plan, r, *w, full, "qwen3 round-robin eplb");
   }
 }
 
