@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 
 #include "base/check.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -225,6 +226,10 @@ struct Mxfp4Decoder {
   static constexpr int64_t kValuesPerLine = 128;
   int64_t GroupCols() const { return kCpuMxfp4GroupSize; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(e8m0[scales[j][g]]); }
+  static bool BlockDecodes() { return kCpuMxfp4GroupSize == 32; }
+  // Defined with the block decode below.
+  static const struct NibbleTables& Nibbles();
+  __m512 BlockScale(int j, int64_t k) const;
 };
 
 std::array<float, 16> Int4Values() {
@@ -259,9 +264,143 @@ struct Int4Decoder {
   static constexpr int64_t kValuesPerLine = 128;
   int64_t GroupCols() const { return group; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(Bf16ToFloat(scales[j][g])); }
+  // Decode in 128-column blocks (NibbleTile): groups of 32 or 64 columns, or whole blocks.
+  bool BlockDecodes() const { return group == 32 || group == 64 || group % 128 == 0; }
+  static const struct NibbleTables& Nibbles();
+  __m512 BlockScale(int j, int64_t k) const;
 };
 
+// --- 4-bit weights in blocks of 128 columns (the decode walk) -------------------------------
+//
+// 64 bytes of packed nibbles are 128 weights in four vectors: per nibble half two byte-table
+// lookups (vpshufb: the low and the high byte of each code's bf16) and per vector one byte
+// interleave (vpunpck[lh]bw). That is about half the instructions of NibblesToBf16 (vpmovzxbd,
+// shifts and vpermw per 32 weights), which bounds the 4-bit decode on these cores. The weights
+// come out in a fixed order within the block (Nibble128Column); each token's inputs are put in
+// that order once per call. Lane L (128 bits) of every vector holds columns 32L..32L+31 of the
+// block, so one scale group of 32 columns is one lane.
+struct NibbleTables {
+  __m512i lo, hi;  // low and high byte of each code's bf16, the 16 entries in every lane
+};
+
+NibbleTables MakeNibbleTables(const std::array<float, 16>& values) {
+  alignas(64) uint8_t lo[64];
+  alignas(64) uint8_t hi[64];
+  for (int i = 0; i < 64; ++i) {
+    const uint16_t b = FloatToBf16(values[static_cast<size_t>(i % 16)]).bits;
+    lo[i] = static_cast<uint8_t>(b & 0xff);
+    hi[i] = static_cast<uint8_t>(b >> 8);
+  }
+  return {_mm512_load_si512(lo), _mm512_load_si512(hi)};
+}
+
+inline void Nibbles128ToBf16(const uint8_t* p, const NibbleTables& t, __m512bh (&v)[4]) {
+  const __m512i b = _mm512_loadu_si512(p);
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const __m512i even = _mm512_and_si512(b, mask);  // low nibbles: even columns
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
+  const __m512i el = _mm512_shuffle_epi8(t.lo, even);
+  const __m512i eh = _mm512_shuffle_epi8(t.hi, even);
+  const __m512i ol = _mm512_shuffle_epi8(t.lo, odd);
+  const __m512i oh = _mm512_shuffle_epi8(t.hi, odd);
+  v[0] = AsBh(_mm512_unpacklo_epi8(el, eh));
+  v[1] = AsBh(_mm512_unpackhi_epi8(el, eh));
+  v[2] = AsBh(_mm512_unpacklo_epi8(ol, oh));
+  v[3] = AsBh(_mm512_unpackhi_epi8(ol, oh));
+}
+
+// The block column of position p in Nibbles128ToBf16's order: vector p / 32, lane (p / 8) % 4,
+// word p % 8 of the lane (the lane's bytes 0-7 for vectors 0 and 2, 8-15 for 1 and 3; vectors 0
+// and 1 the even columns, 2 and 3 the odd ones).
+constexpr int Nibble128Column(int p) {
+  const int v = p / 32, lane = (p / 8) % 4, k = p % 8;
+  return 2 * (16 * lane + 8 * (v % 2) + k) + v / 2;
+}
+
+// dst[t, :] = src[t, :] in the block order (cols % 128 == 0).
+void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t cols, bf16_t* dst) {
+  static const std::array<int16_t, 128> kColumn = [] {
+    std::array<int16_t, 128> c{};
+    for (int p = 0; p < 128; ++p)
+      c[static_cast<size_t>(p)] = static_cast<int16_t>(Nibble128Column(p));
+    return c;
+  }();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const bf16_t* x = src + t * lds;
+    bf16_t* y = dst + t * cols;
+    for (int64_t k0 = 0; k0 < cols; k0 += 128) {
+      for (int p = 0; p < 128; ++p) y[k0 + p] = x[k0 + kColumn[static_cast<size_t>(p)]];
+    }
+  }
+}
+
+// [s0 x 4, s1 x 4, s2 x 4, s3 x 4]: four per-group scales (elements 0-3 of s) over the lanes.
+inline __m512 ScalePerLane(__m512 s) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                               s);
+}
+
+// The E8M0 scales of the block's four groups, exactly as E8M0ToFloat (0: 2^-127, 255: NaN).
+inline __m512 E8m0BlockScale(const uint8_t* e4) {
+  const __m512i e = _mm512_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(LoadPair(e4))));
+  __m512i bits = _mm512_slli_epi32(e, 23);
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                               _mm512_set1_epi32(0x00400000));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xff)),
+                               _mm512_set1_epi32(0x7fc00000));
+  return ScalePerLane(_mm512_castsi512_ps(bits));
+}
+
+const NibbleTables& Mxfp4Decoder::Nibbles() {
+  static const NibbleTables t = MakeNibbleTables(kFp4E2M1Values);
+  return t;
+}
+__m512 Mxfp4Decoder::BlockScale(int j, int64_t k) const {
+  return E8m0BlockScale(scales[j] + k / 32);
+}
+
+const NibbleTables& Int4Decoder::Nibbles() {
+  static const NibbleTables t = MakeNibbleTables(Int4Values());
+  return t;
+}
+
+__m512 Int4Decoder::BlockScale(int j, int64_t k) const {
+  const bf16_t* s = scales[j] + k / group;
+  if (group == 32) {
+    const __m128i w = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
+    return ScalePerLane(_mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_castsi128_si256(w)), 16)));
+  }
+  if (group == 64) {
+    const __m512 two = _mm512_setr_ps(Bf16ToFloat(s[0]), Bf16ToFloat(s[1]), 0, 0, 0, 0, 0, 0, 0, 0,
+                                      0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 two);
+  }
+  return _mm512_set1_ps(Bf16ToFloat(*s));
+}
+
 // --- micro-kernels ---------------------------------------------------------------------------
+
+// out[i * ldo + j] (+)= the horizontal sum of acc[i][j].
+template <int MR, int NR>
+inline void StoreTile(const __m512 (&acc)[MR][NR], float* out, int64_t ldo, bool accumulate) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    int j = 0;
+#pragma GCC unroll 2
+    for (; j + 4 <= NR; j += 4) {
+      __m128 v = HSum4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+      if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(out + i * ldo + j));
+      _mm_storeu_ps(out + i * ldo + j, v);
+    }
+#pragma GCC unroll 8
+    for (; j < NR; ++j) {
+      const float v = HSum(acc[i][j]);
+      out[i * ldo + j] = accumulate ? out[i * ldo + j] + v : v;
+    }
+  }
+}
 
 // out[i * ldo + j] = sum_k x[i, k] * w[j, k] for i < MR, j < NR.
 // Columns [kbegin, kend) only; `accumulate` adds to out instead of overwriting it (K blocks
@@ -363,39 +502,69 @@ void Tile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t ke
       }
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    int j = 0;
-#pragma GCC unroll 2
-    for (; j + 4 <= NR; j += 4) {
-      __m128 v = HSum4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
-      if (accumulate) v = _mm_add_ps(v, _mm_loadu_ps(out + i * ldo + j));
-      _mm_storeu_ps(out + i * ldo + j, v);
-    }
-#pragma GCC unroll 8
-    for (; j < NR; ++j) {
-      const float v = HSum(acc[i][j]);
-      out[i * ldo + j] = accumulate ? out[i * ldo + j] + v : v;
-    }
-  }
+  StoreTile<MR, NR>(acc, out, ldo, accumulate);
 }
 
 template <class Dec>
 using TileFn = void (*)(const Dec&, const bf16_t*, int64_t, int64_t, int64_t, float*, int64_t,
                         bool);
 
-template <class Dec, int MR, int... NRs>
-constexpr std::array<TileFn<Dec>, sizeof...(NRs)> TileRow(std::integer_sequence<int, NRs...>) {
-  return {&Tile<Dec, MR, NRs + 1>...};
+// Tile over 4-bit weights in 128-column blocks: x in the block order (Nibble128Order); the four
+// products of a block share one scale vector (per lane: the group's scale).
+template <class Dec, int MR, int NR>
+void NibbleTile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int64_t kend,
+                float* out, int64_t ldo, bool accumulate) {
+  const NibbleTables& t = Dec::Nibbles();
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = zero;
+  }
+  for (int64_t k = kbegin; k < kend; k += 128) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      d.Prefetch(j, k);
+      __m512bh w[4];
+      Nibbles128ToBf16(d.rows[j] + k / 2, t, w);
+      const __m512 sc = d.BlockScale(j, k);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const bf16_t* xi = x + i * ldx + k;
+        __m512 part = _mm512_dpbf16_ps(zero, LoadX(xi), w[0]);
+        part = _mm512_dpbf16_ps(part, LoadX(xi + 32), w[1]);
+        part = _mm512_dpbf16_ps(part, LoadX(xi + 64), w[2]);
+        part = _mm512_dpbf16_ps(part, LoadX(xi + 96), w[3]);
+        acc[i][j] = _mm512_fmadd_ps(part, sc, acc[i][j]);
+      }
+    }
+  }
+  StoreTile<MR, NR>(acc, out, ldo, accumulate);
 }
 
-template <class Dec>
+// The tiles of every MR x NR, Tile's or (kBlocks) NibbleTile's.
+template <class Dec, bool kBlocks, int MR, int... NRs>
+constexpr std::array<TileFn<Dec>, sizeof...(NRs)> TileRow(std::integer_sequence<int, NRs...>) {
+  if constexpr (kBlocks) {
+    return {&NibbleTile<Dec, MR, NRs + 1>...};
+  } else {
+    return {&Tile<Dec, MR, NRs + 1>...};
+  }
+}
+
+template <class Dec, bool kBlocks = false>
 struct TileTable {
   using Seq = std::make_integer_sequence<int, Dec::kMaxNr>;
   std::array<std::array<TileFn<Dec>, Dec::kMaxNr>, kMaxMr> fns = {
-      TileRow<Dec, 1>(Seq{}), TileRow<Dec, 2>(Seq{}), TileRow<Dec, 3>(Seq{}),
-      TileRow<Dec, 4>(Seq{})};
+      TileRow<Dec, kBlocks, 1>(Seq{}), TileRow<Dec, kBlocks, 2>(Seq{}),
+      TileRow<Dec, kBlocks, 3>(Seq{}), TileRow<Dec, kBlocks, 4>(Seq{})};
 };
+
+// 4-bit decoders whose decode walk takes 128-column blocks.
+template <class Dec>
+constexpr bool kNibbleBlocks =
+    std::is_same_v<Dec, Mxfp4Decoder> || std::is_same_v<Dec, Int4Decoder>;
 
 template <class Dec>
 void DotRowsImpl(const DotRowsArgs& a) {
@@ -418,6 +587,20 @@ void DotRowsImpl(const DotRowsArgs& a) {
     const int64_t kc =
         k_block(std::max<int64_t>(256, kDecodeXBytes / (2 * a.num_tokens) / 256 * 256));
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
+    // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work).
+    const auto* fns = &kTable.fns;
+    const bf16_t* x = a.x;
+    int64_t ldx = a.ldx;
+    if constexpr (kNibbleBlocks<Dec>) {
+      static constexpr TileTable<Dec, true> kNibbleTable;
+      if (a.num_rows > 0 && cols % 128 == 0 && Dec(*a.w, a.row_idx, 1).BlockDecodes()) {
+        auto* ordered = reinterpret_cast<bf16_t*>(a.work);
+        Nibble128Order(a.x, a.ldx, a.num_tokens, cols, ordered);
+        fns = &kNibbleTable.fns;
+        x = ordered;
+        ldx = cols;
+      }
+    }
     for (int64_t s = 0; s < per; ++s) {
       int64_t col[kStreams];
       const int nr = StreamStep(a.num_rows, per, s, col);
@@ -429,8 +612,8 @@ void DotRowsImpl(const DotRowsArgs& a) {
         const int64_t k1 = std::min(cols, k0 + kc);
         for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
           const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
-          kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
-              d, a.x + m0 * a.ldx, a.ldx, k0, k1, tile + m0 * kStreams, kStreams, k0 > 0);
+          (*fns)[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+              d, x + m0 * ldx, ldx, k0, k1, tile + m0 * kStreams, kStreams, k0 > 0);
         }
       }
       for (int64_t m = 0; m < a.num_tokens; ++m) {
@@ -1003,9 +1186,11 @@ void ToBf16(const float* src, int64_t n, bf16_t* dst) {
   }
 }
 
-// The native kernels need none; the formats SimdFallback() runs need its work space.
+// The 4-bit decode walk's inputs in block order (num_tokens x cols bf16, Nibble128Order); the
+// formats SimdFallback() runs need its work space.
 int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
-  return SimdFallback().work_floats(num_tokens, cols);
+  const int64_t ordered = num_tokens <= kDecodeMaxTokens ? CeilDiv(num_tokens * cols, 2) : 0;
+  return std::max(ordered, SimdFallback().work_floats(num_tokens, cols));
 }
 
 // 64 columns at a time in four accumulators, each row's term added in order (fused
