@@ -247,9 +247,9 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
 namespace moeshard::cli {
 
 void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
-  app->add_option(
-      "--gpu", f->gpu,
-      "GPU: h100, h200, b200, gb300, a100, a100-80gb, a100-40gb, a10, l4, mi300x, mi355x");
+  std::string gpus;
+  for (const GpuSpec& g : GpuCatalog()) gpus += (gpus.empty() ? "" : ", ") + g.name;
+  app->add_option("--gpu", f->gpu, "GPU: " + gpus);
   app->add_option("--gpu-memory", f->gpu_memory_gib, "GPU memory in GiB (instead of --gpu)");
   app->add_option("--gpu-memory-utilization,--mem-fraction-static,--free-gpu-memory-fraction",
                   f->utilization,
