@@ -224,6 +224,29 @@ TEST(EngineLogTest, VllmQwen3_235B_Fp8_TP8EP_L40S) {
   ExpectWithin5Percent(mp.engine_kv_tokens, 237'344, "Qwen3-235B-FP8 TP8 EP 8xL40S");
 }
 
+// SGLang (a 2026 source checkout), a Qwen3MoeForCausalLM with Qwen3-30B-A3B's geometry in bf16,
+// DP attention x EP4 on four 141 GB GPUs (`--tp-size 4 --ep-size 4 --dp-size 4
+// --enable-dp-attention --moe-a2a-backend deepep --deepep-mode low_latency --mem-fraction-static
+// 0.8`): every rank "Load weight end. ... avail mem=121.95 GB, mem usage=16.39 GB" and "KV Cache
+// is allocated. #tokens: 1029388" (https://github.com/sgl-project/sglang/pull/17392, turn 0;
+// docs/engine-memory.md row 9: SGLang's "GB" are GiB, and the GPU is inferred from the 138.3 GiB
+// free before loading). In moeshard's terms: TP1 x DP4 with EP (attention whole on every rank,
+// a quarter of the experts each).
+TEST(EngineLogTest, SglangQwen3_30B_DP4EP4_DeepEpLowLatency) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-30b-a3b"), Opts(1, 4, true));
+  EXPECT_EQ(p.topology.moe_ep, 4);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.engine = "sglang";
+  mo.gpu_memory_utilization = 0.8;
+  mo.all2all_backend = "deepep_low_latency";
+  mo.max_model_len = 40960;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_LE(std::fabs(static_cast<double>(mp.ranks[0].weights) / (16.39 * kGiB) - 1), 0.005);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 1'029'388, "Qwen3-30B-A3B DP4 EP4 SGLang H200");
+}
+
 // vLLM 0.19.0, gpt-oss-20b (MXFP4 experts), one A100 80 GB, `--max-model-len 131072
 // --gpu-memory-utilization 0.65`: "Model loading took 13.72 GiB", "Available KV cache memory:
 // 36.56 GiB" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/; docs/engine-memory.md). The
