@@ -226,7 +226,7 @@ struct Mxfp4Decoder {
   static constexpr int64_t kValuesPerLine = 128;
   int64_t GroupCols() const { return kCpuMxfp4GroupSize; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(e8m0[scales[j][g]]); }
-  static bool BlockDecodes() { return kCpuMxfp4GroupSize == 32; }
+  static bool BlockDecodes(int64_t group_cols) { return group_cols == 32; }
   // Defined with the block decode below.
   static const struct NibbleTables& Nibbles();
   __m512 BlockScale(int j, int64_t k) const;
@@ -265,7 +265,9 @@ struct Int4Decoder {
   int64_t GroupCols() const { return group; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(Bf16ToFloat(scales[j][g])); }
   // Decode in 128-column blocks (NibbleTile): groups of 32 or 64 columns, or whole blocks.
-  bool BlockDecodes() const { return group == 32 || group == 64 || group % 128 == 0; }
+  static bool BlockDecodes(int64_t group_cols) {
+    return group_cols == 32 || group_cols == 64 || group_cols % 128 == 0;
+  }
   static const struct NibbleTables& Nibbles();
   __m512 BlockScale(int j, int64_t k) const;
 };
@@ -593,7 +595,7 @@ void DotRowsImpl(const DotRowsArgs& a) {
     int64_t ldx = a.ldx;
     if constexpr (kNibbleBlocks<Dec>) {
       static constexpr TileTable<Dec, true> kNibbleTable;
-      if (a.num_rows > 0 && cols % 128 == 0 && Dec(*a.w, a.row_idx, 1).BlockDecodes()) {
+      if (a.num_rows > 0 && cols % 128 == 0 && Dec::BlockDecodes(group)) {
         auto* ordered = reinterpret_cast<bf16_t*>(a.work);
         Nibble128Order(a.x, a.ldx, a.num_tokens, cols, ordered);
         fns = &kNibbleTable.fns;
