@@ -668,7 +668,15 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
 // multiples of 2^-14 of it (error at most 2^-15 of the group's largest input); the integer sums
 // are exact; so against the fp32 dot products the only differences are those roundings and the
 // order of the fp32 additions.
-using D8 = hn::CappedTag<uint8_t, 32>;
+// A chunk is one vector of bytes: 32 on AVX2 (and at most 32 on NEON and SVE, whose wider
+// vectors are not measured), 64 on AVX-512, where each 128-bit block still holds whole groups
+// of 32 codes (the byte-shuffle lookups and interleaves work per block).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+inline constexpr size_t kQMaxBytes = 64;
+#else
+inline constexpr size_t kQMaxBytes = 32;
+#endif
+using D8 = hn::CappedTag<uint8_t, kQMaxBytes>;
 using D16 = hn::Repartition<int16_t, D8>;
 using V16 = hn::Vec<D16>;
 using D32 = hn::Repartition<int32_t, D8>;
@@ -680,7 +688,7 @@ using DQF = hn::Rebind<float, D32>;
 // 32 x 3072 x 2^14 < 2^31.
 constexpr int64_t kQMaxGroup = 128;
 // The most 32-bit lanes (and int16 lanes) of these vectors.
-constexpr int kQMaxLanes32 = 8;
+constexpr int kQMaxLanes32 = 16;
 
 int64_t QChunk() { return 2 * static_cast<int64_t>(hn::Lanes(D8())); }
 
@@ -691,9 +699,9 @@ const int16_t* QChunkOrder() {
     const D8 d8;
     const D16 d16;
     const hn::Repartition<uint16_t, D8> du16;
-    std::array<int16_t, 64> o{};
-    HWY_ALIGN uint8_t even[32], odd[32];
-    for (int i = 0; i < 32; ++i) {
+    std::array<int16_t, 2 * kQMaxBytes> o{};
+    HWY_ALIGN uint8_t even[kQMaxBytes], odd[kQMaxBytes];
+    for (size_t i = 0; i < kQMaxBytes; ++i) {
       even[i] = static_cast<uint8_t>(2 * i);
       odd[i] = static_cast<uint8_t>(2 * i + 1);
     }
@@ -726,7 +734,7 @@ struct QLayout {
   int classes = 1;
   int class_of[4] = {0, 0, 0, 0};
   int32_t lane_group[2][kQMaxLanes32] = {};
-  uint8_t byte_group[32] = {};  // the group (within the chunk) of each loaded byte
+  uint8_t byte_group[kQMaxBytes] = {};  // the group (within the chunk) of each loaded byte
 };
 
 // Fills the lane layout of a chunk spanning several groups; false when a 32-bit lane's two
@@ -974,7 +982,7 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
       // A last partial chunk is decoded from a zero-padded copy (its padded columns meet zero
       // inputs).
       const bool partial = c + chunk > ql.cols;
-      HWY_ALIGN uint8_t pad[NR][32];
+      HWY_ALIGN uint8_t pad[NR][kQMaxBytes];
       if (HWY_UNLIKELY(partial)) {
         for (int j = 0; j < NR; ++j) {
           std::memset(pad[j], 0, sizeof(pad[j]));
@@ -1317,10 +1325,11 @@ namespace {
 // Work floats: every token widened to fp32 (and a decoded row when the portable kernels decode
 // the row-group layout).
 int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
-  // The 4-bit decode's int16 inputs (rows padded to a chunk of up to 64 columns), their scales
-  // (per group, or per chunk and lane: up to cols / 8 + 8 per token) and one token's per-group
-  // scales and shifts.
-  const int64_t quantized = num_tokens * ((cols + 64) / 2 + (cols / 8 + 8) + 1) + 2 * (cols + 64);
+  // The 4-bit decode's int16 inputs (rows padded to a chunk of up to 128 columns), their scales
+  // (per group, or per chunk, class and lane: up to 2 x 16 per 128 columns per token) and one
+  // token's per-group scales and shifts.
+  const int64_t quantized =
+      num_tokens * ((cols + 128) / 2 + (cols + 128) / 4 + 1) + 2 * (cols + 128);
   const int64_t strips = RoundUp(num_tokens * cols, int64_t{16}) + kStripRows * kStripCols +
                          num_tokens * kStripRows * 16 + 64;
   return std::max({strips, quantized, PortableBackend().work_floats(num_tokens, cols)});
