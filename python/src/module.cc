@@ -108,6 +108,7 @@ cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
   get("kv_cache_dtype", f.kv_cache_dtype);
   if (kw.contains("max_model_len")) f.max_model_len = MaxModelLen(kw["max_model_len"]);
   get("max_num_seqs", f.max_num_seqs);
+  f.max_num_seqs_given = kw.contains("max_num_seqs");
   get("max_num_batched_tokens", f.max_num_batched_tokens);
   get("overhead_gib", f.overhead_gib);
   get("engine", f.engine);

@@ -272,8 +272,11 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
   app->add_option("--max-model-len", f->max_model_len,
                   "context length: 131072, 128k (=128000), 128K (=131072), 1M, or auto");
   app->add_option("--max-num-seqs", f->max_num_seqs,
-                  "sequences of --max-model-len tokens each DP rank must hold at once")
-      ->check(CLI::PositiveNumber);
+                  "sequences of --max-model-len tokens each DP rank must hold at once; also the "
+                  "engine's max_num_seqs, the rows of vLLM's sampler profile (default: the "
+                  "engine's, 1024 on >= 70 GiB GPUs but A100, else 256)")
+      ->check(CLI::PositiveNumber)
+      ->each([f](const std::string&) { f->max_num_seqs_given = true; });
   app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
                   "tokens of the engine's profile forward (sizes the activation peak); default: "
                   "the engine's for the GPU (vLLM 8192 on >= 70 GiB GPUs but A100, else 2048)")
@@ -286,6 +289,7 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
 
 void FollowGpu(const MemoryOptions& memory, PlanOptions* plan) {
   plan->native_fp8 = memory.gpu.NativeFp8();
+  plan->gpu_sm = memory.gpu.sm;
 }
 
 Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
@@ -303,6 +307,8 @@ Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
     MOESHARD_ASSIGN_OR_RETURN(o.max_model_len, ParseMaxModelLen(f.max_model_len));
   }
   o.max_num_seqs = f.max_num_seqs;
+  // vLLM's flag of the same name bounds the scheduler and sizes the sampler's dummy run.
+  if (f.max_num_seqs_given) o.engine_max_num_seqs = f.max_num_seqs;
   o.max_num_batched_tokens = f.max_num_batched_tokens;
   o.overhead_bytes = static_cast<int64_t>(f.overhead_gib * static_cast<double>(int64_t{1} << 30));
   o.cuda_graph_bytes =

@@ -74,6 +74,7 @@ struct MemoryFlags {
   std::string kv_cache_dtype = "auto";
   std::string max_model_len;  // "" = the model's maximum
   int64_t max_num_seqs = 1;
+  bool max_num_seqs_given = false;     // set: also the engine's max_num_seqs (sampler rows)
   int64_t max_num_batched_tokens = 0;  // 0 = the engine's default for the GPU
   double overhead_gib = 0;             // extra overhead row, beyond the sourced terms
   std::string engine = "vllm";         // name[@version]

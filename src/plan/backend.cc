@@ -136,13 +136,20 @@ Result<const BackendSpec*> FindBackend(const std::string& name) {
       fmt::format("plan: '--moe-backend {}': unknown backend (known: auto, {})", name, names));
 }
 
-const BackendSpec& DefaultBackend(const ModelConfig& model, bool native_fp8) {
+const BackendSpec& DefaultBackend(const ModelConfig& model, bool native_fp8, int gpu_sm) {
   std::string name = "triton";
   switch (model.expert_scheme().format) {
     case WeightFormat::kBf16: name = "triton"; break;
     // vLLM Fp8MoEMethod: use_marlin = not has_device_capability(89).
     case WeightFormat::kFp8Block: name = native_fp8 ? "block-fp8" : "marlin"; break;
-    case WeightFormat::kMxfp4: name = "marlin"; break;
+    // vLLM Mxfp4MoEMethod (quant_method "mxfp4", gpt-oss), get_mxfp4_backend: Marlin when the
+    // device capability's major is below 9 (or triton_kernels is missing), else Triton's
+    // matmul_ogs (FlashInfer on SM100 when installed: not chosen here). Compressed-tensors
+    // MXFP4 (Kimi-K3) takes its own MoE method, on Marlin.
+    case WeightFormat::kMxfp4:
+      name = model.quant.quant_method == "mxfp4" && (gpu_sm == 0 || gpu_sm >= 90) ? "triton"
+                                                                                  : "marlin";
+      break;
     case WeightFormat::kInt4: name = "marlin"; break;
     case WeightFormat::kInt4Zp: name = "marlin"; break;
     // The GPU backends' NVFP4 alignments are not in the catalog yet: plan without padding.

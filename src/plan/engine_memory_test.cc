@@ -254,7 +254,10 @@ TEST(EngineLogTest, SglangQwen3_30B_DP4EP4_DeepEpLowLatency) {
 // vLLM's hybrid manager counts differently), so this compares bytes. On an A100 vLLM keeps the
 // small batch defaults (2048 tokens, 256 sequences) whatever its memory.
 TEST(EngineLogTest, VllmGptOss20b_A100_80GB_KvMemory) {
-  const ShardPlan p = PlanOrDie(PresetOrDie("gpt-oss-20b"), Opts(1));
+  PlanOptions o = Opts(1);
+  o.gpu_sm = FindGpu("a100-80gb")->sm;  // compute capability 8.0: MXFP4 on Marlin
+  const ShardPlan p = PlanOrDie(PresetOrDie("gpt-oss-20b"), o);
+  EXPECT_EQ(p.backend.name, "marlin");
   MemoryOptions mo;
   mo.gpu = *FindGpu("a100-80gb");
   mo.engine = "vllm@0.19";
@@ -296,6 +299,39 @@ TEST(EngineLogTest, VllmGptOss120bWeightsOnTritonAndMarlin) {
       PlanMemory(PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(1, 1, false, "marlin")), mo).ranks[0];
   EXPECT_EQ(TermBytes(m, "weight_extras:marlin"), -1);
   EXPECT_LE(std::fabs(m.weights / (65.97 * kGiB) - 1), 0.005);
+}
+
+// vLLM v0.11.0 on one H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-
+// results.md; docs/engine-memory.md row 12): gpt-oss-20b, `--gpu-memory-utilization=0.90
+// --max-model-len=16000 --block-size=128`, weights 13.47 GiB, KV cache 50.28 GiB of the 79.18 GiB
+// the log reports. Compute capability 9.0: `auto` takes vLLM's Triton MXFP4 path and its extras.
+// Bytes, as row 6 (gpt-oss's sliding-window layers).
+TEST(EngineLogTest, VllmGptOss20b_H100_KvMemory) {
+  PlanOptions o = Opts(1);
+  o.gpu_sm = FindGpu("h100")->sm;
+  const ShardPlan p = PlanOrDie(PresetOrDie("gpt-oss-20b"), o);
+  EXPECT_EQ(p.backend.name, "triton");
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h100");
+  mo.max_model_len = 16000;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_EQ(mp.options.engine_max_num_seqs, 1024);
+  const RankMemory& r = mp.ranks[0];
+  ExpectWithin5Percent(r.weights + TermBytes(r, "weight_extras:triton"),
+                       static_cast<int64_t>(13.47 * kGiB), "weights");
+  ExpectWithin5Percent(r.kv_cache, static_cast<int64_t>(50.28 * kGiB), "gpt-oss-20b H100 KV");
+}
+
+// vLLM 0.10.2, Qwen3-Next-80B-A3B-Instruct bf16 at TP2 on two H200 ("Model loading took 74.2812
+// GiB"; docs/engine-memory.md row 11). Only the weights match: the KV memory misses by 6 %.
+TEST(EngineLogTest, VllmQwen3Next_TP2_H200_Weights) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("qwen3-next-80b-a3b"), Opts(2));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.max_model_len = 262144;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  EXPECT_LE(std::fabs(mp.ranks[0].weights / (74.2812 * kGiB) - 1), 0.005);
 }
 
 // Qwen3-Coder-30B-A3B-Instruct-FP8 (128 x 128 fp8 blocks) on one A100-40GB: no native FP8

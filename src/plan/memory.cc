@@ -20,8 +20,16 @@ const std::vector<GpuSpec>& GpuCatalog() {
   // datasheet figure. What a process can allocate is a little less; gpu_memory_utilization
   // leaves the margin.
   static const std::vector<GpuSpec> catalog = {
-      {"h100", "NVIDIA H100 SXM 80 GB", 81559 * kMiB, "nvidia-smi: 81559 MiB", 90},
-      {"h200", "NVIDIA H200 141 GB", 143771 * kMiB, "nvidia-smi: 143771 MiB", 90},
+      // H100 and H200: what cudaMemGetInfo reports (vLLM and SGLang divide this, not
+      // nvidia-smi's 81559 / 143771 MiB, 0.46 / 0.59 GiB more).
+      {"h100", "NVIDIA H100 80 GB", static_cast<int64_t>(79.18 * kGiB),
+       "vLLM 'Free memory on device (78.57/79.18 GiB)' on an H100 (llm-d/llm-d-benchmark "
+       "config_explorer/empirical-vllm-memory-results.md)",
+       90},
+      {"h200", "NVIDIA H200 141 GB", static_cast<int64_t>(139.81 * kGiB),
+       "vLLM 0.10.2 'Free memory on device (139.21/139.81 GiB)' on H200s (docs/engine-memory.md "
+       "row 11); PyTorch OOM messages on H200 read 'total capacity of 139.81 GiB'",
+       90},
       {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB", 100},
       {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e", 103},
       {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB", 80},

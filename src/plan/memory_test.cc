@@ -39,7 +39,8 @@ TEST(MemoryTest, Qwen3_235B_Bf16_TP8_WeightsByHand) {
   // KV per token per rank: 94 layers * K and V * 1 local KV head * 128 * 2 bytes.
   EXPECT_EQ(mp.ranks[0].kv_bytes_per_token, 94 * 2 * 1 * 128 * 2);
   EXPECT_TRUE(mp.fits) << mp.failure;
-  EXPECT_EQ(mp.ranks[0].budget, static_cast<int64_t>(143771.0 * kMiB * 0.9));
+  EXPECT_EQ(mp.ranks[0].budget,
+            static_cast<int64_t>(static_cast<double>(FindGpu("h200")->bytes) * 0.9));
   // The default engine is vLLM: its requested memory minus weights, the profile peak and the
   // non-torch increase (the 215 MiB TP8 row of data/engines/memory_terms.json; the CUDA context
   // and NCCL sit outside its fraction), counted in whole 16-token blocks. (Before engine
@@ -135,7 +136,7 @@ TEST(MemoryTest, ParseFlags) {
   EXPECT_EQ(*ParseKvCacheDtype("fp8_e5m2"), KvCacheDtype::kFp8);
   EXPECT_FALSE(ParseKvCacheDtype("int8").ok());
   EXPECT_FALSE(FindGpu("h300").ok());
-  EXPECT_EQ(FindGpu("H200")->bytes, 143771 * kMiB);
+  EXPECT_EQ(FindGpu("H200")->bytes, static_cast<int64_t>(139.81 * kGiB));  // PyTorch's total
 }
 
 TEST(MemoryTest, ParamCounts) {

@@ -637,7 +637,7 @@ void AddRoutedExperts(const ShardPlan& plan, const RankCoords& rc, int64_t num_s
 Status ChooseBackend(const ModelConfig& model, const PlanOptions& options, ShardPlan& plan) {
   const ResolvedTopology& t = plan.topology;
   if (options.backend == "auto") {
-    plan.backend = DefaultBackend(model, options.native_fp8);
+    plan.backend = DefaultBackend(model, options.native_fp8, options.gpu_sm);
   } else {
     MOESHARD_ASSIGN_OR_RETURN(const BackendSpec* b, FindBackend(options.backend));
     plan.backend = *b;

@@ -57,7 +57,9 @@ const std::vector<BackendSpec>& BackendCatalog();
 Result<const BackendSpec*> FindBackend(const std::string& name);
 
 // The backend `auto` picks for a model's expert format: triton (bf16), block-fp8 (fp8; marlin
-// where the GPU has no native FP8), marlin (mxfp4, int4).
-const BackendSpec& DefaultBackend(const ModelConfig& model, bool native_fp8 = true);
+// where the GPU has no native FP8), marlin (int4; mxfp4 of compressed-tensors checkpoints),
+// and for quant_method "mxfp4" (gpt-oss) triton from compute capability 9.0 (gpu_sm 90; 0, an
+// unknown GPU, counts as modern), marlin below.
+const BackendSpec& DefaultBackend(const ModelConfig& model, bool native_fp8 = true, int gpu_sm = 0);
 
 }  // namespace moeshard

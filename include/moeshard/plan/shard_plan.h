@@ -65,6 +65,9 @@ struct PlanOptions {
   // The target GPU runs FP8 GEMMs natively (GpuSpec::NativeFp8). Without, `auto` runs fp8
   // experts on Marlin, as vLLM does below compute capability 8.9.
   bool native_fp8 = true;
+  // The target GPU's compute capability x 10 (GpuSpec::sm; 0: unknown). `auto` runs gpt-oss's
+  // MXFP4 experts (quant_method "mxfp4") on Triton from 9.0 on, on Marlin below, as vLLM does.
+  int gpu_sm = 0;
   PaddingPolicy padding = PaddingPolicy::kBackend;
   ExpertPlacement placement = ExpertPlacement::kLinear;
   int64_t num_redundant_experts = 0;  // EPLB: slots = experts + redundant; or kRedundantExpertsAuto
