@@ -114,8 +114,8 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
          padding_policy="backend", expert_placement="linear", num_redundant_experts=0,
          shared_experts="sharded", latent_proj="replicated", gpu="h200", gpu_memory=None,
          gpu_memory_utilization=None, kv_cache_dtype="auto", max_model_len=None,
-         max_num_seqs=None, max_num_batched_tokens=None, overhead_gib=0.0, engine="vllm",
-         all2all_backend=None, cuda_graph_gib=0.0, tensors=False):
+         max_num_seqs=None, concurrent_seqs=None, max_num_batched_tokens=None, overhead_gib=0.0,
+         engine="vllm", all2all_backend=None, cuda_graph_gib=0.0, tensors=False):
     """``moeshard plan``: the plan of one topology.
 
     model: a preset name (``"kimi-k3"``), a config.json, or a checkpoint directory.
@@ -125,7 +125,8 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
     shared_experts, latent_proj: ``--moe-backend`` and the CLI flags of the same names.
     gpu, gpu_memory (GiB, instead of gpu), gpu_memory_utilization, kv_cache_dtype,
     max_model_len (an int, ``"128k"``, ``"auto"``; None: the model's maximum), max_num_seqs
-    (None: 1 sequence must fit and the engine's own max_num_seqs sizes the sampler profile),
+    (vLLM's scheduler bound, which sizes the sampler profile; None: the engine's),
+    concurrent_seqs (full-length sequences that must fit; None: 1),
     max_num_batched_tokens, overhead_gib: the memory flags (None: the engine's default).
     engine (``"vllm"``, ``"sglang@0.4"``, ...), all2all_backend, cuda_graph_gib: ``--engine``,
     ``--all2all-backend``, ``--cuda-graph-gib`` (docs/engine-memory.md).
@@ -138,7 +139,7 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
         num_redundant_experts=num_redundant_experts, shared_experts=shared_experts,
         latent_proj=latent_proj, gpu=gpu, gpu_memory=gpu_memory,
         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, concurrent_seqs=concurrent_seqs,
         max_num_batched_tokens=max_num_batched_tokens, overhead_gib=overhead_gib,
         engine=engine, all2all_backend=all2all_backend, cuda_graph_gib=cuda_graph_gib))
     p = Plan(_json.loads(text))

@@ -108,7 +108,7 @@ cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
   get("kv_cache_dtype", f.kv_cache_dtype);
   if (kw.contains("max_model_len")) f.max_model_len = MaxModelLen(kw["max_model_len"]);
   get("max_num_seqs", f.max_num_seqs);
-  f.max_num_seqs_given = kw.contains("max_num_seqs");
+  get("concurrent_seqs", f.concurrent_seqs);
   get("max_num_batched_tokens", f.max_num_batched_tokens);
   get("overhead_gib", f.overhead_gib);
   get("engine", f.engine);
@@ -137,8 +137,8 @@ void RejectUnknown(const py::kwargs& kw, std::initializer_list<const char*> grou
       "expert_placement", "num_redundant_experts", "shared_experts", "latent_proj", "expert_load"
 #define MOESHARD_MEMORY_KEYS                                                                 \
   "gpu", "gpu_memory", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",          \
-      "max_num_seqs", "max_num_batched_tokens", "overhead_gib", "engine", "all2all_backend", \
-      "cuda_graph_gib"
+      "max_num_seqs", "concurrent_seqs", "max_num_batched_tokens", "overhead_gib", "engine", \
+      "all2all_backend", "cuda_graph_gib"
 
 std::string PlanJson(const std::string& model, bool tensors, const py::kwargs& kw) {
   RejectUnknown(kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS}, "plan");

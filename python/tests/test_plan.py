@@ -36,6 +36,19 @@ def test_plan_equals_cli_json(cli, model, topology):
     same_as_cli(cli, model, kwargs, flags)
 
 
+def test_max_num_seqs_and_concurrent_seqs_equal_cli(cli):
+    # vLLM's max_num_seqs sizes the sampler profile only; concurrent_seqs is the fit.
+    common = dict(gpu="h100", backend="marlin", gpu_memory_utilization=0.96, max_model_len=98304)
+    flags = ["--gpu", "h100", "--moe-backend", "marlin", "--gpu-memory-utilization", "0.96",
+             "--max-model-len", "98304"]
+    p = same_as_cli(cli, "gpt-oss-120b", dict(common, max_num_seqs=6),
+                    flags + ["--max-num-seqs", "6"])
+    assert p.fits and p.to_dict()["memory"]["engine_max_num_seqs"] == 6
+    q = same_as_cli(cli, "gpt-oss-120b", dict(common, max_num_seqs=6, concurrent_seqs=6),
+                    flags + ["--max-num-seqs", "6", "--concurrent-seqs", "6"])
+    assert not q.fits and q.to_dict()["memory"]["concurrent_seqs"] == 6
+
+
 @pytest.mark.parametrize("model", ["tiny-kimi-k3", "tiny-qwen3-moe", "qwen3-30b-a3b"])
 def test_plan_with_tensors_equals_cli_tensors(cli, model):
     p = same_as_cli(cli, model, dict(tp=2, dp=2, ep=True), ["-tp", "2", "-dp", "2", "-ep"],

@@ -272,11 +272,14 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
   app->add_option("--max-model-len", f->max_model_len,
                   "context length: 131072, 128k (=128000), 128K (=131072), 1M, or auto");
   app->add_option("--max-num-seqs", f->max_num_seqs,
-                  "sequences of --max-model-len tokens each DP rank must hold at once; also the "
-                  "engine's max_num_seqs, the rows of vLLM's sampler profile (default: the "
-                  "engine's, 1024 on >= 70 GiB GPUs but A100, else 256)")
-      ->check(CLI::PositiveNumber)
-      ->each([f](const std::string&) { f->max_num_seqs_given = true; });
+                  "the engine's max_num_seqs (vLLM's flag: the scheduler's bound and the rows of "
+                  "its sampler profile; default: the engine's, 1024 on >= 70 GiB GPUs but A100, "
+                  "else 256); it does not ask that many sequences to fit (--concurrent-seqs)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--concurrent-seqs", f->concurrent_seqs,
+                  "sequences of --max-model-len tokens each DP rank must hold at once for the "
+                  "plan to fit (default 1, the check vLLM makes at startup)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens,
                   "tokens of the engine's profile forward (sizes the activation peak); default: "
                   "the engine's for the GPU (vLLM 8192 on >= 70 GiB GPUs but A100, else 2048)")
@@ -306,9 +309,9 @@ Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
   if (!f.max_model_len.empty()) {
     MOESHARD_ASSIGN_OR_RETURN(o.max_model_len, ParseMaxModelLen(f.max_model_len));
   }
-  o.max_num_seqs = f.max_num_seqs;
+  o.max_num_seqs = f.concurrent_seqs;
   // vLLM's flag of the same name bounds the scheduler and sizes the sampler's dummy run.
-  if (f.max_num_seqs_given) o.engine_max_num_seqs = f.max_num_seqs;
+  o.engine_max_num_seqs = f.max_num_seqs;
   o.max_num_batched_tokens = f.max_num_batched_tokens;
   o.overhead_bytes = static_cast<int64_t>(f.overhead_gib * static_cast<double>(int64_t{1} << 30));
   o.cuda_graph_bytes =

@@ -72,9 +72,9 @@ struct MemoryFlags {
   double gpu_memory_gib = 0;  // overrides --gpu when > 0
   double utilization = 0;     // 0 = the engine's default fraction
   std::string kv_cache_dtype = "auto";
-  std::string max_model_len;  // "" = the model's maximum
-  int64_t max_num_seqs = 1;
-  bool max_num_seqs_given = false;     // set: also the engine's max_num_seqs (sampler rows)
+  std::string max_model_len;    // "" = the model's maximum
+  int64_t max_num_seqs = 0;     // vLLM's: the scheduler's bound (sampler rows); 0 = the engine's
+  int64_t concurrent_seqs = 1;  // sequences of max_model_len each DP rank must hold (the fit)
   int64_t max_num_batched_tokens = 0;  // 0 = the engine's default for the GPU
   double overhead_gib = 0;             // extra overhead row, beyond the sourced terms
   std::string engine = "vllm";         // name[@version]

@@ -88,7 +88,12 @@ Status ValidateMemoryFlags(const MemoryFlags& f) {
         "default)",
         f.utilization));
   }
-  MOESHARD_RETURN_IF_ERROR(Positive("--max-num-seqs", f.max_num_seqs));
+  MOESHARD_RETURN_IF_ERROR(Positive("--concurrent-seqs", f.concurrent_seqs));
+  if (f.max_num_seqs < 0) {
+    return InvalidArgumentError(
+        fmt::format("'--max-num-seqs {}': expected a positive count (or 0: the engine's default)",
+                    f.max_num_seqs));
+  }
   if (f.max_num_batched_tokens < 0) {
     return InvalidArgumentError(fmt::format(
         "'--max-num-batched-tokens {}': expected a positive count (or 0: the engine's default)",

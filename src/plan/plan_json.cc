@@ -116,7 +116,7 @@ void AddMemoryToJson(const MemoryPlan& mp, json& j) {
                  {"gpu_memory_utilization", o.gpu_memory_utilization},
                  {"kv_cache_dtype_bytes", mp.kv_dtype_bytes},
                  {"max_model_len", mp.max_model_len},
-                 {"max_num_seqs", o.max_num_seqs},
+                 {"concurrent_seqs", o.max_num_seqs},
                  {"max_num_batched_tokens", o.max_num_batched_tokens},
                  {"overhead_bytes", o.overhead_bytes},
                  {"engine", mp.engine.Label()},
