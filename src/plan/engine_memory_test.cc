@@ -343,6 +343,21 @@ TEST(EngineLogTest, VllmGptOss120b_Marlin_MaxNumSeqs6_KvMemory) {
   EXPECT_LT(PlanMemory(p, mo).ranks[0].kv_cache, static_cast<int64_t>(5.0 * kGiB));
 }
 
+// vLLM 0.11.2, deepseek-ai/DeepSeek-R1-0528 (fp8 blocks, MLA) at TP8, max_seq_len 8192: "Model
+// loading took 79.7390 GiB", "Available KV cache memory: 41.60 GiB", "GPU KV cache size: 635,648
+// tokens" (docs/engine-memory.md row 15). The GPU is not printed; only a 139.81 GiB H200 at the
+// default 0.9 leaves a possible 4.49 GiB for the profile peak and non-torch memory.
+TEST(EngineLogTest, VllmDeepSeekR1_TP8_H200) {
+  const ShardPlan p = PlanOrDie(PresetOrDie("deepseek-v3"), Opts(8));
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.max_model_len = 8192;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_LE(std::fabs(mp.ranks[0].weights / (79.7390 * kGiB) - 1), 0.01);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 635'648, "DeepSeek-R1 TP8 H200");
+}
+
 // vLLM 0.10.2, Qwen3-Next-80B-A3B-Instruct bf16 at TP2 on two H200 ("Model loading took 74.2812
 // GiB"; docs/engine-memory.md row 11). Only the weights match: the KV memory misses by 6 %.
 TEST(EngineLogTest, VllmQwen3Next_TP2_H200_Weights) {
