@@ -37,7 +37,14 @@ std::string RenderMemoryTerms(const MemoryPlan& mem, bool md) {
       mem.options.engine_max_num_seqs,
       mem.options.all2all_backend.empty() ? "" : ", all2all " + mem.options.all2all_backend,
       RuleText(mem.engine.rule));
-  out += fmt::format("engine KV tokens per rank: {}\n", FormatCount(mem.engine_kv_tokens));
+  out += fmt::format("engine KV tokens per rank: {}", FormatCount(mem.engine_kv_tokens));
+  if (w.engine_kv_tokens != w.kv_tokens) {
+    // vLLM's log divides a hybrid model's blocks by its layer groups (memory.cc).
+    out += fmt::format(
+        " (as {} logs it: blocks over its layer groups; rank {} holds {} tokens of context)",
+        mem.engine.Label(), w.rank, FormatCount(w.kv_tokens));
+  }
+  out += "\n";
   Table t({"term (rank " + std::to_string(w.rank) + ")", "GiB", "in KV budget", "source"},
           {true, false, true, true});
   for (const MemoryTerm& term : w.terms) {

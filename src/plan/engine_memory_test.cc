@@ -339,6 +339,10 @@ TEST(EngineLogTest, VllmGptOss120b_Marlin_MaxNumSeqs6_KvMemory) {
   ASSERT_TRUE(mp.fits) << mp.failure;
   ExpectWithin5Percent(mp.ranks[0].weights, static_cast<int64_t>(65.9651 * kGiB), "weights");
   ExpectWithin5Percent(mp.ranks[0].kv_cache, static_cast<int64_t>(8.99 * kGiB), "KV memory");
+  // "GPU KV cache size: 130,960 tokens": vLLM's count over its two layer groups (18 sliding,
+  // 18 full), half the tokens of context the pool holds.
+  ExpectWithin5Percent(mp.engine_kv_tokens, 130'960, "gpt-oss-120b KV tokens");
+  EXPECT_GT(mp.ranks[0].kv_tokens, 2 * mp.engine_kv_tokens - 1000);
   mo.engine_max_num_seqs = 0;  // the engine's default, 1024 on an H100: 4.6 GiB less KV
   EXPECT_LT(PlanMemory(p, mo).ranks[0].kv_cache, static_cast<int64_t>(5.0 * kGiB));
 }
@@ -367,6 +371,42 @@ TEST(EngineLogTest, VllmQwen3Next_TP2_H200_Weights) {
   mo.max_model_len = 262144;
   const MemoryPlan mp = PlanMemory(p, mo);
   EXPECT_LE(std::fabs(mp.ranks[0].weights / (74.2812 * kGiB) - 1), 0.005);
+}
+
+// vLLM's "GPU KV cache size" for models whose layers it pages in groups (memory.cc
+// VllmLoggedTokens), from the KV memory the logs print, shifted into the plan with the user
+// overhead row so that only the count is under test:
+//  - Qwen3-Next-80B-A3B TP2 (row 11, vLLM 0.10.2): 12 full-attention and 36 Gated DeltaNet
+//    layers form four groups of 12; one GDN state per rank is 16 x 128 x 128 x 2 + 4096 x 3 x 2
+//    = 548,864 bytes, so the attention block widens to 16 x cdiv(548,864, 16 x 1,024) = 544
+//    tokens (one KV head of 256 per rank: 1,024 bytes per token); 44.59 GiB / (544 x 1,024) /
+//    12 = 7162 blocks, logged as 7162 // 4 x 544 = 973,760 tokens.
+//  - gpt-oss-120b (row 14, vLLM 0.11.2): 18 sliding and 18 full layers, two groups of 18, pages
+//    of 16 x 32,768 bytes; 8.99 GiB gives 16,365 blocks, 130,912 tokens against the logged
+//    130,960 (the log rounds the GiB).
+TEST(EngineLogTest, VllmLogsHybridTokensPerLayerGroup) {
+  const auto logged_tokens = [](const ShardPlan& p, MemoryOptions mo, double kv_gib) {
+    const int64_t planned = PlanMemory(p, mo).ranks[0].kv_cache;
+    mo.overhead_bytes = planned - static_cast<int64_t>(kv_gib * kGiB);
+    const MemoryPlan mp = PlanMemory(p, mo);
+    EXPECT_EQ(mp.ranks[0].kv_cache, static_cast<int64_t>(kv_gib * kGiB));
+    return mp.engine_kv_tokens;
+  };
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.max_model_len = 262144;
+  EXPECT_EQ(logged_tokens(PlanOrDie(PresetOrDie("qwen3-next-80b-a3b"), Opts(2)), mo, 44.59),
+            973'760);
+  mo.gpu = *FindGpu("h100");
+  mo.gpu_memory_utilization = 0.96;
+  mo.max_model_len = 98304;
+  mo.engine_max_num_seqs = 6;
+  const ShardPlan oss = PlanOrDie(PresetOrDie("gpt-oss-120b"), Opts(1, 1, false, "marlin"));
+  EXPECT_EQ(logged_tokens(oss, mo, 8.99), 130'912);
+  // SGLang logs its pool's capacity, not vLLM's group count.
+  mo.engine = "sglang";
+  const MemoryPlan s = PlanMemory(oss, mo);
+  EXPECT_EQ(s.engine_kv_tokens, s.ranks[0].kv_tokens);
 }
 
 // Qwen3-Coder-30B-A3B-Instruct-FP8 (128 x 128 fp8 blocks) on one A100-40GB: no native FP8

@@ -74,6 +74,14 @@ EngineProfile ProfileOf(const json& e) {
   p.default_all2all_backend = e.at("default_all2all_backend").get<std::string>();
   p.rejects_moe_tp_with_moe_ep = e.at("rejects_moe_tp_with_moe_ep").get<bool>();
   p.sampler_bytes_per_logit = e.at("sampler_bytes_per_logit").get<int64_t>();
+  const std::string report = e.value("kv_token_report", "capacity");
+  if (report != "capacity" && report != "vllm_groups") {
+    throw std::runtime_error(fmt::format(
+        "engine {}@{}: kv_token_report '{}': expected capacity or vllm_groups", p.name,
+        p.version, report));
+  }
+  p.kv_token_report =
+      report == "vllm_groups" ? KvTokenReport::kVllmGroups : KvTokenReport::kCapacity;
   for (const json& s : e.at("sources")) p.sources.push_back(s.get<std::string>());
   return p;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <limits>
 #include <map>
@@ -116,70 +117,155 @@ struct KvCost {
   int64_t per_seq = 0;    // fixed bytes per sequence (linear-attention state, sliding windows)
 };
 
-KvCost KvCostOf(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t max_model_len) {
+// How vLLM's KV cache manager pages a layer (vllm/v1/kv_cache_interface.py): full attention,
+// sliding-window attention, a recurrent state per sequence (MambaSpec: GDN, KDA), or a
+// layout moeshard does not map to vLLM's groups (DeepSeek-V4's compressed MQA).
+enum class VllmSpec { kFull, kSliding, kState, kOther };
+
+struct LayerKv {
+  VllmSpec spec = VllmSpec::kFull;
+  int64_t token_bytes = 0;  // attention layers: bytes per token, sliding ones too
+  KvCost cost;              // what the layer adds to the rank's capacity model
+};
+
+LayerKv LayerKvOf(const ShardPlan& plan, const LayerSpec& spec, int kvb, int64_t max_model_len) {
   const ModelConfig& m = plan.model;
   const int64_t tp = plan.topology.tp;
-  KvCost c;
-  for (int64_t l : rank.layers) {
-    const LayerSpec& spec = m.layers[l];
-    switch (spec.attention) {
-      case AttentionKind::kMla:
-        // The compressed latent and the rope key, the same on every TP rank.
-        c.per_token += (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * kvb;
-        break;
-      case AttentionKind::kGqa: {
-        const int64_t kv_local = m.num_kv_heads >= tp ? m.num_kv_heads / tp : 1;
-        const int64_t per_token = 2 * kv_local * m.head_dim * kvb;
-        if (spec.sliding && m.sliding_window > 0 && m.sliding_window < max_model_len) {
-          c.per_seq += per_token * m.sliding_window;
-        } else {
-          c.per_token += per_token;
+  LayerKv k;
+  KvCost& c = k.cost;
+  switch (spec.attention) {
+    case AttentionKind::kMla:
+      // The compressed latent and the rope key, the same on every TP rank.
+      k.token_bytes = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * kvb;
+      c.per_token = k.token_bytes;
+      break;
+    case AttentionKind::kGqa: {
+      const int64_t kv_local = m.num_kv_heads >= tp ? m.num_kv_heads / tp : 1;
+      k.token_bytes = 2 * kv_local * m.head_dim * kvb;
+      if (spec.sliding && m.sliding_window > 0) k.spec = VllmSpec::kSliding;
+      if (spec.sliding && m.sliding_window > 0 && m.sliding_window < max_model_len) {
+        c.per_seq = k.token_bytes * m.sliding_window;
+      } else {
+        c.per_token = k.token_bytes;
+      }
+      break;
+    }
+    case AttentionKind::kKda: {
+      k.spec = VllmSpec::kState;
+      const int64_t heads_local = m.kda.num_heads / tp;
+      // Recurrent state [heads, head_dim, head_dim] fp32 plus the q/k/v short-conv tails.
+      c.per_seq += heads_local * m.kda.head_dim * m.kda.head_dim * 4;
+      c.per_seq += 3 * heads_local * m.kda.head_dim * (m.kda.short_conv_kernel - 1) * 2;
+      break;
+    }
+    case AttentionKind::kGatedDeltaNet: {
+      k.spec = VllmSpec::kState;
+      // Recurrent state [Vh, dk, dv] and the depthwise conv's tail over q, k, v, both in
+      // the model dtype (vLLM's default mamba cache dtype "auto"; fp32 with
+      // --mamba-ssm-cache-dtype float32 is not modelled).
+      const GdnConfig& g = m.gdn;
+      const int64_t el = DTypeBytes(m.dtype, 1).value_or(2);
+      c.per_seq += g.num_v_heads / tp * g.k_head_dim * g.v_head_dim * el;
+      c.per_seq += (2 * g.key_dim() + g.value_dim()) / tp * (g.conv_kernel - 1) * el;
+      break;
+    }
+    case AttentionKind::kCompressedMqa: {
+      k.spec = VllmSpec::kOther;
+      // DeepSeek-V4 (vLLM deepseek_v4_attention.py, deepseek_compressor.py): one latent KV
+      // head of head_dim, the same on every TP rank. Every layer keeps the last `window`
+      // tokens uncompressed (per sequence); a ratio-r layer adds one compressed entry per r
+      // tokens, and ratio 4 the indexer's index_head_dim-wide key per 4 tokens; the
+      // compressors' running state (kv and score, [c * r, c * width] fp32 each, c = 2 for
+      // the overlapping ratio 4) is per sequence. vLLM packs entries as fp8 with scales
+      // (584 bytes for head_dim 512, 132 for the indexer's 128); this model uses the KV
+      // dtype's bytes per element.
+      const CompressedMqaConfig& a = m.cmqa;
+      const int64_t r = spec.compress_ratio;
+      c.per_seq += std::min(a.window, max_model_len) * a.head_dim * kvb;
+      if (r > 0) {
+        const int64_t cf = r == 4 ? 2 : 1;
+        c.per_token += CeilDiv(a.head_dim * kvb, r);
+        c.per_seq += 2 * (cf * r) * (cf * a.head_dim) * 4;
+        if (r == 4) {
+          c.per_token += CeilDiv(a.index_head_dim * kvb, r);
+          c.per_seq += 2 * (cf * r) * (cf * a.index_head_dim) * 4;
         }
-        break;
       }
-      case AttentionKind::kKda: {
-        const int64_t heads_local = m.kda.num_heads / tp;
-        // Recurrent state [heads, head_dim, head_dim] fp32 plus the q/k/v short-conv tails.
-        c.per_seq += heads_local * m.kda.head_dim * m.kda.head_dim * 4;
-        c.per_seq += 3 * heads_local * m.kda.head_dim * (m.kda.short_conv_kernel - 1) * 2;
-        break;
-      }
-      case AttentionKind::kGatedDeltaNet: {
-        // Recurrent state [Vh, dk, dv] and the depthwise conv's tail over q, k, v, both in
-        // the model dtype (vLLM's default mamba cache dtype "auto"; fp32 with
-        // --mamba-ssm-cache-dtype float32 is not modelled).
-        const GdnConfig& g = m.gdn;
-        const int64_t el = DTypeBytes(m.dtype, 1).value_or(2);
-        c.per_seq += g.num_v_heads / tp * g.k_head_dim * g.v_head_dim * el;
-        c.per_seq += (2 * g.key_dim() + g.value_dim()) / tp * (g.conv_kernel - 1) * el;
-        break;
-      }
-      case AttentionKind::kCompressedMqa: {
-        // DeepSeek-V4 (vLLM deepseek_v4_attention.py, deepseek_compressor.py): one latent KV
-        // head of head_dim, the same on every TP rank. Every layer keeps the last `window`
-        // tokens uncompressed (per sequence); a ratio-r layer adds one compressed entry per r
-        // tokens, and ratio 4 the indexer's index_head_dim-wide key per 4 tokens; the
-        // compressors' running state (kv and score, [c * r, c * width] fp32 each, c = 2 for
-        // the overlapping ratio 4) is per sequence. vLLM packs entries as fp8 with scales
-        // (584 bytes for head_dim 512, 132 for the indexer's 128); this model uses the KV
-        // dtype's bytes per element.
-        const CompressedMqaConfig& a = m.cmqa;
-        const int64_t r = spec.compress_ratio;
-        c.per_seq += std::min(a.window, max_model_len) * a.head_dim * kvb;
-        if (r > 0) {
-          const int64_t cf = r == 4 ? 2 : 1;
-          c.per_token += CeilDiv(a.head_dim * kvb, r);
-          c.per_seq += 2 * (cf * r) * (cf * a.head_dim) * 4;
-          if (r == 4) {
-            c.per_token += CeilDiv(a.index_head_dim * kvb, r);
-            c.per_seq += 2 * (cf * r) * (cf * a.index_head_dim) * 4;
-          }
-        }
-        break;
-      }
+      break;
     }
   }
+  return k;
+}
+
+KvCost KvCostOf(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t max_model_len) {
+  KvCost c;
+  for (int64_t l : rank.layers) {
+    const KvCost lc = LayerKvOf(plan, plan.model.layers[l], kvb, max_model_len).cost;
+    c.per_token += lc.per_token;
+    c.per_seq += lc.per_seq;
+  }
   return c;
+}
+
+// The count vLLM logs as "GPU KV cache size: N tokens" for a model whose layers are paged
+// differently (v0.10-v0.11 vllm/v1/core/kv_cache_utils.py, checked against the logs of
+// docs/engine-memory.md rows 11 and 14). Each spec's layers, in model order, form groups of
+// equally many layers (`_get_kv_cache_groups_uniform_page_size`: the smallest spec's layer
+// count, or the largest where that is under 1.25x the smallest); one block is a page of every
+// layer at one position of a group, so num_blocks = kv_cache // page // group size on the
+// rank (`get_kv_cache_config_from_groups`), and the log divides the blocks by the number of
+// groups: N = num_blocks // groups * the smallest block size (`_report_kv_cache_config`).
+// Recurrent-state layers widen the attention block so that one page holds a sequence's state
+// (`HybridAttentionMambaModelConfig.verify_and_update_config`: 16 * cdiv(state, 16 * attention
+// bytes per token)); their own block size is max_model_len. A model of one spec logs its
+// capacity; so does one with a layout not mapped here.
+int64_t VllmLoggedTokens(const ShardPlan& plan, const RankPlan& rank, int kvb, int64_t len,
+                         int64_t kv_cache, int64_t block, int64_t capacity_tokens) {
+  const ModelConfig& m = plan.model;
+  std::vector<LayerKv> layers;
+  std::array<int64_t, 3> count{};  // layers per spec: full, sliding, state
+  for (const LayerSpec& spec : m.layers) {
+    layers.push_back(LayerKvOf(plan, spec, kvb, len));
+    if (layers.back().spec == VllmSpec::kOther) return capacity_tokens;
+    ++count[static_cast<int>(layers.back().spec)];
+  }
+  int64_t min_n = 0, max_n = 0, specs = 0;
+  for (int64_t n : count) {
+    if (n == 0) continue;
+    ++specs;
+    min_n = min_n == 0 ? n : std::min(min_n, n);
+    max_n = std::max(max_n, n);
+  }
+  if (specs < 2) return capacity_tokens;
+  const int64_t group_size = 4 * max_n < 5 * min_n ? max_n : min_n;
+  int64_t groups = 0;
+  for (int64_t n : count) groups += CeilDiv(n, group_size);
+
+  // Layers of the rank in each group (a PP stage holds part of them).
+  std::map<std::pair<int, int64_t>, int64_t> on_rank;
+  std::array<int64_t, 3> seen{};
+  int64_t token_bytes = 0, state_bytes = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const int s = static_cast<int>(layers[l].spec);
+    const int64_t group = seen[s]++ / group_size;
+    token_bytes = std::max(token_bytes, layers[l].token_bytes);
+    if (layers[l].spec == VllmSpec::kState) state_bytes = std::max(state_bytes, layers[l].cost.per_seq);
+    if (std::find(rank.layers.begin(), rank.layers.end(), static_cast<int64_t>(l)) !=
+        rank.layers.end()) {
+      ++on_rank[{s, group}];
+    }
+  }
+  int64_t rank_group_size = 0;
+  for (const auto& [key, n] : on_rank) rank_group_size = std::max(rank_group_size, n);
+  if (rank_group_size == 0 || token_bytes == 0 || kv_cache <= 0) return 0;
+  int64_t attn_block = block, min_block = block;
+  if (state_bytes > 0) {
+    attn_block = 16 * CeilDiv(state_bytes, 16 * token_bytes);
+    min_block = std::min(attn_block, len);
+  }
+  const int64_t page = std::max(attn_block * token_bytes, state_bytes);
+  const int64_t num_blocks = kv_cache / page / rank_group_size;
+  return num_blocks / groups * min_block;
 }
 
 }  // namespace
@@ -432,6 +518,10 @@ void SizeRank(const ShardPlan& plan, const RankPlan& r, const MemoryPlan& mp,
   } else {
     rm.kv_tokens = for_tokens / (cost.per_token * block) * block;  // whole blocks
   }
+  rm.engine_kv_tokens =
+      e.kv_token_report == KvTokenReport::kVllmGroups
+          ? VllmLoggedTokens(plan, r, mp.kv_dtype_bytes, len, rm.kv_cache, block, rm.kv_tokens)
+          : rm.kv_tokens;
 }
 
 // What the engine leaves outside its fraction must hold the terms it does not budget.
@@ -495,7 +585,7 @@ MemoryPlan PlanMemory(const ShardPlan& plan, const MemoryOptions& options) {
     RankMemory rm;
     SizeRank(plan, r, mp, sizing, len, rm);
     auto_fit = std::min(auto_fit, rm.kv_tokens / seqs);
-    mp.engine_kv_tokens = std::min(mp.engine_kv_tokens, rm.kv_tokens);
+    mp.engine_kv_tokens = std::min(mp.engine_kv_tokens, rm.engine_kv_tokens);
     mp.ranks.push_back(std::move(rm));
   }
   mp.max_model_len = auto_len ? std::max<int64_t>(auto_fit, 0) : len;

@@ -149,6 +149,7 @@ void AddMemoryToJson(const MemoryPlan& mp, json& j) {
     b["kv_per_token"] = rm.kv_bytes_per_token;
     b["state_per_seq"] = rm.state_bytes_per_seq;
     rj["kv_tokens"] = rm.kv_tokens;
+    rj["engine_kv_tokens"] = rm.engine_kv_tokens;
     rj["fits"] = rm.fits;
   }
 }

@@ -23,6 +23,11 @@ namespace moeshard {
 
 enum class EngineRule { kVllm, kSglang, kTrtllm };
 
+// How the engine's startup log counts KV tokens: the capacity (tokens of context that fit), or
+// vLLM's blocks divided by its layer groups, which differs for models with sliding-window or
+// recurrent layers (memory.cc VllmLoggedTokens).
+enum class KvTokenReport { kCapacity, kVllmGroups };
+
 struct EngineProfile {
   std::string name;     // "vllm"
   std::string version;  // "0.10": the first version the row describes
@@ -40,6 +45,7 @@ struct EngineProfile {
   // Peak bytes per logit of the profile's dummy sampler run (last PP stage): the gathered bf16
   // logits, their fp32 copy and whatever the top-k / top-p path allocates.
   int64_t sampler_bytes_per_logit = 10;
+  KvTokenReport kv_token_report = KvTokenReport::kCapacity;
   std::vector<std::string> sources;
 
   std::string Label() const { return name + "@" + version; }

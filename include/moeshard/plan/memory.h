@@ -7,7 +7,8 @@
 //   sglang  kv_cache = gpu - out-of-load terms - weights - (1 - fraction) * gpu
 //   trtllm  kv_cache = fraction * (gpu - weights - activations - terms)
 //   kv_tokens = whole blocks of (kv_cache - per-sequence state) / kv_per_token; the engine gives
-//               every rank the smallest count (MemoryPlan::engine_kv_tokens)
+//               every rank the smallest count (MemoryPlan::engine_kv_tokens, as the engine logs
+//               it: vLLM counts a hybrid model's blocks per layer group, see memory.cc)
 //   fits      = kv_cache >= 0, the terms the engine does not budget fit beside its fraction,
 //               and kv_tokens >= max_model_len * max_num_seqs
 //
@@ -84,6 +85,9 @@ struct RankMemory {
   int64_t kv_bytes_per_token = 0;   // all full-attention layers of the rank's stage
   int64_t state_bytes_per_seq = 0;  // linear-attention state + sliding windows per sequence
   int64_t kv_tokens = 0;            // tokens that fit in kv_cache (0 if none)
+  // What the engine logs for this rank: kv_tokens, except where its log counts otherwise (vLLM
+  // divides the blocks of a model with sliding-window or recurrent layers by its layer groups).
+  int64_t engine_kv_tokens = 0;
   int64_t required_kv = 0;          // bytes for max_model_len * max_num_seqs
   int64_t free = 0;                 // kv_cache - required_kv
   bool fits = false;
@@ -93,7 +97,7 @@ struct MemoryPlan {
   MemoryOptions options;  // as resolved: utilization, batched tokens, backend filled in
   EngineProfile engine;
   int64_t max_model_len = 0;     // resolved
-  int64_t engine_kv_tokens = 0;  // what the engine logs: the smallest whole-block count
+  int64_t engine_kv_tokens = 0;  // what the engine logs: the smallest over ranks
   int kv_dtype_bytes = 2;
   std::vector<RankMemory> ranks;
   bool fits = false;
