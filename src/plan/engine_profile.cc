@@ -76,9 +76,9 @@ EngineProfile ProfileOf(const json& e) {
   p.sampler_bytes_per_logit = e.at("sampler_bytes_per_logit").get<int64_t>();
   const std::string report = e.value("kv_token_report", "capacity");
   if (report != "capacity" && report != "vllm_groups") {
-    throw std::runtime_error(fmt::format(
-        "engine {}@{}: kv_token_report '{}': expected capacity or vllm_groups", p.name,
-        p.version, report));
+    throw std::runtime_error(
+        fmt::format("engine {}@{}: kv_token_report '{}': expected capacity or vllm_groups", p.name,
+                    p.version, report));
   }
   p.kv_token_report =
       report == "vllm_groups" ? KvTokenReport::kVllmGroups : KvTokenReport::kCapacity;

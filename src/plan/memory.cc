@@ -249,7 +249,8 @@ int64_t VllmLoggedTokens(const ShardPlan& plan, const RankPlan& rank, int kvb, i
     const int s = static_cast<int>(layers[l].spec);
     const int64_t group = seen[s]++ / group_size;
     token_bytes = std::max(token_bytes, layers[l].token_bytes);
-    if (layers[l].spec == VllmSpec::kState) state_bytes = std::max(state_bytes, layers[l].cost.per_seq);
+    if (layers[l].spec == VllmSpec::kState)
+      state_bytes = std::max(state_bytes, layers[l].cost.per_seq);
     if (std::find(rank.layers.begin(), rank.layers.end(), static_cast<int64_t>(l)) !=
         rank.layers.end()) {
       ++on_rank[{s, group}];

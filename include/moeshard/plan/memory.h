@@ -88,8 +88,8 @@ struct RankMemory {
   // What the engine logs for this rank: kv_tokens, except where its log counts otherwise (vLLM
   // divides the blocks of a model with sliding-window or recurrent layers by its layer groups).
   int64_t engine_kv_tokens = 0;
-  int64_t required_kv = 0;          // bytes for max_model_len * max_num_seqs
-  int64_t free = 0;                 // kv_cache - required_kv
+  int64_t required_kv = 0;  // bytes for max_model_len * max_num_seqs
+  int64_t free = 0;         // kv_cache - required_kv
   bool fits = false;
 };
 
