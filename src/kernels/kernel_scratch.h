@@ -70,12 +70,12 @@ struct KernelScratch {
   std::vector<int32_t> gate_up_pending;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
   struct PerThread {
-    LineVector<float> tile;            // DotRows output tile
-    std::vector<float> work;           // backend work space (portable: decoded rows)
-    std::vector<int32_t> rows;         // row index list of the current task
-    std::vector<bf16_t> act;           // packed path: one activation row over the task's tokens
-    std::vector<uint8_t> packed_work;  // packed path: decoded weight rows (PackedGemmArgs)
-    std::vector<int32_t> aux;          // routing: group candidates
+    LineVector<float> tile;           // DotRows output tile
+    LineVector<float> work;           // backend work space (portable: decoded rows), line-aligned
+    std::vector<int32_t> rows;        // row index list of the current task
+    std::vector<bf16_t> act;          // packed path: one activation row over the task's tokens
+    LineVector<uint8_t> packed_work;  // packed path: decoded weight rows (PackedGemmArgs)
+    std::vector<int32_t> aux;         // routing: group candidates
   };
   std::vector<PerThread> per_thread;
 

@@ -93,7 +93,7 @@ void KeptGroupMembers(const float* group_score, int64_t num_groups, int64_t topk
 }
 
 void RouteToken(const RoutingParams& p, const float* logits, int32_t token_id, int32_t* ids,
-                float* weights, std::vector<float>& score, std::vector<int32_t>& cand,
+                float* weights, internal::LineVector<float>& score, std::vector<int32_t>& cand,
                 std::vector<int32_t>& groups) {
   const int64_t num_experts = p.num_experts;
   const int64_t k = p.top_k;
