@@ -477,7 +477,8 @@ GemmSchedule BuildGemmSchedule(const GroupedGemmParams& p, const internal::CpuBa
   int64_t* packed_rem = KernelScratch::Grow(s.packed_rem, g.num_experts);
   for (int64_t e = 0; e < g.num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.scheme.format) &&
+    const bool packed = be.packed_gemm != nullptr &&
+                        internal::PackedFormat(w.scheme.format, w.scheme.group) &&
                         !w.bf16_row_groups && n >= kPackedMinTokens;
     packed_base[e] = packed ? g.total_groups : -1;
     packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;

@@ -285,8 +285,9 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
   }
 }
 
-// Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16 (bf16
-// and MXFP4 weights, on backends that have it: AVX-512), the others the dot-product path. An
+// Experts with 16 or more rows take the packed (prefill) path with tokens in groups of 16 (bf16,
+// MXFP4, fp8-block and int4 weights, on backends that have it: AVX-512), the others the
+// dot-product path. An
 // expert's last n % 16 tokens, when at most kPackedMaxRem (8), are not padded into a group but
 // multiplied unpacked on each L1-resident weight strip. Row counts on both sides of the
 // thresholds and of group edges, odd H and I (each row ends in half a column pair), biases, fp32
@@ -326,6 +327,35 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   }
   GemmCase m{.format = WeightFormat::kMxfp4, .num_experts = 2, .hidden = 1120 * 2, .inter = 96};
   CheckOffsets(m, {0, 40, 73}, 510, {}, "counts 40/33, H 2240");
+  // fp8 blocks and int4 take it with unscaled strips and one K chunk per scale group, each
+  // chunk's sums scaled: partial 128-column blocks (H 200, I 136), an odd H whose last chunk ends
+  // in half a pair (201), int4 groups of 32, 64 and 128, interleaved gate/up with biases, and
+  // rows spanning several K blocks (a chunk boundary at every block edge).
+  for (int64_t hidden : {200, 201}) {
+    GemmCase f{.format = WeightFormat::kFp8Block,
+               .act = Activation::kSwiGlu,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = hidden,
+               .inter = 136,
+               .bias = true};
+    CheckOffsets(f, offsets, 513, {.gather = true}, fmt::format("{}, H {}", kCounts, hidden));
+  }
+  for (int64_t group : {32, 64, 128}) {
+    GemmCase q{.format = WeightFormat::kInt4,
+               .act = Activation::kSwiGluOai,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = 256,
+               .inter = 128,
+               .interleaved = true,
+               .bias = true,
+               .group = group};
+    CheckOffsets(q, offsets, 514, {.x_dtype = DType::kBF16},
+                 fmt::format("{}, g{}", kCounts, group));
+  }
+  GemmCase fl{.format = WeightFormat::kFp8Block, .num_experts = 2, .hidden = 2200, .inter = 128};
+  CheckOffsets(fl, {0, 40, 73}, 515, {}, "counts 40/33, H 2200");
+  GemmCase ql{.format = WeightFormat::kInt4, .num_experts = 2, .hidden = 2240, .inter = 96};
+  CheckOffsets(ql, {0, 40, 73}, 516, {}, "counts 40/33, H 2240");
   // Scratch reused from another call must not leak into the padding of the next one: the first
   // call's inputs are infinite, so its activations are NaN wherever it wrote them.
   for (CpuIsa isa : TestIsas()) {

@@ -1,12 +1,13 @@
 // AVX-512 backend: native bf16 dot products (vdpbf16ps, _mm512_dpbf16_ps), weights dequantised
-// to bf16 32 values at a time inside the inner loop (or, for the packed path's MXFP4, one L1
-// strip at a time).
+// to bf16 32 values at a time inside the inner loop (or, for the packed path's quantised
+// formats, one L1 strip at a time).
 //
 // This translation unit is compiled with -mavx512f/bw/vl/bf16 -mfma -mf16c; nothing here may run
 // before CpuSupportsAvx512Bf16() said yes (KernelContext only selects it then).
 //
 // Two forms (docs/PERFORMANCE.md has the measurements behind the choices):
-// - dot_rows, dot-product form, for few tokens per expert (decode) and for fp8/int4 weights:
+// - dot_rows, dot-product form, for few tokens per expert (decode; int4 with zero points and
+//   NVFP4 go to the SIMD backend's kernels at every count):
 //   weights stay [out, in] row-major like the inputs, acc[i][j] (16 fp32 lanes) +=
 //   dpbf16(x[i, k:k+32], w[j, k:k+32]), reduced horizontally at the end. Up to 16 tokens the
 //   rows are walked as 4 sequential prefetched streams (the memory-bound decode walk); beyond,
@@ -14,8 +15,8 @@
 //   that keep a 6-row strip in L1 while every token tile passes over it. Quantised formats need
 //   per-group partial sums before the fp32 scale FMA, so they use at most 4 x 4 (MXFP4, int4)
 //   or 4 x 2 (fp8) tiles.
-// - packed_gemm, outer-product form, for 16+ tokens per expert (bf16, MXFP4): see the section
-//   "packed (prefill) micro-kernels" below.
+// - packed_gemm, outer-product form, for 16+ tokens per expert (bf16, MXFP4, fp8-block, int4):
+//   see the section "packed (prefill) micro-kernels" below.
 // - dot_rows on bf16 weights in the row-group layout (expert_gemm.h), every token count: 16
 //   output rows per vector, each token's column pair broadcast; see "row-group micro-kernels".
 // GCC 12's AVX-512 intrinsics initialise their "undefined" pass-through operands from
@@ -806,10 +807,11 @@ constexpr int64_t kPackedPrefetchBytes = 1024;
 
 // Pairs [kp0, kp1) of rows w[0..NR) for groups x[0..MR); `half` adds pair kp1 with only its
 // even column (odd K). Writes or adds (accumulate) out[j * ldo + 16 * i + lane].
+// With `scale` (scaled formats, one K chunk of one scale group): out = acc * scale[j] (+ out).
 template <int MR, int NR>
 void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num_next,
                 const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1, bool half, float* out,
-                int64_t ldo, bool accumulate) {
+                int64_t ldo, bool accumulate, const float* scale) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
@@ -860,7 +862,9 @@ void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       float* o = out + j * ldo + 16 * i;
-      const __m512 v = accumulate ? _mm512_add_ps(acc[i][j], _mm512_loadu_ps(o)) : acc[i][j];
+      const __m512 prev = accumulate ? _mm512_loadu_ps(o) : _mm512_setzero_ps();
+      const __m512 v = scale != nullptr ? _mm512_fmadd_ps(acc[i][j], _mm512_set1_ps(scale[j]), prev)
+                                        : _mm512_add_ps(acc[i][j], prev);
       _mm512_storeu_ps(o, v);
     }
   }
@@ -868,7 +872,7 @@ void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num
 
 using PackedTileFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t,
                               const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t,
-                              bool);
+                              bool, const float*);
 
 template <int MR, int... NRs>
 constexpr std::array<PackedTileFn, sizeof...(NRs)> PackedRow(std::integer_sequence<int, NRs...>) {
@@ -922,80 +926,163 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const 
   }
 }
 
+// Packed formats whose scales do not fold into bf16 exactly (fp8 block, int4): the strip is
+// decoded without them (fp8: value x 2^-8, int4: nibble - 8, both exact in bf16) and each scale
+// group's columns are multiplied as one K chunk whose sums are scaled on the way out
+// (PackedTile's `scale`), as the dot path scales its per-group partial sums.
+bool ScaledPacked(WeightFormat f) {
+  return f == WeightFormat::kFp8Block || f == WeightFormat::kInt4;
+}
+
+// Columns [k0, k1) of rows row_idx[0..nr) of an fp8-block or int4 matrix as unscaled bf16 rows
+// of dst (row j at dst + j * cols * 2 bytes, columns in place); the next strip's rows
+// (next_idx[0..next_nr)) are prefetched into L2 for the same columns.
+void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const int32_t* next_idx,
+                    int next_nr, int64_t k0, int64_t k1, uint8_t* dst) {
+  static const __m512i kInt4Table = MakeTable(Int4Values());
+  const bool fp8 = m.format == WeightFormat::kFp8Block;
+  for (int j = 0; j < nr; ++j) {
+    if (j < next_nr) {
+      const uint8_t* nrow = m.Row(next_idx[j]);
+      const int64_t b0 = fp8 ? k0 : k0 / 2;
+      const int64_t b1 = fp8 ? k1 : k1 / 2;
+      for (int64_t b = b0; b < b1; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(nrow + b), _MM_HINT_T1);
+      }
+    }
+    const uint8_t* row = m.Row(row_idx[j]);
+    auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
+    for (int64_t k = k0; k < k1; k += 32) {
+      const __mmask32 mask = TailMask32(k1 - k);
+      __m512bh v;
+      if (fp8) {
+        v = Fp8Decoder::Convert(_mm256_maskz_loadu_epi8(mask, row + k));
+      } else {
+        v = NibblesToBf16(row + k / 2, kInt4Table);  // cols % 32 == 0 (PackedScheme)
+      }
+      _mm512_mask_storeu_epi16(out + k, mask, reinterpret_cast<__m512i&>(v));
+    }
+  }
+}
+
+// The scale of each strip row for the scale group holding column `col` (fp8: times 2^8, which
+// DecodeRawStrip took out).
+void StripScales(const MatrixRef& m, const int32_t* row_idx, int nr, int64_t col, float* sc) {
+  for (int j = 0; j < nr; ++j) {
+    if (m.format == WeightFormat::kFp8Block) {
+      const auto* s = reinterpret_cast<const float*>(m.scales);
+      sc[j] = s[(row_idx[j] / m.block_rows) * CeilDiv(m.cols, m.group) + col / m.group] * 256.0f;
+    } else {
+      const auto* s = reinterpret_cast<const bf16_t*>(m.scales);
+      sc[j] = Bf16ToFloat(s[row_idx[j] * (m.cols / m.group) + col / m.group]);
+    }
+  }
+}
+
+// The unpacked remainder tokens (PackedGemmArgs::rem_x) times columns [c0, c1) of a decoded or
+// bf16 strip in L1: dot-product tiles of kRemRows rows x up to kMaxMr tokens, written (c0 at
+// the matrix's first column) or added into their out columns, times `scale` when given.
+void PackedRemainder(const PackedGemmArgs& a, const uint8_t* const* rows, int nr, int64_t c0,
+                     int64_t c1, const float* scale, float* rem_out) {
+  static constexpr TileTable<Bf16Decoder> kDotTable;
+  constexpr int kRemRows = 4;
+  for (int j0 = 0; j0 < nr; j0 += kRemRows) {
+    const int nrj = std::min(kRemRows, nr - j0);
+    const Bf16Decoder d(rows + j0, nrj);
+    for (int64_t m0 = 0; m0 < a.num_rem; m0 += kMaxMr) {
+      const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_rem - m0));
+      float t[kMaxMr * kRemRows];
+      kDotTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nrj - 1)](
+          d, a.rem_x + m0 * a.rem_ldx, a.rem_ldx, c0, c1, t, kRemRows, false);
+      for (int i = 0; i < mr; ++i) {
+        for (int j = 0; j < nrj; ++j) {
+          float& o = rem_out[(j0 + j) * a.ldo + m0 + i];
+          const float v = t[i * kRemRows + j] * (scale != nullptr ? scale[j0 + j] : 1.0f);
+          o = c0 > 0 ? o + v : v;
+        }
+      }
+    }
+  }
+}
+
+// One strip's rows for one K block: decoded into work (MXFP4, fp8, int4) or the stored bf16 rows
+// with the rows to prefetch after them (`next`, num_next).
+struct PackedStrip {
+  const uint8_t* rows[kPackedNr];
+  const uint8_t* next[kPackedNr];
+  int64_t num_next = 0;
+};
+
+PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_strips, int nr,
+                            int64_t kp0, uint8_t* work) {
+  PackedStrip st{};
+  const int64_t cols = a.w->cols;
+  const int64_t r0 = s * kPackedNr;
+  const WeightFormat f = a.w->format;
+  if (f != WeightFormat::kBf16) {
+    // The strip's block decoded to bf16 in L1 (the tiles then need no prefetch).
+    const int next_nr =
+        static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr));
+    const int64_t k1 = std::min(cols, 2 * (kp0 + kPackedKBlockPairs));
+    if (f == WeightFormat::kMxfp4) {
+      DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0, k1,
+                       work);
+    } else {
+      DecodeRawStrip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0, k1,
+                     work);
+    }
+    for (int j = 0; j < nr; ++j) st.rows[j] = work + j * cols * 2;
+    return st;
+  }
+  for (int j = 0; j < nr; ++j) st.rows[j] = a.w->Row(a.row_idx[r0 + j]);
+  // What comes after this strip: the next strip of this K block, else the first strip of the
+  // next K block (addressed relative to this block's pairs).
+  if (s + 1 < num_strips) {
+    st.num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
+    for (int64_t j = 0; j < st.num_next; ++j) st.next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
+  } else if (2 * (kp0 + kPackedKBlockPairs) < cols) {
+    st.num_next = std::min<int64_t>(kPackedNr, a.num_rows);
+    for (int64_t j = 0; j < st.num_next; ++j) {
+      st.next[j] = a.w->Row(a.row_idx[j]) + 4 * kPackedKBlockPairs;
+    }
+  }
+  return st;
+}
+
 void PackedGemm(const PackedGemmArgs& a) {
   static constexpr PackedTable kTable;
-  static constexpr TileTable<Bf16Decoder> kDotTable;
   const int64_t cols = a.w->cols;
-  const int64_t pairs = PackedPairs(cols);
-  const int64_t full_pairs = cols / 2;
-  const bool odd = cols % 2 != 0;
   const int64_t num_strips = CeilDiv(a.num_rows, int64_t{kPackedNr});
-  const bool decode = a.w->format == WeightFormat::kMxfp4;
+  const bool scaled = ScaledPacked(a.w->format);
+  // Columns per K chunk: one scale group for the scaled formats, else the whole K block.
+  const int64_t chunk = scaled ? a.w->group : 2 * kPackedKBlockPairs;
   uint8_t* work = static_cast<uint8_t*>(a.work);  // kPackedNr bf16 rows: 16 * cols bytes
   static_assert(kPackedNr * 2 <= kPackedWorkBytesPerCol);
-  for (int64_t kp0 = 0; kp0 < pairs; kp0 += kPackedKBlockPairs) {
-    const int64_t kp1 = std::min(full_pairs, kp0 + kPackedKBlockPairs);
-    const bool half = odd && kp0 + kPackedKBlockPairs >= pairs;
+  for (int64_t kp0 = 0; 2 * kp0 < cols; kp0 += kPackedKBlockPairs) {
+    const int64_t kc1 = std::min(cols, 2 * (kp0 + kPackedKBlockPairs));
     for (int64_t s = 0; s < num_strips; ++s) {
       const int64_t r0 = s * kPackedNr;
       const int nr = static_cast<int>(std::min<int64_t>(kPackedNr, a.num_rows - r0));
-      const uint8_t* rows[kPackedNr];
-      const uint8_t* next[kPackedNr];
-      int64_t num_next = 0;
-      if (decode) {
-        // MXFP4: the strip's block decoded to bf16 in L1 (the tiles then need no prefetch).
-        const int next_nr =
-            static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr));
-        DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0,
-                         std::min(cols, 2 * (kp0 + kPackedKBlockPairs)), work);
-        for (int j = 0; j < nr; ++j) rows[j] = work + j * cols * 2;
-      } else {
-        for (int j = 0; j < nr; ++j) rows[j] = a.w->Row(a.row_idx[r0 + j]);
-        // What comes after this strip: the next strip of this K block, else the first strip of
-        // the next K block (addressed relative to this block's pairs).
-        if (s + 1 < num_strips) {
-          num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
-          for (int64_t j = 0; j < num_next; ++j) {
-            next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
-          }
-        } else if (kp0 + kPackedKBlockPairs < pairs) {
-          num_next = std::min<int64_t>(kPackedNr, a.num_rows);
-          for (int64_t j = 0; j < num_next; ++j) {
-            next[j] = a.w->Row(a.row_idx[j]) + 4 * kPackedKBlockPairs;
-          }
+      const PackedStrip st = LoadPackedStrip(a, s, num_strips, nr, kp0, work);
+      for (int64_t c0 = 2 * kp0; c0 < kc1;) {
+        // Chunk [c0, c1): whole pairs, and with an odd K the last one's even column (`half`).
+        const int64_t c1 = std::min(kc1, (c0 / chunk + 1) * chunk);
+        float sc[kPackedNr];
+        if (scaled) StripScales(*a.w, a.row_idx + r0, nr, c0, sc);
+        const float* scale = scaled ? sc : nullptr;
+        for (int64_t g = 0; g < a.num_groups;) {
+          const int64_t left = a.num_groups - g;
+          const int mr = left == 4 ? 2 : static_cast<int>(std::min<int64_t>(kPackedMr, left));
+          kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+              st.rows, st.next, g == 0 && c0 == 2 * kp0 ? st.num_next : 0, a.x + g * a.group_stride,
+              a.group_stride, c0 / 2, c1 / 2, c1 % 2 != 0, a.out + r0 * a.ldo + 16 * g, a.ldo,
+              c0 > 0, scale);
+          g += mr;
         }
-      }
-      for (int64_t g = 0; g < a.num_groups;) {
-        const int64_t left = a.num_groups - g;
-        const int mr = left == 4 ? 2 : static_cast<int>(std::min<int64_t>(kPackedMr, left));
-        kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
-            rows, next, g == 0 ? num_next : 0, a.x + g * a.group_stride, a.group_stride, kp0, kp1,
-            half, a.out + r0 * a.ldo + 16 * g, a.ldo, kp0 > 0);
-        g += mr;
-      }
-      if (a.num_rem > 0) {
-        // The unpacked tokens: dot products over this K block's columns of the (now L1-hot)
-        // strip, kRemRows rows x up to kMaxMr tokens per tile, added into their out columns.
-        constexpr int kRemRows = 4;
-        const int64_t c1 = 2 * kp1 + (half ? 1 : 0);
-        float* rem_out = a.out + r0 * a.ldo + 16 * a.num_groups;
-        for (int j0 = 0; j0 < nr; j0 += kRemRows) {
-          const int nrj = std::min(kRemRows, nr - j0);
-          const Bf16Decoder d(rows + j0, nrj);
-          for (int64_t m0 = 0; m0 < a.num_rem; m0 += kMaxMr) {
-            const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_rem - m0));
-            float t[kMaxMr * kRemRows];
-            kDotTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nrj - 1)](
-                d, a.rem_x + m0 * a.rem_ldx, a.rem_ldx, 2 * kp0, c1, t, kRemRows, false);
-            for (int i = 0; i < mr; ++i) {
-              for (int j = 0; j < nrj; ++j) {
-                float& o = rem_out[(j0 + j) * a.ldo + m0 + i];
-                const float v = t[i * kRemRows + j];
-                o = kp0 > 0 ? o + v : v;
-              }
-            }
-          }
+        if (a.num_rem > 0) {
+          PackedRemainder(a, st.rows, nr, c0, c1, scale, a.out + r0 * a.ldo + 16 * a.num_groups);
         }
+        c0 = c1;
       }
     }
   }

@@ -90,18 +90,29 @@ struct DotRowsArgs {
 inline constexpr int64_t kPackedGroup = 16;
 inline int64_t PackedPairs(int64_t k) { return (k + 1) / 2; }
 
-// Weight formats packed_gemm takes. MXFP4 is decoded a strip at a time into bf16 with its E8M0
-// scale folded in, which is exact (an E2M1 value times a power of two has at most 2 significant
-// bits) except that weights below 2^-126 in magnitude flush to zero. fp8 and int4 scales are not
-// powers of two, so folding them would round: those formats stay on the dot path.
-inline bool PackedFormat(WeightFormat f) {
-  return f == WeightFormat::kBf16 || f == WeightFormat::kMxfp4;
+// Weight formats packed_gemm takes (`group`: the scale group's columns). MXFP4 is decoded a
+// strip at a time into bf16 with its E8M0 scale folded in, which is exact (an E2M1 value times a
+// power of two has at most 2 significant bits) except that weights below 2^-126 in magnitude
+// flush to zero. fp8-block and int4 scales are not powers of two, so folding them would round:
+// their strips are decoded unscaled (exact in bf16) and each scale group's partial sums are
+// scaled, which needs groups of whole column pairs (int4: whole 32-column decode steps).
+// int4 with zero points and NVFP4 stay on the dot path.
+inline bool PackedFormat(WeightFormat f, int64_t group) {
+  switch (f) {
+    case WeightFormat::kBf16:
+    case WeightFormat::kMxfp4: return true;
+    case WeightFormat::kFp8Block: return group > 0 && group % 2 == 0;
+    case WeightFormat::kInt4: return group > 0 && group % 32 == 0;
+    case WeightFormat::kInt4Zp:
+    case WeightFormat::kNvfp4: return false;
+  }
+  return false;
 }
 // Bytes of PackedGemmArgs::work per weight column.
 inline constexpr int64_t kPackedWorkBytesPerCol = 32;
 
 struct PackedGemmArgs {
-  const MatrixRef* w = nullptr;      // PackedFormat(w->format)
+  const MatrixRef* w = nullptr;      // PackedFormat(w->format, w->group)
   const int32_t* row_idx = nullptr;  // [num_rows] rows of w
   int64_t num_rows = 0;
   const uint32_t* x = nullptr;  // packed tokens (see above), K = w->cols
