@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""bench/ab_builds.py end to end: the same moeshard binary as build A and build B on one small
+case, one round. The table and the JSON must hold both builds' times and their ratio (near 1,
+bounded loosely: this only checks that the two times belong to the same case), and a bad
+binary path must be refused with its name.
+
+    ab_builds_test.py MOESHARD WORKDIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "bench", "ab_builds.py")
+
+
+def main(moeshard, work):
+    os.makedirs(work, exist_ok=True)
+    out_json = os.path.join(work, "ab.json")
+    if os.path.exists(out_json):
+        os.remove(out_json)
+    cmd = [sys.executable, SCRIPT, "--a", moeshard, "--b", moeshard, "--formats", "mxfp4",
+           "--tokens", "1", "--rounds", "1", "--min-time", "0.01", "--json", out_json]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    if p.returncode != 0:
+        sys.exit("FAIL: ab_builds.py exited %d\n%s" % (p.returncode, out))
+    if "| qwen3-30b-a3b | mxfp4 | 1 |" not in p.stdout or "(1 rounds)" not in p.stdout:
+        sys.exit("FAIL: no table row for the case\n" + out)
+    with open(out_json) as f:
+        data = json.load(f)
+    (r,) = data["results"]
+    if r["a_seconds"] <= 0 or r["b_seconds"] <= 0 or len(r["rounds"]) != 1:
+        sys.exit("FAIL: times missing in the JSON: %s" % r)
+    if abs(r["ratio_b_over_a"] - r["b_seconds"] / r["a_seconds"]) > 1e-12:
+        sys.exit("FAIL: ratio %s is not B / A" % r["ratio_b_over_a"])
+    if not 0.1 < r["ratio_b_over_a"] < 10:
+        sys.exit("FAIL: one binary against itself gave B / A = %s" % r["ratio_b_over_a"])
+    bad = subprocess.run([sys.executable, SCRIPT, "--a", os.path.join(work, "missing"), "--b",
+                          moeshard], capture_output=True, text=True, timeout=60)
+    if bad.returncode == 0 or "--a:" not in bad.stderr or "missing" not in bad.stderr:
+        sys.exit("FAIL: a missing binary was not refused by name\n" + bad.stderr)
+    print("ok: B / A = %.3f" % r["ratio_b_over_a"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
