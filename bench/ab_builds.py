@@ -22,7 +22,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ggml"))
-from compare import cpu_model, fmt_ms, load_average, run_one, write_json_atomic  # noqa: E402
+from compare import (add_run_args, cpu_model, fmt_ms, load_average, run_one,  # noqa: E402
+                     write_json_atomic)
 
 SHAPES = ["qwen3-30b-a3b", "kimi-k2-32e", "kimi-k3-latent-64e"]
 FORMATS = ["bf16", "bf16-rg", "fp8", "mxfp4", "int4", "int4-zp", "nvfp4"]
@@ -39,12 +40,7 @@ def parse_args(argv):
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128, 512],
                    help="token counts (default: %(default)s)")
     p.add_argument("--isa", default=None, help="--isa for both builds (default: their auto)")
-    p.add_argument("--threads", type=int, default=2, help="threads (default: %(default)s)")
-    p.add_argument("--min-time", type=float, default=0.3,
-                   help="seconds per case per process (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per process (default: %(default)s)")
-    p.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    add_run_args(p, min_time=0.3, rounds=5)
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds: expected at least 1, got %d" % a.rounds)

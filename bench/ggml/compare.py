@@ -75,6 +75,17 @@ def load_average():
         return "unknown"
 
 
+def add_run_args(p, min_time, rounds):
+    """The options of an alternating-process run (shared with bench/ab_builds.py)."""
+    p.add_argument("--threads", type=int, default=2, help="threads for both (default: %(default)s)")
+    p.add_argument("--min-time", type=float, default=min_time,
+                   help="seconds per case per process (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help="alternating rounds (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per process (default: %(default)s)")
+    p.add_argument("--json", default=None, help="also write the results as JSON to this file")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--moeshard", default=os.path.join(REPO_ROOT, "build", "src", "cli", "moeshard"),
@@ -91,12 +102,7 @@ def parse_args(argv):
     p.add_argument("--isa", default=None,
                    help="moeshard --isa (e.g. avx2, to match an AVX2-only ggml build); default: "
                         "moeshard's auto")
-    p.add_argument("--threads", type=int, default=2, help="threads for both (default: %(default)s)")
-    p.add_argument("--min-time", type=float, default=0.5,
-                   help="seconds per case per process (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default: %(default)s)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per process (default: %(default)s)")
-    p.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    add_run_args(p, min_time=0.5, rounds=3)
     a = p.parse_args(argv)
     formats = []
     for f in a.formats:
