@@ -134,6 +134,15 @@ struct Bf16Decoder {
   __m512 Scale(int, int64_t) const { return _mm512_set1_ps(1.0f); }
 };
 
+// Row r's scales, one per scale group: fp8 blocks (fp32, one row of scales per block_rows weight
+// rows, the last column block possibly partial) and int4 (bf16, one row per weight row).
+inline const float* Fp8ScaleRow(const MatrixRef& m, int64_t r) {
+  return reinterpret_cast<const float*>(m.scales) + (r / m.block_rows) * CeilDiv(m.cols, m.group);
+}
+inline const bf16_t* Int4ScaleRow(const MatrixRef& m, int64_t r) {
+  return reinterpret_cast<const bf16_t*>(m.scales) + r * (m.cols / m.group);
+}
+
 // fp8 e4m3fn bits placed in an fp16 (exponent field widened with a leading 0) equal the value
 // times 2^-8, subnormals included, and vcvtph2ps converts them exactly; fp32 -> bf16 is then
 // exact too (4 significant bits). The 2^8 goes into the block scale.
@@ -145,11 +154,9 @@ struct Fp8Decoder {
   int64_t group;  // block columns
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Fp8Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group(m.group) {
-    const int64_t scale_cols = CeilDiv(m.cols, m.group);
     for (int j = 0; j < nr; ++j) {
       rows[j] = m.Row(row_idx[j]);
-      scales[j] =
-          reinterpret_cast<const float*>(m.scales) + (row_idx[j] / m.block_rows) * scale_cols;
+      scales[j] = Fp8ScaleRow(m, row_idx[j]);
     }
   }
   static __m512bh Convert(__m256i bytes) {
@@ -252,7 +259,7 @@ struct Int4Decoder {
     table = kTable;
     for (int j = 0; j < nr; ++j) {
       rows[j] = m.Row(row_idx[j]);
-      scales[j] = reinterpret_cast<const bf16_t*>(m.scales) + row_idx[j] * (m.cols / m.group);
+      scales[j] = Int4ScaleRow(m, row_idx[j]);
     }
   }
   __m512bh Load(int j, int64_t k) const { return NibblesToBf16(rows[j] + k / 2, table); }
@@ -991,7 +998,7 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
       if (fp8) {
         v = Fp8Decoder::Convert(_mm256_maskz_loadu_epi8(mask, row + k));
       } else {
-        v = NibblesToBf16(row + k / 2, kInt4Table);  // cols % 32 == 0 (PackedScheme)
+        v = NibblesToBf16(row + k / 2, kInt4Table);  // cols % 32 == 0 (PackedFormat)
       }
       _mm512_mask_storeu_epi16(out + k, mask, reinterpret_cast<__m512i&>(v));
     }
@@ -1001,12 +1008,8 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
 // Row r's scale of scale group g (column g * m.group on) of an fp8-block or int4 matrix (fp8:
 // times 2^8, which DecodeRawStrip took out).
 float RowGroupScale(const MatrixRef& m, int32_t r, int64_t g) {
-  if (m.format == WeightFormat::kFp8Block) {
-    const auto* s = reinterpret_cast<const float*>(m.scales);
-    return s[(r / m.block_rows) * CeilDiv(m.cols, m.group) + g] * 256.0f;
-  }
-  const auto* s = reinterpret_cast<const bf16_t*>(m.scales);
-  return Bf16ToFloat(s[r * (m.cols / m.group) + g]);
+  if (m.format == WeightFormat::kFp8Block) return Fp8ScaleRow(m, r)[g] * 256.0f;
+  return Bf16ToFloat(Int4ScaleRow(m, r)[g]);
 }
 
 // The scale of each strip row for the scale group holding column `col`.
