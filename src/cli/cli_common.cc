@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -250,7 +251,15 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
   std::string gpus;
   for (const GpuSpec& g : GpuCatalog()) gpus += (gpus.empty() ? "" : ", ") + g.name;
   app->add_option("--gpu", f->gpu, "GPU: " + gpus);
-  app->add_option("--gpu-memory", f->gpu_memory_gib, "GPU memory in GiB (instead of --gpu)");
+  app->add_option("--gpu-memory", f->gpu_memory_gib, "GPU memory in GiB (instead of --gpu)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            char* end = nullptr;
+            const double gib = std::strtod(v.c_str(), &end);
+            if (end != v.c_str() && *end == '\0' && gib > 0) return "";
+            return "expected a positive size in GiB (e.g. 79.18 for an H100), got '" + v + "'";
+          },
+          "GIB > 0"));
   app->add_option("--gpu-memory-utilization,--mem-fraction-static,--free-gpu-memory-fraction",
                   f->utilization,
                   "the engine's memory fraction (vLLM: of total memory; SGLang: "
