@@ -13,6 +13,7 @@
 #include <random>
 #include <span>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels_test_util.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/quantize.h"
@@ -416,6 +417,72 @@ TEST(GroupedGemm, Mxfp4) {
     GemmCase c{
         .format = WeightFormat::kMxfp4, .act = act, .num_experts = 8, .hidden = 96, .inter = 64};
     for (int64_t tokens : {1, 3, 33}) CheckCase(c, tokens, 2, 300 + tokens, {});
+  }
+}
+
+// Every E8M0 code, through each variant's dot_rows on MXFP4 rows: code 0 is 2^-127 (an fp32
+// subnormal; the AVX-512 decode walk builds its scales as e << 23 and must not make it 0) and 255
+// is NaN. The inputs are large (about 2^90) so that a row scaled by 2^-127 everywhere still sums
+// to a normal number; token counts cover the decode walk (128-column blocks) and the dot path.
+TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
+  constexpr int64_t kRows = 6, kCols = 256, kGroups = kCols / 32;
+  std::mt19937_64 rng(4242);
+  std::vector<uint8_t> codes(static_cast<size_t>(kRows * kCols / 2));
+  for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> scales(static_cast<size_t>(kRows * kGroups));
+  for (uint8_t& e : scales) e = static_cast<uint8_t>(100 + rng() % 31);
+  auto scale = [&](int64_t r, int64_t g) -> uint8_t& {
+    return scales[static_cast<size_t>(r * kGroups + g)];
+  };
+  for (int64_t g = 0; g < kGroups; ++g) scale(0, g) = 0;  // row 0: 2^-127 everywhere
+  scale(1, 3) = 255;                                       // row 1: one NaN group
+  scale(2, 5) = 0;                                         // row 2: one tiny group
+  scale(3, 0) = 1;                                         // the smallest plain code
+  internal::MatrixRef m;
+  m.format = WeightFormat::kMxfp4;
+  m.data = codes.data();
+  m.scales = scales.data();
+  m.rows = kRows;
+  m.cols = kCols;
+  m.group = 32;
+  m.row_bytes = kCols / 2;
+  std::vector<int32_t> rows(kRows);
+  for (int32_t r = 0; r < kRows; ++r) rows[static_cast<size_t>(r)] = r;
+  for (int64_t tokens : {1, 3, 8, 20}) {
+    std::vector<bf16_t> x(static_cast<size_t>(tokens * kCols));
+    const std::vector<float> xf = Randn(tokens * kCols, 4243 + tokens, 0x1p90f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(xf[i]);
+    for (CpuIsa isa : TestIsas()) {
+      const KernelContext ctx = MakeContext(isa, 1);
+      const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
+      std::vector<float> out(static_cast<size_t>(tokens * kRows), -1.0f);
+      std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, kCols)));
+      b.dot_rows({.w = &m, .x = x.data(), .ldx = kCols, .num_tokens = tokens,
+                  .row_idx = rows.data(), .num_rows = kRows, .out = out.data(), .ldo = kRows,
+                  .work = work.data()});
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t c = 0; c < kCols; ++c) {
+            const uint8_t byte = codes[static_cast<size_t>(r * kCols / 2 + c / 2)];
+            const double term = static_cast<double>(Fp4E2M1ToFloat(c % 2 ? byte >> 4 : byte)) *
+                                E8M0ToFloat(scale(r, c / 32)) *
+                                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
+            want += term;
+            mag += std::abs(term);
+          }
+          const float got = out[static_cast<size_t>(t * kRows + r)];
+          const std::string what =
+              fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
+          if (r == 1) {
+            EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+            continue;
+          }
+          ASSERT_GT(std::abs(want), 0x1p-60) << what;  // row 0 stays a normal float
+          EXPECT_NEAR(got, want, 1e-4 * mag) << what;  // fp32 sums of 256 terms
+        }
+      }
+    }
   }
 }
 
