@@ -302,19 +302,31 @@ inline void Nibbles128ToBf16(const uint8_t* p, __m512i table, __m512bh (&v)[4]) 
 // The block column of position p in Nibbles128ToBf16's order: vector p / 32, word p % 32.
 constexpr int Nibble128Column(int p) { return 4 * (p % 32) + p / 32; }
 
-// dst[t, :] = src[t, :] in the block order (cols % 128 == 0).
+// dst[t, :] = src[t, :] in the block order (cols % 128 == 0). Output vector v of a block takes
+// words v, v + 4, ..., v + 28 of each input vector q (columns 32q..32q+31) into its words
+// 8q..8q+7: two two-source word permutes and a blend per output vector.
 void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t cols, bf16_t* dst) {
-  static const std::array<int16_t, 128> kColumn = [] {
-    std::array<int16_t, 128> c{};
-    for (int p = 0; p < 128; ++p)
-      c[static_cast<size_t>(p)] = static_cast<int16_t>(Nibble128Column(p));
-    return c;
+  // Word i of output vector v: the block column's word in the input pair holding it (q % 2).
+  alignas(64) static constexpr std::array<std::array<uint16_t, 32>, 4> kIndex = [] {
+    std::array<std::array<uint16_t, 32>, 4> idx{};
+    for (int p = 0; p < 128; ++p) {
+      idx[static_cast<size_t>(p / 32)][static_cast<size_t>(p % 32)] =
+          static_cast<uint16_t>(Nibble128Column(p) % 64);
+    }
+    return idx;
   }();
   for (int64_t t = 0; t < num_tokens; ++t) {
     const bf16_t* x = src + t * lds;
     bf16_t* y = dst + t * cols;
     for (int64_t k0 = 0; k0 < cols; k0 += 128) {
-      for (int p = 0; p < 128; ++p) y[k0 + p] = x[k0 + kColumn[static_cast<size_t>(p)]];
+      __m512i in[4];
+      for (int q = 0; q < 4; ++q) in[q] = _mm512_loadu_si512(x + k0 + 32 * q);
+      for (int v = 0; v < 4; ++v) {
+        const __m512i idx = _mm512_load_si512(kIndex[static_cast<size_t>(v)].data());
+        const __m512i lo = _mm512_permutex2var_epi16(in[0], idx, in[1]);  // words 0-15
+        const __m512i hi = _mm512_permutex2var_epi16(in[2], idx, in[3]);  // words 16-31
+        _mm512_storeu_si512(y + k0 + 32 * v, _mm512_mask_blend_epi16(0xffff0000U, lo, hi));
+      }
     }
   }
 }
