@@ -486,6 +486,59 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
   }
 }
 
+// Every fp8 E4M3 code but the two NaNs (0x7f, 0xff), through each variant's dot_rows: tokens that
+// are one-hot on a column read one weight times its block's scale, exactly. The subnormal codes
+// (exponent 0) take their own route in the AVX-512 decode.
+TEST(GroupedGemm, Fp8DotRowsEveryCode) {
+  constexpr int64_t kRows = 4, kCols = 256, kBlock = 128;
+  std::vector<uint8_t> codes(static_cast<size_t>(kRows * kCols));
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      const auto code = static_cast<uint8_t>((c + 64 * r) % 256);
+      codes[static_cast<size_t>(r * kCols + c)] = (code & 0x7f) == 0x7f ? 0 : code;
+    }
+  }
+  const std::vector<float> scales = {1.0f, 0.375f};  // the two column blocks
+  internal::MatrixRef m;
+  m.format = WeightFormat::kFp8Block;
+  m.data = codes.data();
+  m.scales = reinterpret_cast<const uint8_t*>(scales.data());
+  m.rows = kRows;
+  m.cols = kCols;
+  m.group = kBlock;
+  m.block_rows = kBlock;
+  m.row_bytes = kCols;
+  std::vector<int32_t> rows(kRows);
+  for (int32_t r = 0; r < kRows; ++r) rows[static_cast<size_t>(r)] = r;
+  for (int64_t tokens : {1, 5, 8, 16, 24}) {
+    for (CpuIsa isa : TestIsas()) {
+      const KernelContext ctx = MakeContext(isa, 1);
+      const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
+      std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, kCols)));
+      for (int64_t c0 = 0; c0 < kCols; c0 += tokens) {
+        std::vector<bf16_t> x(static_cast<size_t>(tokens * kCols), FloatToBf16(0.0f));
+        for (int64_t t = 0; t < tokens; ++t) {
+          x[static_cast<size_t>(t * kCols + (c0 + t) % kCols)] = FloatToBf16(1.0f);
+        }
+        std::vector<float> out(static_cast<size_t>(tokens * kRows), -1.0f);
+        b.dot_rows({.w = &m, .x = x.data(), .ldx = kCols, .num_tokens = tokens,
+                    .row_idx = rows.data(), .num_rows = kRows, .out = out.data(), .ldo = kRows,
+                    .work = work.data()});
+        for (int64_t t = 0; t < tokens; ++t) {
+          const int64_t c = (c0 + t) % kCols;
+          for (int64_t r = 0; r < kRows; ++r) {
+            const uint8_t code = codes[static_cast<size_t>(r * kCols + c)];
+            const float want = Fp8E4M3ToFloat(code) * scales[static_cast<size_t>(c / kBlock)];
+            EXPECT_EQ(out[static_cast<size_t>(t * kRows + r)], want)
+                << fmt::format("{} tokens {} code 0x{:02x} row {} column {}", CpuIsaName(ctx.isa()),
+                               tokens, code, r, c);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GroupedGemm, Int4GroupSizes) {
   for (int64_t group : {32, 64}) {
     GemmCase c{.format = WeightFormat::kInt4,

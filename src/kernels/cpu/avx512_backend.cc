@@ -159,13 +159,27 @@ struct Fp8Decoder {
       scales[j] = Fp8ScaleRow(m, row_idx[j]);
     }
   }
+  // 32 E4M3 codes -> bf16 of value x 2^-8 (exact; the scale carries the 2^8). A normal code
+  // (exponent e >= 1) is sign | (e + 112) << 7 | m << 4 in bf16: the code's low 7 bits moved up
+  // 4 under the constant 112 << 7 (bits 11-13, disjoint from e at bits 7-10), its sign up 8. A
+  // subnormal code (e = 0, m x 2^-9) takes a word-table lookup by m, then its sign. The NaN
+  // codes (0x7f, 0xff) decode as 480 x 2^-8, as the fp16 route before this one did. Eight
+  // instructions, two of them shuffles; the fp16 route (two vcvtph2ps and a vcvtne2ps2bf16) ran
+  // at 0.67x this speed in L1 on Zen 4 (14.4 against 21.5 G weights/s with the products).
   static __m512bh Convert(__m256i bytes) {
+    alignas(64) static constexpr std::array<uint16_t, 32> kSubnormal = {
+        0, 0x3700, 0x3780, 0x37c0, 0x3800, 0x3820, 0x3840, 0x3860};  // m x 2^-17, m = 0..7
     const __m512i w = _mm512_cvtepu8_epi16(bytes);
-    const __m512i t = _mm512_slli_epi16(w, 7);  // magnitude at bits 7..13, sign at bit 14
-    const __m512i f16 = _mm512_add_epi16(t, _mm512_and_si512(t, _mm512_set1_epi16(0x4000)));
-    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(f16));
-    const __m512 hi = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_shuffle_i64x2(f16, f16, 0xEE)));
-    return _mm512_cvtne2ps_pbh(hi, lo);
+    const __m512i magnitude = _mm512_slli_epi16(w, 4);  // m at bits 4-6, e at 7-10
+    const __m512i sign = _mm512_slli_epi16(w, 8);       // at bit 15
+    constexpr int kSelect = 0xe4, kAndOr = 0xea, kOrAnd = 0xf8;  // c ? a : b; a & b | c; a | b & c
+    __m512i r = _mm512_ternarylogic_epi32(magnitude, sign, _mm512_set1_epi16(0x07f0), kSelect);
+    r = _mm512_ternarylogic_epi32(r, _mm512_set1_epi16(static_cast<int16_t>(0x87f0)),
+                                  _mm512_set1_epi16(0x3800), kAndOr);
+    const __mmask32 subnormal = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));
+    r = _mm512_mask_permutexvar_epi16(r, subnormal, w, _mm512_load_si512(kSubnormal.data()));
+    return AsBh(_mm512_ternarylogic_epi32(r, sign,
+                                          _mm512_set1_epi16(static_cast<int16_t>(0x8000)), kOrAnd));
   }
   __m512bh Load(int j, int64_t k) const {
     return Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k)));
