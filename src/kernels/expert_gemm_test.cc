@@ -435,9 +435,9 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
     return scales[static_cast<size_t>(r * kGroups + g)];
   };
   for (int64_t g = 0; g < kGroups; ++g) scale(0, g) = 0;  // row 0: 2^-127 everywhere
-  scale(1, 3) = 255;                                       // row 1: one NaN group
-  scale(2, 5) = 0;                                         // row 2: one tiny group
-  scale(3, 0) = 1;                                         // the smallest plain code
+  scale(1, 3) = 255;                                      // row 1: one NaN group
+  scale(2, 5) = 0;                                        // row 2: one tiny group
+  scale(3, 0) = 1;                                        // the smallest plain code
   internal::MatrixRef m;
   m.format = WeightFormat::kMxfp4;
   m.data = codes.data();
@@ -457,8 +457,14 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
       const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
       std::vector<float> out(static_cast<size_t>(tokens * kRows), -1.0f);
       std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, kCols)));
-      b.dot_rows({.w = &m, .x = x.data(), .ldx = kCols, .num_tokens = tokens,
-                  .row_idx = rows.data(), .num_rows = kRows, .out = out.data(), .ldo = kRows,
+      b.dot_rows({.w = &m,
+                  .x = x.data(),
+                  .ldx = kCols,
+                  .num_tokens = tokens,
+                  .row_idx = rows.data(),
+                  .num_rows = kRows,
+                  .out = out.data(),
+                  .ldo = kRows,
                   .work = work.data()});
       for (int64_t t = 0; t < tokens; ++t) {
         for (int64_t r = 0; r < kRows; ++r) {
@@ -521,8 +527,14 @@ TEST(GroupedGemm, Fp8DotRowsEveryCode) {
           x[static_cast<size_t>(t * kCols + (c0 + t) % kCols)] = FloatToBf16(1.0f);
         }
         std::vector<float> out(static_cast<size_t>(tokens * kRows), -1.0f);
-        b.dot_rows({.w = &m, .x = x.data(), .ldx = kCols, .num_tokens = tokens,
-                    .row_idx = rows.data(), .num_rows = kRows, .out = out.data(), .ldo = kRows,
+        b.dot_rows({.w = &m,
+                    .x = x.data(),
+                    .ldx = kCols,
+                    .num_tokens = tokens,
+                    .row_idx = rows.data(),
+                    .num_rows = kRows,
+                    .out = out.data(),
+                    .ldo = kRows,
                     .work = work.data()});
         for (int64_t t = 0; t < tokens; ++t) {
           const int64_t c = (c0 + t) % kCols;

@@ -170,16 +170,16 @@ struct Fp8Decoder {
     alignas(64) static constexpr std::array<uint16_t, 32> kSubnormal = {
         0, 0x3700, 0x3780, 0x37c0, 0x3800, 0x3820, 0x3840, 0x3860};  // m x 2^-17, m = 0..7
     const __m512i w = _mm512_cvtepu8_epi16(bytes);
-    const __m512i magnitude = _mm512_slli_epi16(w, 4);  // m at bits 4-6, e at 7-10
-    const __m512i sign = _mm512_slli_epi16(w, 8);       // at bit 15
+    const __m512i magnitude = _mm512_slli_epi16(w, 4);           // m at bits 4-6, e at 7-10
+    const __m512i sign = _mm512_slli_epi16(w, 8);                // at bit 15
     constexpr int kSelect = 0xe4, kAndOr = 0xea, kOrAnd = 0xf8;  // c ? a : b; a & b | c; a | b & c
     __m512i r = _mm512_ternarylogic_epi32(magnitude, sign, _mm512_set1_epi16(0x07f0), kSelect);
     r = _mm512_ternarylogic_epi32(r, _mm512_set1_epi16(static_cast<int16_t>(0x87f0)),
                                   _mm512_set1_epi16(0x3800), kAndOr);
     const __mmask32 subnormal = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));
     r = _mm512_mask_permutexvar_epi16(r, subnormal, w, _mm512_load_si512(kSubnormal.data()));
-    return AsBh(_mm512_ternarylogic_epi32(r, sign,
-                                          _mm512_set1_epi16(static_cast<int16_t>(0x8000)), kOrAnd));
+    return AsBh(_mm512_ternarylogic_epi32(r, sign, _mm512_set1_epi16(static_cast<int16_t>(0x8000)),
+                                          kOrAnd));
   }
   __m512bh Load(int j, int64_t k) const {
     return Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k)));
