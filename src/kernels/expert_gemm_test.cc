@@ -492,6 +492,89 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
   }
 }
 
+// MXFP4 on the packed (prefill) path with E8M0 codes at both ends of the strip decode's exponent
+// route (2..252) and past them (255: NaN, the fp32 route), in two magnitudes of inputs so that no
+// product leaves fp32's normal range. Left out: codes 0 and 1, where the strip flushes weights
+// below 2^-126 and the dot path does not, and 253 and 254, where E2M1 values of 3 and more
+// times the scale exceed the largest bf16 (the strip holds infinities, the dot path scales sums).
+TEST(GroupedGemm, Mxfp4PackedStripScaleCodes) {
+  constexpr int64_t kRows = 5, kCols = 256, kGroups = kCols / 32, kTokens = 21;
+  std::mt19937_64 rng(5151);
+  std::vector<uint8_t> codes(static_cast<size_t>(kRows * kCols / 2));
+  for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+  for (const auto& [low, codes_of_rows] :
+       {std::pair{true, std::array<int, kRows>{2, 3, 4, 2, 3}},
+        std::pair{false, std::array<int, kRows>{252, 251, 250, 255, 252}}}) {
+    std::vector<uint8_t> scales(static_cast<size_t>(kRows * kGroups));
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t g = 0; g < kGroups; ++g) {  // the row's code in odd groups, 127 +- 3 between
+        scales[static_cast<size_t>(r * kGroups + g)] =
+            static_cast<uint8_t>(g % 2 ? codes_of_rows[static_cast<size_t>(r)] : 124 + rng() % 7);
+      }
+    }
+    internal::MatrixRef m;
+    m.format = WeightFormat::kMxfp4;
+    m.data = codes.data();
+    m.scales = scales.data();
+    m.rows = kRows;
+    m.cols = kCols;
+    m.group = 32;
+    m.row_bytes = kCols / 2;
+    std::vector<int32_t> rows(kRows);
+    for (int32_t r = 0; r < kRows; ++r) rows[static_cast<size_t>(r)] = r;
+    const std::vector<float> xf = Randn(kTokens * kCols, 5152, low ? 0x1p100f : 0x1p-100f);
+    std::vector<bf16_t> x(xf.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(xf[i]);
+    for (CpuIsa isa : TestIsas()) {
+      const KernelContext ctx = MakeContext(isa, 1);
+      const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
+      if (b.packed_gemm == nullptr) continue;
+      // One packed group of 16 tokens and 5 remainder tokens (unpacked).
+      const int64_t stride = internal::PackedPairs(kCols) * internal::kPackedGroup;
+      std::vector<uint32_t> packed(static_cast<size_t>(stride));
+      std::vector<int32_t> first(16);
+      for (int32_t t = 0; t < 16; ++t) first[static_cast<size_t>(t)] = t;
+      b.pack_group(x.data(), DType::kBF16, kCols, first.data(), 16, kCols, packed.data());
+      std::vector<uint8_t> work(static_cast<size_t>(internal::kPackedWorkBytesPerCol * kCols));
+      std::vector<float> out(static_cast<size_t>(kRows * kTokens), -1.0f);
+      b.packed_gemm({.w = &m,
+                     .row_idx = rows.data(),
+                     .num_rows = kRows,
+                     .x = packed.data(),
+                     .group_stride = stride,
+                     .num_groups = 1,
+                     .out = out.data(),
+                     .ldo = kTokens,
+                     .work = work.data(),
+                     .rem_x = x.data() + 16 * kCols,
+                     .rem_ldx = kCols,
+                     .num_rem = kTokens - 16});
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t t = 0; t < kTokens; ++t) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t c = 0; c < kCols; ++c) {
+            const uint8_t byte = codes[static_cast<size_t>(r * kCols / 2 + c / 2)];
+            const double term = static_cast<double>(Fp4E2M1ToFloat(c % 2 ? byte >> 4 : byte)) *
+                                E8M0ToFloat(scales[static_cast<size_t>(r * kGroups + c / 32)]) *
+                                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
+            want += term;
+            mag += std::abs(term);
+          }
+          const float got = out[static_cast<size_t>(r * kTokens + t)];
+          const std::string what = fmt::format(
+              "{} {} inputs row {} token {}", CpuIsaName(ctx.isa()), low ? "large" : "small", r, t);
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+            continue;
+          }
+          ASSERT_GT(mag, 0x1p-100) << what;  // every row stays in fp32's normal range
+          EXPECT_NEAR(got, want, 1e-4 * mag) << what;
+        }
+      }
+    }
+  }
+}
+
 // Every fp8 E4M3 code but the two NaNs (0x7f, 0xff), through each variant's dot_rows: tokens that
 // are one-hot on a column read one weight times its block's scale, exactly. The subnormal codes
 // (exponent 0) take their own route in the AVX-512 decode.

@@ -940,12 +940,18 @@ struct PackedTable {
 };
 
 // Decodes columns [k0, k1) (multiples of 32) of MXFP4 rows row_idx[0..nr) into bf16 rows of
-// dst (row j at dst + j * cols * 2 bytes, columns in place) with the E8M0 scale folded in:
-// E2M1 -> fp32 by a 16-entry table, times the power-of-two scale (exact), -> bf16 (exact: two
-// significant bits; vcvtneps2bf16 flushes results below 2^-126 to zero). The next strip's raw
-// rows (next_idx[0..next_nr)) are prefetched for the same columns.
+// dst (row j at dst + j * cols * 2 bytes, columns in place) with the E8M0 scale folded in. For
+// scale codes 2..252 the power of two is added to the exponent field of each nonzero E2M1 bf16
+// (NibblesToBf16; exponents 126..129, so the sum stays in 1..254): exact, and 8 instructions per
+// 32 weights where the fp32 route took 14 (measured on Zen 4, three alternated pairs: 0.89x the
+// MXFP4 time at Qwen3's shapes and 512 tokens, 0.92-0.98x at Kimi-K2's from 128 tokens). Other
+// codes (2^-127 and 2^-126, whose products may fall below bf16's normal range; 2^126 and up, which
+// may overflow; NaN) take the fp32 route: E2M1 -> fp32 by a 16-entry table, times the scale, ->
+// bf16 (vcvtneps2bf16 flushes results below 2^-126 to zero). Both give the same bits where both
+// apply. The next strip's raw rows (next_idx[0..next_nr)) are prefetched for the same columns.
 void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const int32_t* next_idx,
                       int next_nr, int64_t k0, int64_t k1, uint8_t* dst) {
+  static const __m512i kWords = MakeTable(kFp4E2M1Values);
   const __m512 table = _mm512_loadu_ps(kFp4E2M1Values.data());
   const float* e8m0 = E8M0Table().data();
   const int64_t groups = m.cols / m.group;
@@ -963,9 +969,19 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const 
     const uint8_t* scale = m.scales + row_idx[j] * groups;
     uint8_t* out = dst + j * m.cols * 2;
     for (int64_t k = k0; k < k1; k += 32) {
+      const int e = scale[k / 32];
+      if (e >= 2 && e <= 252) {
+        const __m512bh codes = NibblesToBf16(row + k / 2, kWords);
+        const __m512i v = reinterpret_cast<const __m512i&>(codes);
+        const __mmask32 nonzero = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7fff));
+        const auto shift = static_cast<int16_t>((e - 127) * 128);  // to the exponent field
+        _mm512_storeu_si512(out + 2 * k,
+                            _mm512_mask_add_epi16(v, nonzero, v, _mm512_set1_epi16(shift)));
+        continue;
+      }
       const __m512i d =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2)));
-      const __m512 sc = _mm512_set1_ps(e8m0[scale[k / 32]]);
+      const __m512 sc = _mm512_set1_ps(e8m0[e]);
       const __m512 even =
           _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_and_si512(d, nibble), table), sc);
       const __m512 odd = _mm512_mul_ps(
