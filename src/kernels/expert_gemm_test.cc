@@ -420,6 +420,69 @@ TEST(GroupedGemm, Mxfp4) {
   }
 }
 
+// An MXFP4 matrix over caller-owned codes ([rows, cols / 2]) and E8M0 scales ([rows, cols / 32]).
+internal::MatrixRef Mxfp4Matrix(const std::vector<uint8_t>& codes,
+                                const std::vector<uint8_t>& scales, int64_t rows, int64_t cols) {
+  internal::MatrixRef m;
+  m.format = WeightFormat::kMxfp4;
+  m.data = codes.data();
+  m.scales = scales.data();
+  m.rows = rows;
+  m.cols = cols;
+  m.group = 32;
+  m.row_bytes = cols / 2;
+  return m;
+}
+
+// 0, 1, ..., n - 1.
+std::vector<int32_t> Iota(int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < static_cast<int32_t>(n); ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+// n bf16 values randn * scale.
+std::vector<bf16_t> RandnBf16(int64_t n, uint64_t seed, float scale) {
+  const std::vector<float> f = Randn(n, seed, scale);
+  std::vector<bf16_t> x(f.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(f[i]);
+  return x;
+}
+
+// out[t, r] = backend b's dot_rows of rows `rows` of m with `tokens` rows of x (m.cols apart).
+std::vector<float> RunDotRows(const internal::CpuBackend& b, const internal::MatrixRef& m,
+                              const std::vector<bf16_t>& x, int64_t tokens,
+                              const std::vector<int32_t>& rows) {
+  const auto nr = static_cast<int64_t>(rows.size());
+  std::vector<float> out(static_cast<size_t>(tokens * nr), -1.0f);
+  std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, m.cols)));
+  b.dot_rows({.w = &m,
+              .x = x.data(),
+              .ldx = m.cols,
+              .num_tokens = tokens,
+              .row_idx = rows.data(),
+              .num_rows = nr,
+              .out = out.data(),
+              .ldo = nr,
+              .work = work.data()});
+  return out;
+}
+
+// Row r of an MXFP4 matrix times row t of x in double: the sum and the sum of magnitudes.
+std::pair<double, double> Mxfp4RowDot(const internal::MatrixRef& m, const std::vector<bf16_t>& x,
+                                      int64_t r, int64_t t) {
+  double sum = 0.0, mag = 0.0;
+  for (int64_t c = 0; c < m.cols; ++c) {
+    const uint8_t byte = m.data[r * m.cols / 2 + c / 2];
+    const double term = static_cast<double>(Fp4E2M1ToFloat(c % 2 ? byte >> 4 : byte)) *
+                        E8M0ToFloat(m.scales[r * (m.cols / 32) + c / 32]) *
+                        Bf16ToFloat(x[static_cast<size_t>(t * m.cols + c)]);
+    sum += term;
+    mag += std::abs(term);
+  }
+  return {sum, mag};
+}
+
 // Every E8M0 code, through each variant's dot_rows on MXFP4 rows: code 0 is 2^-127 (an fp32
 // subnormal; the AVX-512 decode walk builds its scales as e << 23 and must not make it 0) and 255
 // is NaN. The inputs are large (about 2^90) so that a row scaled by 2^-127 everywhere still sums
@@ -438,45 +501,17 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
   scale(1, 3) = 255;                                      // row 1: one NaN group
   scale(2, 5) = 0;                                        // row 2: one tiny group
   scale(3, 0) = 1;                                        // the smallest plain code
-  internal::MatrixRef m;
-  m.format = WeightFormat::kMxfp4;
-  m.data = codes.data();
-  m.scales = scales.data();
-  m.rows = kRows;
-  m.cols = kCols;
-  m.group = 32;
-  m.row_bytes = kCols / 2;
-  std::vector<int32_t> rows(kRows);
-  for (int32_t r = 0; r < kRows; ++r) rows[static_cast<size_t>(r)] = r;
+  const internal::MatrixRef m = Mxfp4Matrix(codes, scales, kRows, kCols);
+  const std::vector<int32_t> rows = Iota(kRows);
   for (int64_t tokens : {1, 3, 8, 20}) {
-    std::vector<bf16_t> x(static_cast<size_t>(tokens * kCols));
-    const std::vector<float> xf = Randn(tokens * kCols, 4243 + tokens, 0x1p90f);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(xf[i]);
+    const std::vector<bf16_t> x = RandnBf16(tokens * kCols, 4243 + tokens, 0x1p90f);
     for (CpuIsa isa : TestIsas()) {
       const KernelContext ctx = MakeContext(isa, 1);
       const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
-      std::vector<float> out(static_cast<size_t>(tokens * kRows), -1.0f);
-      std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, kCols)));
-      b.dot_rows({.w = &m,
-                  .x = x.data(),
-                  .ldx = kCols,
-                  .num_tokens = tokens,
-                  .row_idx = rows.data(),
-                  .num_rows = kRows,
-                  .out = out.data(),
-                  .ldo = kRows,
-                  .work = work.data()});
+      const std::vector<float> out = RunDotRows(b, m, x, tokens, rows);
       for (int64_t t = 0; t < tokens; ++t) {
         for (int64_t r = 0; r < kRows; ++r) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t c = 0; c < kCols; ++c) {
-            const uint8_t byte = codes[static_cast<size_t>(r * kCols / 2 + c / 2)];
-            const double term = static_cast<double>(Fp4E2M1ToFloat(c % 2 ? byte >> 4 : byte)) *
-                                E8M0ToFloat(scale(r, c / 32)) *
-                                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
-            want += term;
-            mag += std::abs(term);
-          }
+          const auto [want, mag] = Mxfp4RowDot(m, x, r, t);
           const float got = out[static_cast<size_t>(t * kRows + r)];
           const std::string what =
               fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
@@ -512,19 +547,9 @@ TEST(GroupedGemm, Mxfp4PackedStripScaleCodes) {
             static_cast<uint8_t>(g % 2 ? codes_of_rows[static_cast<size_t>(r)] : 124 + rng() % 7);
       }
     }
-    internal::MatrixRef m;
-    m.format = WeightFormat::kMxfp4;
-    m.data = codes.data();
-    m.scales = scales.data();
-    m.rows = kRows;
-    m.cols = kCols;
-    m.group = 32;
-    m.row_bytes = kCols / 2;
-    std::vector<int32_t> rows(kRows);
-    for (int32_t r = 0; r < kRows; ++r) rows[static_cast<size_t>(r)] = r;
-    const std::vector<float> xf = Randn(kTokens * kCols, 5152, low ? 0x1p100f : 0x1p-100f);
-    std::vector<bf16_t> x(xf.size());
-    for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(xf[i]);
+    const internal::MatrixRef m = Mxfp4Matrix(codes, scales, kRows, kCols);
+    const std::vector<int32_t> rows = Iota(kRows);
+    const std::vector<bf16_t> x = RandnBf16(kTokens * kCols, 5152, low ? 0x1p100f : 0x1p-100f);
     for (CpuIsa isa : TestIsas()) {
       const KernelContext ctx = MakeContext(isa, 1);
       const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
@@ -551,15 +576,7 @@ TEST(GroupedGemm, Mxfp4PackedStripScaleCodes) {
                      .num_rem = kTokens - 16});
       for (int64_t r = 0; r < kRows; ++r) {
         for (int64_t t = 0; t < kTokens; ++t) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t c = 0; c < kCols; ++c) {
-            const uint8_t byte = codes[static_cast<size_t>(r * kCols / 2 + c / 2)];
-            const double term = static_cast<double>(Fp4E2M1ToFloat(c % 2 ? byte >> 4 : byte)) *
-                                E8M0ToFloat(scales[static_cast<size_t>(r * kGroups + c / 32)]) *
-                                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
-            want += term;
-            mag += std::abs(term);
-          }
+          const auto [want, mag] = Mxfp4RowDot(m, x, r, t);
           const float got = out[static_cast<size_t>(r * kTokens + t)];
           const std::string what = fmt::format(
               "{} {} inputs row {} token {}", CpuIsaName(ctx.isa()), low ? "large" : "small", r, t);
@@ -597,28 +614,17 @@ TEST(GroupedGemm, Fp8DotRowsEveryCode) {
   m.group = kBlock;
   m.block_rows = kBlock;
   m.row_bytes = kCols;
-  std::vector<int32_t> rows(kRows);
-  for (int32_t r = 0; r < kRows; ++r) rows[static_cast<size_t>(r)] = r;
+  const std::vector<int32_t> rows = Iota(kRows);
   for (int64_t tokens : {1, 5, 8, 16, 24}) {
     for (CpuIsa isa : TestIsas()) {
       const KernelContext ctx = MakeContext(isa, 1);
       const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
-      std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, kCols)));
       for (int64_t c0 = 0; c0 < kCols; c0 += tokens) {
         std::vector<bf16_t> x(static_cast<size_t>(tokens * kCols), FloatToBf16(0.0f));
         for (int64_t t = 0; t < tokens; ++t) {
           x[static_cast<size_t>(t * kCols + (c0 + t) % kCols)] = FloatToBf16(1.0f);
         }
-        std::vector<float> out(static_cast<size_t>(tokens * kRows), -1.0f);
-        b.dot_rows({.w = &m,
-                    .x = x.data(),
-                    .ldx = kCols,
-                    .num_tokens = tokens,
-                    .row_idx = rows.data(),
-                    .num_rows = kRows,
-                    .out = out.data(),
-                    .ldo = kRows,
-                    .work = work.data()});
+        const std::vector<float> out = RunDotRows(b, m, x, tokens, rows);
         for (int64_t t = 0; t < tokens; ++t) {
           const int64_t c = (c0 + t) % kCols;
           for (int64_t r = 0; r < kRows; ++r) {
