@@ -590,23 +590,31 @@ template <class Dec>
 constexpr bool kNibbleBlocks =
     std::is_same_v<Dec, Mxfp4Decoder> || std::is_same_v<Dec, Int4Decoder>;
 
-// Tall tiles of the fp8 decode walk: up to kTallMr tokens times one row, when a call has more
-// than kMaxMr tokens. The MR x NR tiles decode each row once per kMaxMr tokens, and at 5-16
-// tokens the fp8 decode (about 8 instructions per 32 weights) costs as much as the products; a
-// tall tile decodes it once per kTallMr (8 accumulators, 8 partial sums, 8 inputs: 24 of the 32
-// registers). Measured (Qwen3 shapes at 128 tokens, 8 per expert, six alternated pairs): 0.90x
-// the time. The 4-bit block decode was 1.23x slower with tall tiles (one row at a time loses the
-// four interleaved streams), so it keeps the MR x NR tiles.
-constexpr int kTallMr = 8;
+// Wide tiles of the fp8 decode walk: up to kWideMr tokens times the step's rows (up to 2), when a
+// call has more than kMaxMr tokens. The MR x NR tiles decode each row once per kMaxMr tokens, and
+// at 5-16 tokens the fp8 decode costs about as much as the products. Tall tiles (up to 8 tokens
+// x one row) decode once per 8 tokens but load every token's inputs once per row: 8 loads per 8
+// products (with everything in L1 they reach about half the vdpbf16ps peak, and little more
+// without the decode). The wide tiles load each input once for both rows. Their 8 x 2 partial sums and sums do not fit the
+// 32 registers with the inputs (the sums spill; they change once per scale block). Measured
+// (Qwen3, Kimi-K2 and Kimi-K3 shapes, 8 tokens per expert, three alternated pairs): 0.86-0.88x the
+// time of the tall tiles; tiles of up to 6 tokens took 1.03-1.04x the time of these, and tiles of
+// up to 5 and up to 4 (the MR x NR tiles) 1.06-1.09x and 1.15-1.17x the time of up to 6.
+// Tokens are split into tiles of balanced sizes.
+constexpr int kWideMr = 8;
 
-template <int... MRs>
-constexpr std::array<TileFn<Fp8Decoder>, sizeof...(MRs)> TallRow(
-    std::integer_sequence<int, MRs...>) {
-  return {&Tile<Fp8Decoder, MRs + 1, 1>...};
+template <int MR, int... NRs>
+constexpr std::array<TileFn<Fp8Decoder>, sizeof...(NRs)> WideRow(
+    std::integer_sequence<int, NRs...>) {
+  return {&Tile<Fp8Decoder, MR, NRs + 1>...};
 }
 
-constexpr std::array<TileFn<Fp8Decoder>, kTallMr> kFp8TallTiles =
-    TallRow(std::make_integer_sequence<int, kTallMr>{});
+struct Fp8WideTable {
+  using Seq = std::make_integer_sequence<int, Fp8Decoder::kMaxNr>;
+  std::array<std::array<TileFn<Fp8Decoder>, Fp8Decoder::kMaxNr>, kWideMr> fns = {
+      WideRow<1>(Seq{}), WideRow<2>(Seq{}), WideRow<3>(Seq{}), WideRow<4>(Seq{}),
+      WideRow<5>(Seq{}), WideRow<6>(Seq{}), WideRow<7>(Seq{}), WideRow<8>(Seq{})};
+};
 
 template <class Dec>
 void DotRowsImpl(const DotRowsArgs& a) {
@@ -631,10 +639,8 @@ void DotRowsImpl(const DotRowsArgs& a) {
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
     // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work).
     const auto* fns = &kTable.fns;
-    const std::array<TileFn<Dec>, kTallMr>* tall = nullptr;
-    if constexpr (std::is_same_v<Dec, Fp8Decoder>) {
-      if (a.num_tokens > kMaxMr) tall = &kFp8TallTiles;
-    }
+    // fp8 above kMaxMr tokens: the wide tiles (kWideMr).
+    [[maybe_unused]] const bool wide = std::is_same_v<Dec, Fp8Decoder> && a.num_tokens > kMaxMr;
     const bf16_t* x = a.x;
     int64_t ldx = a.ldx;
     if constexpr (kNibbleBlocks<Dec>) {
@@ -656,16 +662,19 @@ void DotRowsImpl(const DotRowsArgs& a) {
       float tile[kDecodeMaxTokens * kStreams];
       for (int64_t k0 = 0; k0 < cols; k0 += kc) {
         const int64_t k1 = std::min(cols, k0 + kc);
-        if (tall != nullptr) {
-          for (int j = 0; j < nr; ++j) {
-            const Dec dj(*a.w, idx + j, 1);
-            for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kTallMr) {
-              const int mr = static_cast<int>(std::min<int64_t>(kTallMr, a.num_tokens - m0));
-              (*tall)[static_cast<size_t>(mr - 1)](dj, x + m0 * ldx, ldx, k0, k1,
-                                                   tile + m0 * kStreams + j, kStreams, k0 > 0);
+        if constexpr (std::is_same_v<Dec, Fp8Decoder>) {
+          static constexpr Fp8WideTable kWide;
+          if (wide) {
+            const int64_t tiles = CeilDiv(a.num_tokens, int64_t{kWideMr});
+            int64_t m0 = 0;
+            for (int64_t t = 0; t < tiles; ++t) {
+              const int mr = static_cast<int>(CeilDiv(a.num_tokens - m0, tiles - t));
+              kWide.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+                  d, x + m0 * ldx, ldx, k0, k1, tile + m0 * kStreams, kStreams, k0 > 0);
+              m0 += mr;
             }
+            continue;
           }
-          continue;
         }
         for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
           const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
