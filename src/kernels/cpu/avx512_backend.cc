@@ -595,12 +595,12 @@ constexpr bool kNibbleBlocks =
 // at 5-16 tokens the fp8 decode costs about as much as the products. Tall tiles (up to 8 tokens
 // x one row) decode once per 8 tokens but load every token's inputs once per row: 8 loads per 8
 // products (with everything in L1 they reach about half the vdpbf16ps peak, and little more
-// without the decode). The wide tiles load each input once for both rows. Their 8 x 2 partial sums and sums do not fit the
-// 32 registers with the inputs (the sums spill; they change once per scale block). Measured
-// (Qwen3, Kimi-K2 and Kimi-K3 shapes, 8 tokens per expert, three alternated pairs): 0.86-0.88x the
-// time of the tall tiles; tiles of up to 6 tokens took 1.03-1.04x the time of these, and tiles of
-// up to 5 and up to 4 (the MR x NR tiles) 1.06-1.09x and 1.15-1.17x the time of up to 6.
-// Tokens are split into tiles of balanced sizes.
+// without the decode). The wide tiles load each input once for both rows. Their 8 x 2 partial sums
+// and sums do not fit the 32 registers with the inputs (the sums spill; they change once per scale
+// block). Measured (Qwen3, Kimi-K2 and Kimi-K3 shapes, 8 tokens per expert, three alternated
+// pairs): 0.86-0.88x the time of the tall tiles; tiles of up to 6 tokens took 1.03-1.04x the time
+// of these, and tiles of up to 5 and up to 4 (the MR x NR tiles) 1.06-1.09x and 1.15-1.17x the time
+// of up to 6. Tokens are split into tiles of balanced sizes.
 constexpr int kWideMr = 8;
 
 template <int MR, int... NRs>
