@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <span>
 
@@ -437,7 +438,7 @@ internal::MatrixRef Mxfp4Matrix(const std::vector<uint8_t>& codes,
 // 0, 1, ..., n - 1.
 std::vector<int32_t> Iota(int64_t n) {
   std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < static_cast<int32_t>(n); ++i) v[static_cast<size_t>(i)] = i;
+  std::iota(v.begin(), v.end(), 0);
   return v;
 }
 

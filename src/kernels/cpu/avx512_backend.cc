@@ -143,9 +143,8 @@ inline const bf16_t* Int4ScaleRow(const MatrixRef& m, int64_t r) {
   return reinterpret_cast<const bf16_t*>(m.scales) + r * (m.cols / m.group);
 }
 
-// fp8 e4m3fn bits placed in an fp16 (exponent field widened with a leading 0) equal the value
-// times 2^-8, subnormals included, and vcvtph2ps converts them exactly; fp32 -> bf16 is then
-// exact too (4 significant bits). The 2^8 goes into the block scale.
+// fp8 e4m3fn codes decode to bf16 of the value times 2^-8, exactly (Convert); the 2^8 goes into
+// the block scale.
 struct Fp8Decoder {
   static constexpr int kMaxNr = 2;
   static constexpr bool kScaled = true;
@@ -345,22 +344,21 @@ void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t 
   }
 }
 
-// [s0 x 4, s1 x 4, s2 x 4, s3 x 4] as fp32 bits from four 8- or 16-bit values s0..s3 in the
-// low 32 or 64 bits of every 128-bit lane of `v`: value L goes to the top of each dword of lane
-// L, the other bytes are zero (one vpshufb; vpermb would need AVX512_VBMI, which Cooper Lake's
-// AVX-512 BF16 lacks).
-inline __m512i BytesToLaneTops(__m512i v) {
-  // Index bytes 0x80 write zeros.
-  auto lane = [](int b) { return static_cast<int>(static_cast<unsigned>(b) << 24 | 0x808080U); };
-  const __m512i idx =
-      _mm512_setr_epi32(lane(0), lane(0), lane(0), lane(0), lane(1), lane(1), lane(1), lane(1),
-                        lane(2), lane(2), lane(2), lane(2), lane(3), lane(3), lane(3), lane(3));
-  return _mm512_shuffle_epi8(v, idx);
-}
-inline __m512i WordsToLaneTops(__m512i v) {
-  auto lane = [](int w) {
-    return static_cast<int>(static_cast<unsigned>(2 * w + 1) << 24 |
-                            static_cast<unsigned>(2 * w) << 16 | 0x8080U);
+// [s0 x 4, s1 x 4, s2 x 4, s3 x 4] as fp32 bits from four kBytes-wide values s0..s3 (8 or 16
+// bits) in the low 32 or 64 bits of every 128-bit lane of `v`: value L goes to the top of each
+// dword of lane L, the other bytes are zero (one vpshufb; vpermb would need AVX512_VBMI, which
+// Cooper Lake's AVX-512 BF16 lacks).
+template <int kBytes>
+inline __m512i ValuesToLaneTops(__m512i v) {
+  // Dword byte b of lane L: byte kBytes * L + b - (4 - kBytes) of the lane for the top kBytes
+  // bytes; index 0x80 (a zero) below them.
+  auto lane = [](int value) {
+    unsigned idx = 0;
+    for (int b = 0; b < 4; ++b) {
+      const int src = b >= 4 - kBytes ? kBytes * value + b - (4 - kBytes) : 0x80;
+      idx |= static_cast<unsigned>(src) << (8 * b);
+    }
+    return static_cast<int>(idx);
   };
   const __m512i idx =
       _mm512_setr_epi32(lane(0), lane(0), lane(0), lane(0), lane(1), lane(1), lane(1), lane(1),
@@ -375,7 +373,7 @@ inline __m512i WordsToLaneTops(__m512i v) {
 // Table nibbles by input class: QNaN, SNaN, zero, +1, -inf, +inf, negative, positive.
 inline __m512 E8m0BlockScale(const uint8_t* e4) {
   const __m512i v = _mm512_set1_epi32(static_cast<int>(LoadPair(e4)));
-  const __m512 pow2 = _mm512_castsi512_ps(_mm512_srli_epi32(BytesToLaneTops(v), 1));
+  const __m512 pow2 = _mm512_castsi512_ps(_mm512_srli_epi32(ValuesToLaneTops<1>(v), 1));
   constexpr int kTable = 0x11211011;  // zero: keep the first operand; +inf: QNaN(input); else input
   return _mm512_fixupimm_ps(_mm512_castsi512_ps(_mm512_set1_epi32(0x00400000)), pow2,
                             _mm512_set1_epi32(kTable), 0);
@@ -390,7 +388,7 @@ __m512 Int4Decoder::BlockScale(int j, int64_t k) const {
   if (group == 32) {  // bf16 scales are the top halves of their fp32
     uint64_t four = 0;
     std::memcpy(&four, s, sizeof(four));
-    return _mm512_castsi512_ps(WordsToLaneTops(_mm512_set1_epi64(static_cast<int64_t>(four))));
+    return _mm512_castsi512_ps(ValuesToLaneTops<2>(_mm512_set1_epi64(static_cast<int64_t>(four))));
   }
   if (group == 64) {
     const __m512 two = _mm512_setr_ps(Bf16ToFloat(s[0]), Bf16ToFloat(s[1]), 0, 0, 0, 0, 0, 0, 0, 0,
@@ -639,8 +637,6 @@ void DotRowsImpl(const DotRowsArgs& a) {
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
     // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work).
     const auto* fns = &kTable.fns;
-    // fp8 above kMaxMr tokens: the wide tiles (kWideMr).
-    [[maybe_unused]] const bool wide = std::is_same_v<Dec, Fp8Decoder> && a.num_tokens > kMaxMr;
     const bf16_t* x = a.x;
     int64_t ldx = a.ldx;
     if constexpr (kNibbleBlocks<Dec>) {
@@ -664,7 +660,7 @@ void DotRowsImpl(const DotRowsArgs& a) {
         const int64_t k1 = std::min(cols, k0 + kc);
         if constexpr (std::is_same_v<Dec, Fp8Decoder>) {
           static constexpr Fp8WideTable kWide;
-          if (wide) {
+          if (a.num_tokens > kMaxMr) {  // the wide tiles (kWideMr)
             const int64_t tiles = CeilDiv(a.num_tokens, int64_t{kWideMr});
             int64_t m0 = 0;
             for (int64_t t = 0; t < tiles; ++t) {
