@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <vector>
 
 #include "base/check.h"
 #include "moeshard/base/math.h"
@@ -278,8 +280,20 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
                                            uint64_t seed) {
   OwnedExpertWeights o;
   Allocate(o, s);
+  // fp8 codes as a block-quantized checkpoint has them: E4M3 of Gaussian weights whose block
+  // maximum (about 4 sigma over 128 x 128 values) maps to 448, drawn through a table of 2^16
+  // samples by 16 hash bits a byte. Subnormal codes are then about 1 in 10^4, as in released
+  // fp8 checkpoints, where uniform bytes would make every eighth code one (and would time a
+  // decode path that real weights rarely take).
+  std::vector<uint8_t> fp8_codes;
+  if (s.scheme.format == WeightFormat::kFp8Block) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> gauss(0.0f, 448.0f / 4.0f);
+    fp8_codes.resize(size_t{1} << 16);
+    for (uint8_t& c : fp8_codes) c = FloatToFp8E4M3(gauss(rng));
+  }
   // Data: 8 bytes per hash. bf16 lanes get a small value (|w| < 2^-4, random mantissa, never
-  // NaN); fp8 bytes avoid the NaN code; MXFP4/int4 nibbles are any code.
+  // NaN); fp8 bytes as above; MXFP4/int4 nibbles are any code.
   auto fill = [&](auto& buf, uint64_t stream, bool data) {
     const int64_t words = static_cast<int64_t>(buf.size()) / 8;
     ctx.pool().ParallelFor(words, 1 << 16, [&](int64_t b, int64_t e, int) {
@@ -295,12 +309,18 @@ OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeigh
           }
           h = v;
         } else if (data && s.scheme.format == WeightFormat::kFp8Block) {
-          h &= 0xbfbfbfbfbfbfbfbfull;  // exponent top bit clear: |code| <= 0x3f, never NaN
+          const uint64_t h2 = SplitMix64(h);
+          uint64_t v = 0;
+          for (int l = 0; l < 8; ++l) {
+            const uint64_t bits = ((l < 4 ? h : h2) >> (16 * (l % 4))) & 0xffff;
+            v |= uint64_t{fp8_codes[bits]} << (8 * l);
+          }
+          h = v;
         } else if (!data) {
           switch (s.scheme.format) {
             case WeightFormat::kBf16: break;
             case WeightFormat::kFp8Block: {
-              const float f = 1.0f / 64;
+              const float f = 1.0f / 8192;  // weights of sigma 112 / 8192, about 0.014
               uint32_t u;
               std::memcpy(&u, &f, 4);
               h = (static_cast<uint64_t>(u) << 32) | u;

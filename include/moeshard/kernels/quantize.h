@@ -67,8 +67,9 @@ OwnedExpertWeights EncodeExpertWeights(const ExpertWeightsShape& shape, const fl
                                        const float* w2_bias = nullptr);
 
 // Random encoded weights for benchmarks, generated in parallel on the context's pool from a
-// counter-based hash of (seed, index): values of magnitude about 0.05 (bf16, fp8) or random
-// codes with a fixed scale (MXFP4, int4, int4-zp with zero point 8, nvfp4). No biases.
+// counter-based hash of (seed, index): bf16 values of magnitude about 0.05, fp8 codes of
+// block-quantized Gaussian weights (as released fp8 checkpoints hold them: few subnormal codes),
+// or random codes with a fixed scale (MXFP4, int4, int4-zp with zero point 8, nvfp4). No biases.
 OwnedExpertWeights MakeRandomExpertWeights(KernelContext& ctx, const ExpertWeightsShape& shape,
                                            uint64_t seed);
 

@@ -159,26 +159,28 @@ struct Fp8Decoder {
     }
   }
   // 32 E4M3 codes -> bf16 of value x 2^-8 (exact; the scale carries the 2^8). A normal code
-  // (exponent e >= 1) is sign | (e + 112) << 7 | m << 4 in bf16: the code's low 7 bits moved up
-  // 4 under the constant 112 << 7 (bits 11-13, disjoint from e at bits 7-10), its sign up 8. A
-  // subnormal code (e = 0, m x 2^-9) takes a word-table lookup by m, then its sign. The NaN
-  // codes (0x7f, 0xff) decode as 480 x 2^-8, as the fp16 route before this one did. Eight
-  // instructions, two of them shuffles; the fp16 route (two vcvtph2ps and a vcvtne2ps2bf16) ran
-  // at 0.67x this speed in L1 on Zen 4 (14.4 against 21.5 G weights/s with the products).
+  // (exponent e >= 1) is sign | (e + 112) << 7 | m << 4 in bf16: the code sign-extended to 16
+  // bits and moved up 4 puts m at bits 4-6, e at 7-10 and copies of the sign at 11-15, so one
+  // vpternlog keeps bits 4-10 and 15 and sets 112 << 7 (bits 11-13). Three instructions and a
+  // test per 32 codes. A subnormal code (e = 0, m x 2^-9, and zero) takes a word-table lookup by
+  // m, then its sign: two more, only for the steps that hold one (quantized Gaussian weights
+  // rarely do: about 1 in 10^4 codes when a block's largest value maps to 448). The NaN codes
+  // (0x7f, 0xff) decode as 480 x 2^-8, as the fp16 route two versions back did.
   static __m512bh Convert(__m256i bytes) {
     alignas(64) static constexpr std::array<uint16_t, 32> kSubnormal = {
         0, 0x3700, 0x3780, 0x37c0, 0x3800, 0x3820, 0x3840, 0x3860};  // m x 2^-17, m = 0..7
-    const __m512i w = _mm512_cvtepu8_epi16(bytes);
-    const __m512i magnitude = _mm512_slli_epi16(w, 4);           // m at bits 4-6, e at 7-10
-    const __m512i sign = _mm512_slli_epi16(w, 8);                // at bit 15
-    constexpr int kSelect = 0xe4, kAndOr = 0xea, kOrAnd = 0xf8;  // c ? a : b; a & b | c; a | b & c
-    __m512i r = _mm512_ternarylogic_epi32(magnitude, sign, _mm512_set1_epi16(0x07f0), kSelect);
-    r = _mm512_ternarylogic_epi32(r, _mm512_set1_epi16(static_cast<int16_t>(0x87f0)),
-                                  _mm512_set1_epi16(0x3800), kAndOr);
+    const __m512i w = _mm512_cvtepi8_epi16(bytes);  // sign at bits 7-15, e at 3-6, m at 0-2
+    constexpr int kAndOr = 0xea, kOrAnd = 0xf8;     // a & b | c; a | b & c
+    __m512i r = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4),
+                                          _mm512_set1_epi16(static_cast<int16_t>(0x87f0)),
+                                          _mm512_set1_epi16(0x3800), kAndOr);
     const __mmask32 subnormal = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));
-    r = _mm512_mask_permutexvar_epi16(r, subnormal, w, _mm512_load_si512(kSubnormal.data()));
-    return AsBh(_mm512_ternarylogic_epi32(r, sign, _mm512_set1_epi16(static_cast<int16_t>(0x8000)),
-                                          kOrAnd));
+    if (subnormal != 0) [[unlikely]] {
+      // Index bits 0-4 are m and e's two low bits (0 here).
+      r = _mm512_mask_permutexvar_epi16(r, subnormal, w, _mm512_load_si512(kSubnormal.data()));
+      r = _mm512_ternarylogic_epi32(r, w, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), kOrAnd);
+    }
+    return AsBh(r);
   }
   __m512bh Load(int j, int64_t k) const {
     return Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k)));
@@ -1027,30 +1029,41 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
     }
     const uint8_t* row = m.Row(row_idx[j]);
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
-    for (int64_t k = k0; k < k1; k += 32) {
+    // Whole steps by plain loads and stores (masked stores are slow on Zen 4), then fp8's tail.
+    int64_t k = k0;
+    for (; k + 32 <= k1; k += 32) {
+      const __m512bh v =
+          fp8 ? Fp8Decoder::Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)))
+              : NibblesToBf16(row + k / 2, kInt4Table);  // cols % 32 == 0 (PackedFormat)
+      _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
+    }
+    if (k < k1) {
       const __mmask32 mask = TailMask32(k1 - k);
-      __m512bh v;
-      if (fp8) {
-        v = Fp8Decoder::Convert(_mm256_maskz_loadu_epi8(mask, row + k));
-      } else {
-        v = NibblesToBf16(row + k / 2, kInt4Table);  // cols % 32 == 0 (PackedFormat)
-      }
-      _mm512_mask_storeu_epi16(out + k, mask, reinterpret_cast<__m512i&>(v));
+      const __m512bh v = Fp8Decoder::Convert(_mm256_maskz_loadu_epi8(mask, row + k));
+      _mm512_mask_storeu_epi16(out + k, mask, reinterpret_cast<const __m512i&>(v));
     }
   }
 }
 
-// Row r's scale of scale group g (column g * m.group on) of an fp8-block or int4 matrix (fp8:
-// times 2^8, which DecodeRawStrip took out).
-float RowGroupScale(const MatrixRef& m, int32_t r, int64_t g) {
-  if (m.format == WeightFormat::kFp8Block) return Fp8ScaleRow(m, r)[g] * 256.0f;
-  return Bf16ToFloat(Int4ScaleRow(m, r)[g]);
-}
-
-// The scale of each strip row for the scale group holding column `col`.
-void StripScales(const MatrixRef& m, const int32_t* row_idx, int nr, int64_t col, float* sc) {
-  for (int j = 0; j < nr; ++j) sc[j] = RowGroupScale(m, row_idx[j], col / m.group);
-}
+// The scale rows of up to N weight rows of an fp8-block or int4 matrix: At(j, g) is row j's scale
+// of scale group g (column g * group on; fp8: times 2^8, which DecodeRawStrip took out). The row
+// addresses are found once per strip, not once per group (they divide by the block rows).
+template <int N>
+struct ScaleRows {
+  const float* fp8[N];    // fp8: the rows' scale rows (else null)
+  const bf16_t* int4[N];  // int4: the rows' scale rows (else null)
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
+  ScaleRows(const MatrixRef& m, const int32_t* row_idx, int nr) {
+    const bool is_fp8 = m.format == WeightFormat::kFp8Block;
+    for (int j = 0; j < nr; ++j) {
+      fp8[j] = is_fp8 ? Fp8ScaleRow(m, row_idx[j]) : nullptr;
+      int4[j] = is_fp8 ? nullptr : Int4ScaleRow(m, row_idx[j]);
+    }
+  }
+  float At(int j, int64_t g) const {
+    return fp8[j] != nullptr ? fp8[j][g] * 256.0f : Bf16ToFloat(int4[j][g]);
+  }
+};
 
 // A DecodeRawStrip strip (unscaled bf16 rows in L1) as rows for the dot tiles, with each row's
 // group scales: the tiles keep per-group partial sums and scale them, so the unpacked remainder
@@ -1060,24 +1073,21 @@ struct ScaledStripDecoder {
   static constexpr bool kScaled = true;
   static constexpr int64_t kValuesPerLine = 32;
   const uint8_t* rows[kMaxNr];
-  int32_t row_idx[kMaxNr];
-  const MatrixRef* m;
+  ScaleRows<kMaxNr> scales;
+  int64_t group;
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
-  ScaledStripDecoder(const MatrixRef& mat, const uint8_t* const* strip_rows, const int32_t* idx,
+  ScaledStripDecoder(const MatrixRef& m, const uint8_t* const* strip_rows, const int32_t* idx,
                      int nr)
-      : m(&mat) {
-    for (int j = 0; j < nr; ++j) {
-      rows[j] = strip_rows[j];
-      row_idx[j] = idx[j];
-    }
+      : scales(m, idx, nr), group(m.group) {
+    for (int j = 0; j < nr; ++j) rows[j] = strip_rows[j];
   }
   __m512bh Load(int j, int64_t k) const { return AsBh(_mm512_loadu_si512(rows[j] + 2 * k)); }
   __m512bh LoadTail(int j, int64_t k, __mmask32 mask) const {
     return AsBh(_mm512_maskz_loadu_epi16(mask, rows[j] + 2 * k));
   }
   void Prefetch(int, int64_t) const {}  // the strip is in L1
-  int64_t GroupCols() const { return m->group; }
-  __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(RowGroupScale(*m, row_idx[j], g)); }
+  int64_t GroupCols() const { return group; }
+  __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(scales.At(j, g)); }
 };
 
 // The unpacked remainder tokens (PackedGemmArgs::rem_x) times columns [c0, c1) of a strip in L1:
@@ -1166,11 +1176,14 @@ void PackedGemm(const PackedGemmArgs& a) {
       const int64_t r0 = s * kPackedNr;
       const int nr = static_cast<int>(std::min<int64_t>(kPackedNr, a.num_rows - r0));
       const PackedStrip st = LoadPackedStrip(a, s, num_strips, nr, kp0, work);
+      const ScaleRows<kPackedNr> strip_scales(*a.w, a.row_idx + r0, scaled ? nr : 0);
       for (int64_t c0 = 2 * kp0; c0 < kc1;) {
         // Chunk [c0, c1): whole pairs, and with an odd K the last one's even column (`half`).
         const int64_t c1 = std::min(kc1, (c0 / chunk + 1) * chunk);
         float sc[kPackedNr];
-        if (scaled) StripScales(*a.w, a.row_idx + r0, nr, c0, sc);
+        if (scaled) {
+          for (int j = 0; j < nr; ++j) sc[j] = strip_scales.At(j, c0 / a.w->group);
+        }
         const float* scale = scaled ? sc : nullptr;
         for (int64_t g = 0; g < a.num_groups;) {
           const int64_t left = a.num_groups - g;
