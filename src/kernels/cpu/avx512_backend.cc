@@ -603,17 +603,13 @@ constexpr bool kNibbleBlocks =
 // of up to 6. Tokens are split into tiles of balanced sizes.
 constexpr int kWideMr = 8;
 
-template <int MR, int... NRs>
-constexpr std::array<TileFn<Fp8Decoder>, sizeof...(NRs)> WideRow(
-    std::integer_sequence<int, NRs...>) {
-  return {&Tile<Fp8Decoder, MR, NRs + 1>...};
-}
-
 struct Fp8WideTable {
   using Seq = std::make_integer_sequence<int, Fp8Decoder::kMaxNr>;
   std::array<std::array<TileFn<Fp8Decoder>, Fp8Decoder::kMaxNr>, kWideMr> fns = {
-      WideRow<1>(Seq{}), WideRow<2>(Seq{}), WideRow<3>(Seq{}), WideRow<4>(Seq{}),
-      WideRow<5>(Seq{}), WideRow<6>(Seq{}), WideRow<7>(Seq{}), WideRow<8>(Seq{})};
+      TileRow<Fp8Decoder, false, 1>(Seq{}), TileRow<Fp8Decoder, false, 2>(Seq{}),
+      TileRow<Fp8Decoder, false, 3>(Seq{}), TileRow<Fp8Decoder, false, 4>(Seq{}),
+      TileRow<Fp8Decoder, false, 5>(Seq{}), TileRow<Fp8Decoder, false, 6>(Seq{}),
+      TileRow<Fp8Decoder, false, 7>(Seq{}), TileRow<Fp8Decoder, false, 8>(Seq{})};
 };
 
 template <class Dec>
@@ -1060,6 +1056,15 @@ struct ScaleRows {
       int4[j] = is_fp8 ? nullptr : Int4ScaleRow(m, row_idx[j]);
     }
   }
+  // Rows j0..j0+nr of `from` (no address found again).
+  template <int M>
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
+  ScaleRows(const ScaleRows<M>& from, int j0, int nr) {
+    for (int j = 0; j < nr; ++j) {
+      fp8[j] = from.fp8[j0 + j];
+      int4[j] = from.int4[j0 + j];
+    }
+  }
   float At(int j, int64_t g) const {
     return fp8[j] != nullptr ? fp8[j][g] * 256.0f : Bf16ToFloat(int4[j][g]);
   }
@@ -1075,11 +1080,13 @@ struct ScaledStripDecoder {
   const uint8_t* rows[kMaxNr];
   ScaleRows<kMaxNr> scales;
   int64_t group;
+  // Strip rows j0..j0+nr, with their scale rows from the strip's (`strip_scales`).
+  template <int M>
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
-  ScaledStripDecoder(const MatrixRef& m, const uint8_t* const* strip_rows, const int32_t* idx,
-                     int nr)
-      : scales(m, idx, nr), group(m.group) {
-    for (int j = 0; j < nr; ++j) rows[j] = strip_rows[j];
+  ScaledStripDecoder(const MatrixRef& m, const uint8_t* const* strip_rows,
+                     const ScaleRows<M>& strip_scales, int j0, int nr)
+      : scales(strip_scales, j0, nr), group(m.group) {
+    for (int j = 0; j < nr; ++j) rows[j] = strip_rows[j0 + j];
   }
   __m512bh Load(int j, int64_t k) const { return AsBh(_mm512_loadu_si512(rows[j] + 2 * k)); }
   __m512bh LoadTail(int j, int64_t k, __mmask32 mask) const {
@@ -1201,9 +1208,7 @@ void PackedGemm(const PackedGemmArgs& a) {
         if (scaled) {
           PackedRemainder<ScaledStripDecoder>(
               a, nr, 2 * kp0, kc1,
-              [&](int j0, int n) {
-                return ScaledStripDecoder(*a.w, st.rows + j0, a.row_idx + r0 + j0, n);
-              },
+              [&](int j0, int n) { return ScaledStripDecoder(*a.w, st.rows, strip_scales, j0, n); },
               rem_out);
         } else {
           PackedRemainder<Bf16Decoder>(
