@@ -329,11 +329,11 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   }
   GemmCase m{.format = WeightFormat::kMxfp4, .num_experts = 2, .hidden = 1120 * 2, .inter = 96};
   CheckOffsets(m, {0, 40, 73}, 510, {}, "counts 40/33, H 2240");
-  // fp8 blocks and int4 take it with unscaled strips and one K chunk per scale group, each
-  // chunk's sums scaled: partial 128-column blocks (H 200, I 136), an odd H whose last chunk ends
-  // in half a pair (201), int4 groups of 32, 64 and 128, interleaved gate/up with biases, and
-  // rows spanning several K blocks (a chunk boundary at every block edge).
-  for (int64_t hidden : {200, 201}) {
+  // fp8 blocks and int4 take it with unscaled strips, each scale group's partial sums scaled:
+  // partial 128-column blocks (H 200, I 136), an odd H whose last group ends in half a pair (201)
+  // or holds only that half pair's column (257: the half pair after a group edge), int4 groups of
+  // 32, 64 and 128, interleaved gate/up with biases, and rows spanning several K blocks.
+  for (int64_t hidden : {200, 201, 257}) {
     GemmCase f{.format = WeightFormat::kFp8Block,
                .act = Activation::kSwiGlu,
                .num_experts = static_cast<int64_t>(counts.size()),
