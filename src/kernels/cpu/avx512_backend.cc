@@ -946,17 +946,6 @@ using PackedTileFn = void (*)(const uint8_t* const*, const uint8_t* const*, int6
                               const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t,
                               bool);
 
-template <int MR, int... NRs>
-constexpr std::array<PackedTileFn, sizeof...(NRs)> PackedRow(std::integer_sequence<int, NRs...>) {
-  return {&PackedTile<MR, NRs + 1>...};
-}
-
-struct PackedTable {
-  using Seq = std::make_integer_sequence<int, kPackedNr>;
-  std::array<std::array<PackedTileFn, kPackedNr>, kPackedMr> fns = {
-      PackedRow<1>(Seq{}), PackedRow<2>(Seq{}), PackedRow<3>(Seq{})};
-};
-
 // Decodes columns [k0, k1) (multiples of 32) of MXFP4 rows row_idx[0..nr) into bf16 rows of
 // dst (row j at dst + j * cols * 2 bytes, columns in place) with the E8M0 scale folded in. For
 // scale codes 2..252 the power of two is added to the exponent field of each nonzero E2M1 bf16
@@ -1169,16 +1158,21 @@ using PackedTileScaledFn = void (*)(const uint8_t* const*, const ScaleRows<kPack
                                     const uint32_t*, int64_t, int64_t, int64_t, bool, float*,
                                     int64_t, bool);
 
-template <int MR, int... NRs>
-constexpr std::array<PackedTileScaledFn, sizeof...(NRs)> PackedScaledRow(
-    std::integer_sequence<int, NRs...>) {
-  return {&PackedTileScaled<MR, NRs + 1>...};
+// The packed tiles of every MR x NR, PackedTile's or (kScaled) PackedTileScaled's.
+template <bool kScaled, int MR, int... NRs>
+constexpr auto PackedRow(std::integer_sequence<int, NRs...>) {
+  if constexpr (kScaled) {
+    return std::array<PackedTileScaledFn, sizeof...(NRs)>{&PackedTileScaled<MR, NRs + 1>...};
+  } else {
+    return std::array<PackedTileFn, sizeof...(NRs)>{&PackedTile<MR, NRs + 1>...};
+  }
 }
 
-struct PackedScaledTable {
+template <bool kScaled>
+struct PackedTable {
   using Seq = std::make_integer_sequence<int, kPackedNr>;
-  std::array<std::array<PackedTileScaledFn, kPackedNr>, kPackedMr> fns = {
-      PackedScaledRow<1>(Seq{}), PackedScaledRow<2>(Seq{}), PackedScaledRow<3>(Seq{})};
+  std::array<decltype(PackedRow<kScaled, 1>(Seq{})), kPackedMr> fns = {
+      PackedRow<kScaled, 1>(Seq{}), PackedRow<kScaled, 2>(Seq{}), PackedRow<kScaled, 3>(Seq{})};
 };
 
 // The unpacked remainder tokens (PackedGemmArgs::rem_x) times columns [c0, c1) of a strip in L1:
@@ -1253,8 +1247,8 @@ PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_stri
 }
 
 void PackedGemm(const PackedGemmArgs& a) {
-  static constexpr PackedTable kTable;
-  static constexpr PackedScaledTable kScaledTable;
+  static constexpr PackedTable<false> kTable;
+  static constexpr PackedTable<true> kScaledTable;
   const int64_t cols = a.w->cols;
   const int64_t num_strips = CeilDiv(a.num_rows, int64_t{kPackedNr});
   const bool scaled = ScaledPacked(a.w->format);
