@@ -26,6 +26,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -47,8 +48,19 @@ constexpr int kMaxMr = 4;
 constexpr int kDecodeStreams = 4;
 // Token counts up to this take the streaming decode walk (the packed path starts at 16).
 constexpr int64_t kDecodeMaxTokens = 16;
-// L1 budget of the decode walk's bf16 inputs (all its tokens).
-constexpr int64_t kDecodeXBytes = 16 * 1024;
+// L1 budget of the decode walk's bf16 inputs (all its tokens): the L1d less 16 KiB for the
+// weight streams' prefetched lines and the outputs, at least 16 KiB (so 16 KiB on a 32 KiB L1d,
+// where it was measured first, and 32 KiB on Zen 5's 48 KiB). Measured on Zen 5 (one core, 64
+// MXFP4 or int4 rows of 7168 columns in L2, 12-16 tokens): 0.62-0.67 TSC cycles per vdpbf16ps
+// with 32 KiB against 0.68-0.72 with 16 (longer K blocks: fewer horizontal sums and tile
+// restarts); end to end at 8-16 tokens per expert within the host's noise (docs/PERFORMANCE.md).
+int64_t DecodeXBytes() {
+  static const int64_t bytes = [] {
+    const long l1 = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);  // 0 or -1 where unknown
+    return std::clamp<int64_t>(int64_t{l1} - 16 * 1024, 16 * 1024, 64 * 1024);
+  }();
+  return bytes;
+}
 
 // Software prefetch distance along each weight row (and on into the next row of a decode
 // stream). The hardware prefetchers fetch the streams into L2; the software prefetch brings
@@ -628,10 +640,10 @@ void DotRowsImpl(const DotRowsArgs& a) {
     // blocking does not break the streams; it keeps the inputs (and, for several token tiles,
     // the rows' block) in L1.
     constexpr int kStreams = std::min(kDecodeStreams, Dec::kMaxNr);
-    // K block: the inputs of all the tokens stay within kDecodeXBytes of L1 (one token: usually
+    // K block: the inputs of all the tokens stay within DecodeXBytes() of L1 (one token: usually
     // all of K), so the weight streams do not evict them.
     const int64_t kc =
-        k_block(std::max<int64_t>(256, kDecodeXBytes / (2 * a.num_tokens) / 256 * 256));
+        k_block(std::max<int64_t>(256, DecodeXBytes() / (2 * a.num_tokens) / 256 * 256));
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
     // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work).
     const auto* fns = &kTable.fns;
