@@ -51,8 +51,8 @@ constexpr int64_t kDecodeMaxTokens = 16;
 // L1 budget of the decode walk's bf16 inputs (all its tokens): the L1d less 16 KiB for the
 // weight streams' prefetched lines and the outputs, at least 16 KiB (so 16 KiB on a 32 KiB L1d,
 // where it was measured first, and 32 KiB on Zen 5's 48 KiB). Measured on Zen 5 (one core, 64
-// MXFP4 or int4 rows of 7168 columns in L2, 12-16 tokens): 0.62-0.67 TSC cycles per vdpbf16ps
-// with 32 KiB against 0.68-0.72 with 16 (longer K blocks: fewer horizontal sums and tile
+// MXFP4 or int4 rows of 7168 columns in L2, 12-16 tokens): 0.62-0.68 TSC cycles per vdpbf16ps
+// with 32 KiB against 0.68-0.74 with 16 (longer K blocks: fewer horizontal sums and tile
 // restarts); end to end at 8-16 tokens per expert within the host's noise (docs/PERFORMANCE.md).
 int64_t DecodeXBytes() {
   static const int64_t bytes = [] {
