@@ -907,7 +907,7 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
   int16_t* q = static_cast<int16_t*>(work);
   float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{2}));
   float* sg = sx + a.num_tokens * ldsx;  // per-group scales of one token (QLayout::lanes)
-  int32_t* shifts = reinterpret_cast<int32_t*>(sg + ldq / group);  // per group
+  int32_t* shifts = reinterpret_cast<int32_t*>(sg + ldq / group);       // per group
   int16_t* natural = reinterpret_cast<int16_t*>(shifts + ldq / group);  // one token, in order
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const bf16_t* x = a.x + t * a.ldx;
