@@ -6,8 +6,8 @@
 // before CpuSupportsAvx512Bf16() said yes (KernelContext only selects it then).
 //
 // Two forms (docs/PERFORMANCE.md has the measurements behind the choices):
-// - dot_rows, dot-product form, for few tokens per expert (decode; int4 with zero points and
-//   NVFP4 go to the SIMD backend's kernels at every count):
+// - dot_rows, dot-product form, for few tokens per expert (decode; int4 with zero points here up
+//   to 16 tokens in 128-column blocks, else, like NVFP4 at every count, the SIMD backend's):
 //   weights stay [out, in] row-major like the inputs, acc[i][j] (16 fp32 lanes) +=
 //   dpbf16(x[i, k:k+32], w[j, k:k+32]), reduced horizontally at the end. Up to 16 tokens the
 //   rows are walked as 4 sequential prefetched streams (the memory-bound decode walk); beyond,
@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <type_traits>
 
@@ -266,6 +267,20 @@ struct Mxfp4Decoder {
   __m512 BlockScale(int j, int64_t k) const;
 };
 
+// Column k's scale group: a shift where the group is a power of two (32, 64 and 128, the groups
+// checkpoints use), else a division. The 4-bit decode walk asks several times per 128 columns,
+// and a 64-bit division there took longer than the block's products.
+struct GroupOf {
+  int64_t group;
+  int shift;
+  explicit GroupOf(int64_t g)
+      : group(g),
+        shift(std::has_single_bit(static_cast<uint64_t>(g))
+                  ? std::countr_zero(static_cast<uint64_t>(g))
+                  : -1) {}
+  int64_t operator()(int64_t k) const { return shift >= 0 ? k >> shift : k / group; }
+};
+
 std::array<float, 16> Int4Values() {
   std::array<float, 16> v{};
   for (int i = 0; i < 16; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i - 8);
@@ -279,8 +294,10 @@ struct Int4Decoder {
   const bf16_t* scales[kMaxNr];
   __m512i table;
   int64_t group;
+  GroupOf group_of;
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
-  Int4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group(m.group) {
+  Int4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr)
+      : group(m.group), group_of(m.group) {
     static const __m512i kTable = MakeTable(Int4Values());
     table = kTable;
     for (int j = 0; j < nr; ++j) {
@@ -292,7 +309,7 @@ struct Int4Decoder {
   __m512bh LoadTail(int j, int64_t k, __mmask32) const { return Load(j, k); }  // cols % g == 0
   void Prefetch(int j, int64_t k) const {
     _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(scales[j] + k / group + kPrefetchBytes / 8),
+    _mm_prefetch(reinterpret_cast<const char*>(scales[j] + group_of(k) + kPrefetchBytes / 8),
                  _MM_HINT_T0);
   }
   static constexpr int64_t kValuesPerLine = 128;
@@ -304,6 +321,58 @@ struct Int4Decoder {
   }
   __m512 BlockScale(int j, int64_t k) const;
 };
+
+std::array<float, 16> CodeValues() {
+  std::array<float, 16> v{};
+  for (int i = 0; i < 16; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+  return v;
+}
+
+// AWQ/GPTQ int4, (code - zero) x scale with an fp16 scale and a zero-point byte per group; the
+// decode walk only (the SIMD backend's kernels take more tokens). The codes 0-15 are exact in
+// bf16, and each group's partial sum of code x input loses zero x (the group's input sum):
+// sum (code - z) x = sum code x - z sum x, with the input sums made once per call
+// (Nibble128InputSums).
+struct Int4ZpDecoder {
+  static constexpr int kMaxNr = 4;
+  const uint8_t* rows[kMaxNr];
+  const fp16_t* scales[kMaxNr];
+  const uint8_t* zeros[kMaxNr];
+  __m512i table;
+  int64_t group;
+  GroupOf group_of;
+  int64_t cols;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
+  Int4ZpDecoder(const MatrixRef& m, const int32_t* row_idx, int nr)
+      : group(m.group), group_of(m.group), cols(m.cols) {
+    static const __m512i kTable = MakeTable(CodeValues());
+    table = kTable;
+    const int64_t groups = m.cols / m.group;
+    for (int j = 0; j < nr; ++j) {
+      rows[j] = m.Row(row_idx[j]);
+      scales[j] = reinterpret_cast<const fp16_t*>(m.scales) + row_idx[j] * groups;
+      zeros[j] = m.zeros + row_idx[j] * groups;
+    }
+  }
+  void Prefetch(int j, int64_t k) const {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+    const int64_t g = group_of(k);
+    _mm_prefetch(reinterpret_cast<const char*>(scales[j] + g + kPrefetchBytes / 8), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(zeros[j] + g + kPrefetchBytes / 8), _MM_HINT_T0);
+  }
+  int64_t GroupCols() const { return group; }
+  static bool BlockDecodes(int64_t group_cols) {
+    return group_cols == 32 || group_cols == 64 || group_cols % 128 == 0;
+  }
+  // The scales and the zero points of the 128-column block at k, per 128-bit lane (lane L:
+  // columns 32L..32L+31).
+  __m512 BlockScale(int j, int64_t k) const;
+  __m512 BlockZero(int j, int64_t k) const;
+};
+
+// Decoders whose groups have zero points (their tiles need the inputs' group sums).
+template <class Dec>
+constexpr bool kZeroPoints = std::is_same_v<Dec, Int4ZpDecoder>;
 
 // --- 4-bit weights in blocks of 128 columns (the decode walk) -------------------------------
 //
@@ -329,10 +398,11 @@ inline void Nibbles128ToBf16(const uint8_t* p, __m512i table, __m512bh (&v)[4]) 
 // The block column of position p in Nibbles128ToBf16's order: vector p / 32, word p % 32.
 constexpr int Nibble128Column(int p) { return 4 * (p % 32) + p / 32; }
 
-// dst[t, :] = src[t, :] in the block order (cols % 128 == 0). Output vector v of a block takes
-// words v, v + 4, ..., v + 28 of each input vector q (columns 32q..32q+31) into its words
+// dst[t * ldd, :] = src[t, :] in the block order (cols % 128 == 0). Output vector v of a block
+// takes words v, v + 4, ..., v + 28 of each input vector q (columns 32q..32q+31) into its words
 // 8q..8q+7: two two-source word permutes and a blend per output vector.
-void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t cols, bf16_t* dst) {
+void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t cols, bf16_t* dst,
+                    int64_t ldd) {
   // Word i of output vector v: the block column's word in the input pair holding it (q % 2).
   alignas(64) static constexpr std::array<std::array<uint16_t, 32>, 4> kIndex = [] {
     std::array<std::array<uint16_t, 32>, 4> idx{};
@@ -344,7 +414,7 @@ void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t 
   }();
   for (int64_t t = 0; t < num_tokens; ++t) {
     const bf16_t* x = src + t * lds;
-    bf16_t* y = dst + t * cols;
+    bf16_t* y = dst + t * ldd;
     for (int64_t k0 = 0; k0 < cols; k0 += 128) {
       __m512i in[4];
       for (int q = 0; q < 4; ++q) in[q] = _mm512_loadu_si512(x + k0 + 32 * q);
@@ -354,6 +424,24 @@ void Nibble128Order(const bf16_t* src, int64_t lds, int64_t num_tokens, int64_t 
         const __m512i hi = _mm512_permutex2var_epi16(in[2], idx, in[3]);  // words 16-31
         _mm512_storeu_si512(y + k0 + 32 * v, _mm512_mask_blend_epi16(0xffff0000U, lo, hi));
       }
+    }
+  }
+}
+
+// After each ordered row's cols columns (x[t * ldx + cols ...], as floats): per 128-column block
+// the 16 lanes NibbleTile's partial sums take, summed over the inputs alone (lane f: columns
+// 8f..8f+7 of the block), by the same products with ones, for the zero points' terms.
+void Nibble128InputSums(bf16_t* x, int64_t ldx, int64_t num_tokens, int64_t cols) {
+  const __m512bh ones = AsBh(_mm512_set1_epi16(0x3f80));
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const bf16_t* row = x + t * ldx;
+    float* sums = reinterpret_cast<float*>(x + t * ldx + cols);
+    for (int64_t k0 = 0; k0 < cols; k0 += 128) {
+      __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), LoadX(row + k0), ones);
+      s = _mm512_dpbf16_ps(s, LoadX(row + k0 + 32), ones);
+      s = _mm512_dpbf16_ps(s, LoadX(row + k0 + 64), ones);
+      s = _mm512_dpbf16_ps(s, LoadX(row + k0 + 96), ones);
+      _mm512_storeu_ps(sums + k0 / 8, s);
     }
   }
 }
@@ -393,12 +481,12 @@ inline __m512 E8m0BlockScale(const uint8_t* e4) {
                             _mm512_set1_epi32(kTable), 0);
 }
 
-__m512 Mxfp4Decoder::BlockScale(int j, int64_t k) const {
+inline __m512 Mxfp4Decoder::BlockScale(int j, int64_t k) const {
   return E8m0BlockScale(scales[j] + k / 32);
 }
 
-__m512 Int4Decoder::BlockScale(int j, int64_t k) const {
-  const bf16_t* s = scales[j] + k / group;
+inline __m512 Int4Decoder::BlockScale(int j, int64_t k) const {
+  const bf16_t* s = scales[j] + group_of(k);
   if (group == 32) {  // bf16 scales are the top halves of their fp32
     uint64_t four = 0;
     std::memcpy(&four, s, sizeof(four));
@@ -411,6 +499,47 @@ __m512 Int4Decoder::BlockScale(int j, int64_t k) const {
                                  two);
   }
   return _mm512_set1_ps(Bf16ToFloat(*s));
+}
+
+// Four, two or one per-group value(s) of a 128-column block spread over the lanes: lane L takes
+// the group of columns 32L..32L+31.
+inline __m512 GroupsToLanes(__m128 four, int64_t group) {
+  if (group == 32) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(four));
+  }
+  if (group == 64) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(four));
+  }
+  return _mm512_broadcastss_ps(four);
+}
+
+inline __m512 Int4ZpDecoder::BlockScale(int j, int64_t k) const {
+  const fp16_t* s = scales[j] + group_of(k);
+  uint64_t bits = 0;  // the block's four, two or one fp16 scales (fixed-size copies)
+  if (group == 32) {
+    std::memcpy(&bits, s, 8);
+  } else if (group == 64) {
+    std::memcpy(&bits, s, 4);
+  } else {
+    std::memcpy(&bits, s, 2);
+  }
+  return GroupsToLanes(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits))), group);
+}
+
+inline __m512 Int4ZpDecoder::BlockZero(int j, int64_t k) const {
+  const uint8_t* z = zeros[j] + group_of(k);
+  uint32_t bytes = 0;  // the block's four, two or one zero points (fixed-size copies)
+  if (group == 32) {
+    std::memcpy(&bytes, z, 4);
+  } else if (group == 64) {
+    std::memcpy(&bytes, z, 2);
+  } else {
+    bytes = *z;
+  }
+  const __m128i wide = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(bytes)));
+  return GroupsToLanes(_mm_cvtepi32_ps(wide), group);
 }
 
 // --- micro-kernels ---------------------------------------------------------------------------
@@ -565,6 +694,8 @@ void NibbleTile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int6
       __m512bh w[4];
       Nibbles128ToBf16(rows[j] + k / 2, table, w);
       const __m512 sc = d.BlockScale(j, k);
+      __m512 zp = zero;
+      if constexpr (kZeroPoints<Dec>) zp = d.BlockZero(j, k);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const bf16_t* xi = x + i * ldx + k;
@@ -572,6 +703,10 @@ void NibbleTile(const Dec& d, const bf16_t* x, int64_t ldx, int64_t kbegin, int6
         part = _mm512_dpbf16_ps(part, LoadX(xi + 32), w[1]);
         part = _mm512_dpbf16_ps(part, LoadX(xi + 64), w[2]);
         part = _mm512_dpbf16_ps(part, LoadX(xi + 96), w[3]);
+        if constexpr (kZeroPoints<Dec>) {  // less zero x the inputs' sums (after the row's columns)
+          const float* sums = reinterpret_cast<const float*>(x + i * ldx + d.cols) + k / 8;
+          part = _mm512_fnmadd_ps(zp, _mm512_loadu_ps(sums), part);
+        }
         acc[i][j] = _mm512_fmadd_ps(part, sc, acc[i][j]);
       }
     }
@@ -600,7 +735,8 @@ struct TileTable {
 // 4-bit decoders whose decode walk takes 128-column blocks.
 template <class Dec>
 constexpr bool kNibbleBlocks =
-    std::is_same_v<Dec, Mxfp4Decoder> || std::is_same_v<Dec, Int4Decoder>;
+    std::is_same_v<Dec, Mxfp4Decoder> || std::is_same_v<Dec, Int4Decoder> ||
+    std::is_same_v<Dec, Int4ZpDecoder>;
 
 // Wide tiles of the fp8 decode walk: up to kWideMr tokens times the step's rows (up to 2), when a
 // call has more than kMaxMr tokens. The MR x NR tiles decode each row once per kMaxMr tokens, and
@@ -626,7 +762,6 @@ struct Fp8WideTable {
 
 template <class Dec>
 void DotRowsImpl(const DotRowsArgs& a) {
-  static constexpr TileTable<Dec> kTable;
   const int64_t cols = a.w->cols;
   // K blocks: a whole multiple of the decoder's scale group.
   int64_t group = 0;
@@ -645,18 +780,25 @@ void DotRowsImpl(const DotRowsArgs& a) {
     const int64_t kc =
         k_block(std::max<int64_t>(256, DecodeXBytes() / (2 * a.num_tokens) / 256 * 256));
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
-    // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work).
-    const auto* fns = &kTable.fns;
+    // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work;
+    // with zero points each row followed by its block sums, cols / 8 floats). Decoders with zero
+    // points come here only so (DotRows).
+    const decltype(TileTable<Dec, true>::fns)* fns = nullptr;
+    if constexpr (!kZeroPoints<Dec>) {
+      static constexpr TileTable<Dec> kTable;
+      fns = &kTable.fns;
+    }
     const bf16_t* x = a.x;
     int64_t ldx = a.ldx;
     if constexpr (kNibbleBlocks<Dec>) {
       static constexpr TileTable<Dec, true> kNibbleTable;
       if (a.num_rows > 0 && cols % 128 == 0 && Dec::BlockDecodes(group)) {
         auto* ordered = reinterpret_cast<bf16_t*>(a.work);
-        Nibble128Order(a.x, a.ldx, a.num_tokens, cols, ordered);
+        ldx = kZeroPoints<Dec> ? cols + cols / 4 : cols;
+        Nibble128Order(a.x, a.ldx, a.num_tokens, cols, ordered, ldx);
+        if constexpr (kZeroPoints<Dec>) Nibble128InputSums(ordered, ldx, a.num_tokens, cols);
         fns = &kNibbleTable.fns;
         x = ordered;
-        ldx = cols;
       }
     }
     for (int64_t s = 0; s < per; ++s) {
@@ -694,16 +836,19 @@ void DotRowsImpl(const DotRowsArgs& a) {
     }
     return;
   }
-  const int64_t kc = k_block(kCpuKBlock);
-  for (int64_t k0 = 0; k0 < cols; k0 += kc) {
-    const int64_t k1 = std::min(cols, k0 + kc);
-    for (int64_t r0 = 0; r0 < a.num_rows; r0 += Dec::kMaxNr) {
-      const int nr = static_cast<int>(std::min<int64_t>(Dec::kMaxNr, a.num_rows - r0));
-      const Dec d(*a.w, a.row_idx + r0, nr);
-      for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
-        const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
-        kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
-            d, a.x + m0 * a.ldx, a.ldx, k0, k1, a.out + m0 * a.ldo + r0, a.ldo, k0 > 0);
+  if constexpr (!kZeroPoints<Dec>) {
+    static constexpr TileTable<Dec> kTable;
+    const int64_t kc = k_block(kCpuKBlock);
+    for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+      const int64_t k1 = std::min(cols, k0 + kc);
+      for (int64_t r0 = 0; r0 < a.num_rows; r0 += Dec::kMaxNr) {
+        const int nr = static_cast<int>(std::min<int64_t>(Dec::kMaxNr, a.num_rows - r0));
+        const Dec d(*a.w, a.row_idx + r0, nr);
+        for (int64_t m0 = 0; m0 < a.num_tokens; m0 += kMaxMr) {
+          const int mr = static_cast<int>(std::min<int64_t>(kMaxMr, a.num_tokens - m0));
+          kTable.fns[static_cast<size_t>(mr - 1)][static_cast<size_t>(nr - 1)](
+              d, a.x + m0 * a.ldx, a.ldx, k0, k1, a.out + m0 * a.ldo + r0, a.ldo, k0 > 0);
+        }
       }
     }
   }
@@ -842,9 +987,15 @@ void DotRows(const DotRowsArgs& a) {
     case WeightFormat::kFp8Block: return DotRowsImpl<Fp8Decoder>(a);
     case WeightFormat::kMxfp4: return DotRowsImpl<Mxfp4Decoder>(a);
     case WeightFormat::kInt4: return DotRowsImpl<Int4Decoder>(a);
-    // AWQ/GPTQ int4 and NVFP4 take the SIMD backend's AVX-512 kernels (16-bit integer decode,
-    // fp32 strips for many tokens): every CPU with AVX-512 BF16 has its AVX-512 F/BW/DQ/VL.
+    // AWQ/GPTQ int4 decodes here in 128-column blocks; with more tokens or other shapes it, and
+    // NVFP4 always, take the SIMD backend's AVX-512 kernels (16-bit integer decode, fp32 strips
+    // for many tokens): every CPU with AVX-512 BF16 has its AVX-512 F/BW/DQ/VL.
     case WeightFormat::kInt4Zp:
+      if (a.num_tokens <= kDecodeMaxTokens && a.w->cols % 128 == 0 &&
+          Int4ZpDecoder::BlockDecodes(a.w->group) && a.w->group_index[0] == nullptr) {
+        return DotRowsImpl<Int4ZpDecoder>(a);
+      }
+      return SimdFallback().dot_rows(a);
     case WeightFormat::kNvfp4: return SimdFallback().dot_rows(a);
   }
 }
@@ -1499,7 +1650,9 @@ void ToBf16(const float* src, int64_t n, bf16_t* dst) {
 // The 4-bit decode walk's inputs in block order (num_tokens x cols bf16, Nibble128Order); the
 // formats SimdFallback() runs need its work space.
 int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
-  const int64_t ordered = num_tokens <= kDecodeMaxTokens ? CeilDiv(num_tokens * cols, 2) : 0;
+  // (with zero points each row is followed by its block sums: 1.25 x cols bf16 per row)
+  const int64_t ordered =
+      num_tokens <= kDecodeMaxTokens ? CeilDiv(num_tokens * (cols + cols / 4 + 128), 2) : 0;
   return std::max(ordered, SimdFallback().work_floats(num_tokens, cols));
 }
 
