@@ -51,7 +51,10 @@
 // code x scale for fp8 and NVFP4), never copied whole. The SIMD backends' decode of 4-bit weights
 // (up to 16 tokens per expert) multiplies on 16-bit integers: each token's bf16 inputs are
 // quantized per scale group with a power-of-two scale, exact for every input within 2^6 of its
-// group's largest magnitude and otherwise off by at most 2^-15 of it. The summation order differs
+// group's largest magnitude and otherwise off by at most 2^-15 of it. The AVX-512 BF16 decode of
+// int4-zp multiplies the codes (0-15) and subtracts zero x the group's input sum from each group's
+// fp32 partial sum, so a group whose codes sit near its zero point cancels in fp32 (an error of
+// about 2^-24 of 15 x the group's input magnitude sum). The summation order differs
 // between variants (vector widths, tiles, K blocks, vdpbf16ps pair sums) and between the decode
 // and prefill kernels, so variants agree with the reference within rounding, not bit for bit;
 // each variant is deterministic and independent of the thread count.
