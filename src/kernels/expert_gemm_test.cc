@@ -713,7 +713,8 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
                         {WeightFormat::kInt4Zp, 128, 256, 128},
                         {WeightFormat::kInt4Zp, 32, 256, 384},  // 128-column blocks of 4 groups
                         {WeightFormat::kNvfp4, 16, 96, 160},
-                        {WeightFormat::kNvfp4, 16, 256, 64}};
+                        {WeightFormat::kNvfp4, 16, 256, 64},
+                        {WeightFormat::kNvfp4, 16, 256, 384}};
   for (const Case& k : cases) {
     GemmCase c{.format = k.format,
                .act = Activation::kSwiGlu,

@@ -6,8 +6,8 @@
 // before CpuSupportsAvx512Bf16() said yes (KernelContext only selects it then).
 //
 // Two forms (docs/PERFORMANCE.md has the measurements behind the choices):
-// - dot_rows, dot-product form, for few tokens per expert (decode; int4 with zero points here up
-//   to 16 tokens in 128-column blocks, else, like NVFP4 at every count, the SIMD backend's):
+// - dot_rows, dot-product form, for few tokens per expert (decode; int4 with zero points and
+//   NVFP4 here up to 16 tokens in 128-column blocks, else through the SIMD backend's kernels):
 //   weights stay [out, in] row-major like the inputs, acc[i][j] (16 fp32 lanes) +=
 //   dpbf16(x[i, k:k+32], w[j, k:k+32]), reduced horizontally at the end. Up to 16 tokens the
 //   rows are walked as 4 sequential prefetched streams (the memory-bound decode walk); beyond,
@@ -370,9 +370,42 @@ struct Int4ZpDecoder {
   __m512 BlockZero(int j, int64_t k) const;
 };
 
+// NVFP4: E2M1 codes (as MXFP4's) with an E4M3 scale per 16 columns and an fp32 global scale per
+// row's tensor; the decode walk only (the SIMD backend's kernels take more tokens). Lane f of
+// NibbleTile's partial sums covers columns 8f..8f+7 of its block, inside one group of 16, so
+// the block's 8 scales spread over two lanes each.
+struct Nvfp4Decoder {
+  static constexpr int kMaxNr = 4;
+  const uint8_t* rows[kMaxNr];
+  const uint8_t* scales[kMaxNr];
+  float global[kMaxNr];
+  __m512i table;
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
+  Nvfp4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) {
+    static const __m512i kTable = MakeTable(kFp4E2M1Values);
+    table = kTable;
+    for (int j = 0; j < nr; ++j) {
+      rows[j] = m.Row(row_idx[j]);
+      scales[j] = m.scales + row_idx[j] * (m.cols / 16);
+      global[j] = m.RowGlobal(row_idx[j]);
+    }
+  }
+  void Prefetch(int j, int64_t k) const {
+    _mm_prefetch(reinterpret_cast<const char*>(rows[j] + k / 2 + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scales[j] + k / 16 + kPrefetchBytes / 8),
+                 _MM_HINT_T0);
+  }
+  static int64_t GroupCols() { return 16; }
+  static bool BlockDecodes(int64_t group_cols) { return group_cols == 16; }
+  __m512 BlockScale(int j, int64_t k) const;
+};
+
 // Decoders whose groups have zero points (their tiles need the inputs' group sums).
 template <class Dec>
 constexpr bool kZeroPoints = std::is_same_v<Dec, Int4ZpDecoder>;
+// Decoders with only the 128-column block form (NibbleTile), no per-32-column Tile.
+template <class Dec>
+constexpr bool kBlocksOnly = kZeroPoints<Dec> || std::is_same_v<Dec, Nvfp4Decoder>;
 
 // --- 4-bit weights in blocks of 128 columns (the decode walk) -------------------------------
 //
@@ -540,6 +573,20 @@ inline __m512 Int4ZpDecoder::BlockZero(int j, int64_t k) const {
   }
   const __m128i wide = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(bytes)));
   return GroupsToLanes(_mm_cvtepi32_ps(wide), group);
+}
+
+// The E4M3 scales as fp16 bits (the byte shifted up 7 and its sign bit moved to the top: the
+// value times 2^-8, subnormals included; the 2^8 goes into the global scale), then two lanes
+// each.
+inline __m512 Nvfp4Decoder::BlockScale(int j, int64_t k) const {
+  uint64_t eight = 0;
+  std::memcpy(&eight, scales[j] + k / 16, 8);
+  const __m128i bytes = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(eight)));
+  const __m128i t = _mm_slli_epi16(bytes, 7);
+  const __m128i h = _mm_add_epi16(t, _mm_and_si128(t, _mm_set1_epi16(0x4000)));
+  const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f * global[j]));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+                               _mm512_castps256_ps512(f));
 }
 
 // --- micro-kernels ---------------------------------------------------------------------------
@@ -735,8 +782,7 @@ struct TileTable {
 // 4-bit decoders whose decode walk takes 128-column blocks.
 template <class Dec>
 constexpr bool kNibbleBlocks =
-    std::is_same_v<Dec, Mxfp4Decoder> || std::is_same_v<Dec, Int4Decoder> ||
-    std::is_same_v<Dec, Int4ZpDecoder>;
+    std::is_same_v<Dec, Mxfp4Decoder> || std::is_same_v<Dec, Int4Decoder> || kBlocksOnly<Dec>;
 
 // Wide tiles of the fp8 decode walk: up to kWideMr tokens times the step's rows (up to 2), when a
 // call has more than kMaxMr tokens. The MR x NR tiles decode each row once per kMaxMr tokens, and
@@ -781,10 +827,10 @@ void DotRowsImpl(const DotRowsArgs& a) {
         k_block(std::max<int64_t>(256, DecodeXBytes() / (2 * a.num_tokens) / 256 * 256));
     const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
     // 4-bit weights in 128-column blocks, the inputs put in the blocks' order once (in work;
-    // with zero points each row followed by its block sums, cols / 8 floats). Decoders with zero
-    // points come here only so (DotRows).
+    // with zero points each row followed by its block sums, cols / 8 floats). The decoders with
+    // only this form come here only so (DotRows).
     const decltype(TileTable<Dec, true>::fns)* fns = nullptr;
-    if constexpr (!kZeroPoints<Dec>) {
+    if constexpr (!kBlocksOnly<Dec>) {
       static constexpr TileTable<Dec> kTable;
       fns = &kTable.fns;
     }
@@ -836,7 +882,7 @@ void DotRowsImpl(const DotRowsArgs& a) {
     }
     return;
   }
-  if constexpr (!kZeroPoints<Dec>) {
+  if constexpr (!kBlocksOnly<Dec>) {
     static constexpr TileTable<Dec> kTable;
     const int64_t kc = k_block(kCpuKBlock);
     for (int64_t k0 = 0; k0 < cols; k0 += kc) {
@@ -987,16 +1033,20 @@ void DotRows(const DotRowsArgs& a) {
     case WeightFormat::kFp8Block: return DotRowsImpl<Fp8Decoder>(a);
     case WeightFormat::kMxfp4: return DotRowsImpl<Mxfp4Decoder>(a);
     case WeightFormat::kInt4: return DotRowsImpl<Int4Decoder>(a);
-    // AWQ/GPTQ int4 decodes here in 128-column blocks; with more tokens or other shapes it, and
-    // NVFP4 always, take the SIMD backend's AVX-512 kernels (16-bit integer decode, fp32 strips
-    // for many tokens): every CPU with AVX-512 BF16 has its AVX-512 F/BW/DQ/VL.
+    // AWQ/GPTQ int4 and NVFP4 decode here in 128-column blocks; with more tokens or other shapes
+    // they take the SIMD backend's AVX-512 kernels (16-bit integer decode, fp32 strips for many
+    // tokens): every CPU with AVX-512 BF16 has its AVX-512 F/BW/DQ/VL.
     case WeightFormat::kInt4Zp:
       if (a.num_tokens <= kDecodeMaxTokens && a.w->cols % 128 == 0 &&
           Int4ZpDecoder::BlockDecodes(a.w->group) && a.w->group_index[0] == nullptr) {
         return DotRowsImpl<Int4ZpDecoder>(a);
       }
       return SimdFallback().dot_rows(a);
-    case WeightFormat::kNvfp4: return SimdFallback().dot_rows(a);
+    case WeightFormat::kNvfp4:
+      if (a.num_tokens <= kDecodeMaxTokens && a.w->cols % 128 == 0 && a.w->group == 16) {
+        return DotRowsImpl<Nvfp4Decoder>(a);
+      }
+      return SimdFallback().dot_rows(a);
   }
 }
 
