@@ -54,7 +54,8 @@
 // group's largest magnitude and otherwise off by at most 2^-15 of it. The AVX-512 BF16 decode of
 // int4-zp multiplies the codes (0-15) and subtracts zero x the group's input sum from each group's
 // fp32 partial sum, so a group whose codes sit near its zero point cancels in fp32 (an error of
-// about 2^-24 of 15 x the group's input magnitude sum). The summation order differs
+// about 2^-24 of 15 x the group's input magnitude sum); its NVFP4 decode applies each group's E4M3
+// scale times the global one to the group's fp32 partial sum. The summation order differs
 // between variants (vector widths, tiles, K blocks, vdpbf16ps pair sums) and between the decode
 // and prefill kernels, so variants agree with the reference within rounding, not bit for bit;
 // each variant is deterministic and independent of the thread count.
