@@ -548,31 +548,29 @@ inline __m512 GroupsToLanes(__m128 four, int64_t group) {
   return _mm512_broadcastss_ps(four);
 }
 
-inline __m512 Int4ZpDecoder::BlockScale(int j, int64_t k) const {
-  const fp16_t* s = scales[j] + group_of(k);
-  uint64_t bits = 0;  // the block's four, two or one fp16 scales (fixed-size copies)
+// The block's four, two or one per-group values of type T (group 32, 64 or more) in the low
+// bytes, by fixed-size copies.
+template <class T>
+inline int64_t BlockGroupBits(const T* p, int64_t group) {
+  int64_t bits = 0;
   if (group == 32) {
-    std::memcpy(&bits, s, 8);
+    std::memcpy(&bits, p, 4 * sizeof(T));
   } else if (group == 64) {
-    std::memcpy(&bits, s, 4);
+    std::memcpy(&bits, p, 2 * sizeof(T));
   } else {
-    std::memcpy(&bits, s, 2);
+    std::memcpy(&bits, p, sizeof(T));
   }
-  return GroupsToLanes(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits))), group);
+  return bits;
+}
+
+inline __m512 Int4ZpDecoder::BlockScale(int j, int64_t k) const {
+  const __m128i bits = _mm_cvtsi64_si128(BlockGroupBits(scales[j] + group_of(k), group));
+  return GroupsToLanes(_mm_cvtph_ps(bits), group);
 }
 
 inline __m512 Int4ZpDecoder::BlockZero(int j, int64_t k) const {
-  const uint8_t* z = zeros[j] + group_of(k);
-  uint32_t bytes = 0;  // the block's four, two or one zero points (fixed-size copies)
-  if (group == 32) {
-    std::memcpy(&bytes, z, 4);
-  } else if (group == 64) {
-    std::memcpy(&bytes, z, 2);
-  } else {
-    bytes = *z;
-  }
-  const __m128i wide = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(bytes)));
-  return GroupsToLanes(_mm_cvtepi32_ps(wide), group);
+  const __m128i bytes = _mm_cvtsi64_si128(BlockGroupBits(zeros[j] + group_of(k), group));
+  return GroupsToLanes(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(bytes)), group);
 }
 
 // The E4M3 scales as fp16 bits (the byte shifted up 7 and its sign bit moved to the top: the
