@@ -293,11 +293,9 @@ struct Int4Decoder {
   const uint8_t* rows[kMaxNr];
   const bf16_t* scales[kMaxNr];
   __m512i table;
-  int64_t group;
-  GroupOf group_of;
+  GroupOf group_of;  // group_of.group: the scale group's columns
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
-  Int4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr)
-      : group(m.group), group_of(m.group) {
+  Int4Decoder(const MatrixRef& m, const int32_t* row_idx, int nr) : group_of(m.group) {
     static const __m512i kTable = MakeTable(Int4Values());
     table = kTable;
     for (int j = 0; j < nr; ++j) {
@@ -313,7 +311,7 @@ struct Int4Decoder {
                  _MM_HINT_T0);
   }
   static constexpr int64_t kValuesPerLine = 128;
-  int64_t GroupCols() const { return group; }
+  int64_t GroupCols() const { return group_of.group; }
   __m512 Scale(int j, int64_t g) const { return _mm512_set1_ps(Bf16ToFloat(scales[j][g])); }
   // Decode in 128-column blocks (NibbleTile): groups of 32 or 64 columns, or whole blocks.
   static bool BlockDecodes(int64_t group_cols) {
@@ -339,12 +337,11 @@ struct Int4ZpDecoder {
   const fp16_t* scales[kMaxNr];
   const uint8_t* zeros[kMaxNr];
   __m512i table;
-  int64_t group;
-  GroupOf group_of;
+  GroupOf group_of;  // group_of.group: the scale group's columns
   int64_t cols;
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   Int4ZpDecoder(const MatrixRef& m, const int32_t* row_idx, int nr)
-      : group(m.group), group_of(m.group), cols(m.cols) {
+      : group_of(m.group), cols(m.cols) {
     static const __m512i kTable = MakeTable(CodeValues());
     table = kTable;
     const int64_t groups = m.cols / m.group;
@@ -360,7 +357,7 @@ struct Int4ZpDecoder {
     _mm_prefetch(reinterpret_cast<const char*>(scales[j] + g + kPrefetchBytes / 8), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(zeros[j] + g + kPrefetchBytes / 8), _MM_HINT_T0);
   }
-  int64_t GroupCols() const { return group; }
+  int64_t GroupCols() const { return group_of.group; }
   static bool BlockDecodes(int64_t group_cols) {
     return group_cols == 32 || group_cols == 64 || group_cols % 128 == 0;
   }
@@ -520,6 +517,7 @@ inline __m512 Mxfp4Decoder::BlockScale(int j, int64_t k) const {
 
 inline __m512 Int4Decoder::BlockScale(int j, int64_t k) const {
   const bf16_t* s = scales[j] + group_of(k);
+  const int64_t group = group_of.group;
   if (group == 32) {  // bf16 scales are the top halves of their fp32
     uint64_t four = 0;
     std::memcpy(&four, s, sizeof(four));
@@ -564,11 +562,13 @@ inline int64_t BlockGroupBits(const T* p, int64_t group) {
 }
 
 inline __m512 Int4ZpDecoder::BlockScale(int j, int64_t k) const {
+  const int64_t group = group_of.group;
   const __m128i bits = _mm_cvtsi64_si128(BlockGroupBits(scales[j] + group_of(k), group));
   return GroupsToLanes(_mm_cvtph_ps(bits), group);
 }
 
 inline __m512 Int4ZpDecoder::BlockZero(int j, int64_t k) const {
+  const int64_t group = group_of.group;
   const __m128i bytes = _mm_cvtsi64_si128(BlockGroupBits(zeros[j] + group_of(k), group));
   return GroupsToLanes(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(bytes)), group);
 }
