@@ -337,9 +337,10 @@ static_assert(kGateUpBlock % 16 == 0 && kDownBlock % 16 == 0);
 constexpr int64_t kMaxBlockMultiple = 4;
 constexpr int64_t kMinTasksPerThread = 16;
 
-// Experts with at least this many tokens take the packed path (bf16 and MXFP4 weights): its token
-// groups of 16 waste at most 15 padded tokens, which the outer-product kernel's speed repays from
-// about one full group on; below it the dot-product kernels stream the weights at memory speed.
+// Experts with at least this many tokens take the packed path (schemes PackedFormat takes): its
+// token groups of 16 waste at most 15 padded tokens, which the outer-product kernel's speed repays
+// from about one full group on; below it the dot-product kernels stream the weights at memory
+// speed.
 constexpr int64_t kPackedMinTokens = 16;
 
 // Tokens per task: the bf16 input panel (tokens x K) is sized to stay in a 1 MiB L2 (half of
@@ -477,8 +478,7 @@ GemmSchedule BuildGemmSchedule(const GroupedGemmParams& p, const internal::CpuBa
   int64_t* packed_rem = KernelScratch::Grow(s.packed_rem, g.num_experts);
   for (int64_t e = 0; e < g.num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
-    const bool packed = be.packed_gemm != nullptr &&
-                        internal::PackedFormat(w.scheme.format, w.scheme.group) &&
+    const bool packed = be.packed_gemm != nullptr && internal::PackedFormat(w.scheme) &&
                         !w.bf16_row_groups && n >= kPackedMinTokens;
     packed_base[e] = packed ? g.total_groups : -1;
     packed_rem[e] = packed && n % kPackedGroup <= internal::kPackedMaxRem ? n % kPackedGroup : 0;

@@ -294,14 +294,21 @@ TEST(GroupedGemm, Bf16EveryActivationAndTokenCount) {
 // multiplied unpacked on each L1-resident weight strip. Row counts on both sides of the
 // thresholds and of group edges, odd H and I (each row ends in half a column pair), biases, fp32
 // and bf16 inputs, misalignment.
-TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
-  // Group tilings of the AVX-512 kernel (3 groups a tile, never 3 + 1): 1, 2, 3, 2+2, 3+2, 3+2+2.
-  // Unpacked remainders: 17, 24 (8, the most), 33, 259 (two token blocks of 256, the second only
-  // the 3 unpacked tokens); padded: 25 (9), 31.
-  const std::vector<int64_t> counts = {0, 1, 15, 16, 17, 24, 25, 31, 33, 64, 80, 112, 259};
-  const char* kCounts = "counts 0/1/15/16/17/24/25/31/33/64/80/112/259";
+// Group tilings of the AVX-512 packed kernel (3 groups a tile, never 3 + 1): 1, 2, 3, 2+2, 3+2,
+// 3+2+2. Unpacked remainders: 17, 24 (8, the most), 33, 259 (two token blocks of 256, the second
+// only the 3 unpacked tokens); padded: 25 (9), 31.
+const std::vector<int64_t> kPackedCounts = {0, 1, 15, 16, 17, 24, 25, 31, 33, 64, 80, 112, 259};
+constexpr const char* kCounts = "counts 0/1/15/16/17/24/25/31/33/64/80/112/259";
+
+std::vector<int64_t> OffsetsOf(const std::vector<int64_t>& counts) {
   std::vector<int64_t> offsets = {0};
   for (int64_t n : counts) offsets.push_back(offsets.back() + n);
+  return offsets;
+}
+
+TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
+  const std::vector<int64_t>& counts = kPackedCounts;
+  const std::vector<int64_t> offsets = OffsetsOf(counts);
   for (Activation act : kAllActivations) {
     GemmCase c{.format = WeightFormat::kBf16,
                .act = act,
@@ -329,35 +336,6 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   }
   GemmCase m{.format = WeightFormat::kMxfp4, .num_experts = 2, .hidden = 1120 * 2, .inter = 96};
   CheckOffsets(m, {0, 40, 73}, 510, {}, "counts 40/33, H 2240");
-  // fp8 blocks and int4 take it with unscaled strips, each scale group's partial sums scaled:
-  // partial 128-column blocks (H 200, I 136), an odd H whose last group ends in half a pair (201)
-  // or holds only that half pair's column (257: the half pair after a group edge), int4 groups of
-  // 32, 64 and 128, interleaved gate/up with biases, and rows spanning several K blocks.
-  for (int64_t hidden : {200, 201, 257}) {
-    GemmCase f{.format = WeightFormat::kFp8Block,
-               .act = Activation::kSwiGlu,
-               .num_experts = static_cast<int64_t>(counts.size()),
-               .hidden = hidden,
-               .inter = 136,
-               .bias = true};
-    CheckOffsets(f, offsets, 513, {.gather = true}, fmt::format("{}, H {}", kCounts, hidden));
-  }
-  for (int64_t group : {32, 64, 128}) {
-    GemmCase q{.format = WeightFormat::kInt4,
-               .act = Activation::kSwiGluOai,
-               .num_experts = static_cast<int64_t>(counts.size()),
-               .hidden = 256,
-               .inter = 128,
-               .interleaved = true,
-               .bias = true,
-               .group = group};
-    CheckOffsets(q, offsets, 514, {.x_dtype = DType::kBF16},
-                 fmt::format("{}, g{}", kCounts, group));
-  }
-  GemmCase fl{.format = WeightFormat::kFp8Block, .num_experts = 2, .hidden = 2200, .inter = 128};
-  CheckOffsets(fl, {0, 40, 73}, 515, {}, "counts 40/33, H 2200");
-  GemmCase ql{.format = WeightFormat::kInt4, .num_experts = 2, .hidden = 2240, .inter = 96};
-  CheckOffsets(ql, {0, 40, 73}, 516, {}, "counts 40/33, H 2240");
   // Scratch reused from another call must not leak into the padding of the next one: the first
   // call's inputs are infinite, so its activations are NaN wherever it wrote them.
   for (CpuIsa isa : TestIsas()) {
@@ -391,6 +369,70 @@ TEST(GroupedGemm, PackedPathGroupEdgesOddSizesAndBiases) {
   // remainders of 8 and 1 tokens.
   GemmCase c{.format = WeightFormat::kBf16, .num_experts = 2, .hidden = 1100 * 2 + 1, .inter = 96};
   CheckOffsets(c, {0, 40, 73}, 502, {}, "counts 40/33, H 2201");
+}
+
+// The scaled packed formats on the same token counts: strips decoded unscaled (fp8, int4,
+// int4-zp) or with the block scales folded (NVFP4), each scale group's partial sums scaled.
+TEST(GroupedGemm, PackedPathScaledFormats) {
+  const std::vector<int64_t>& counts = kPackedCounts;
+  const std::vector<int64_t> offsets = OffsetsOf(counts);
+  // fp8 blocks and int4 take it with unscaled strips, each scale group's partial sums scaled:
+  // partial 128-column blocks (H 200, I 136), an odd H whose last group ends in half a pair (201)
+  // or holds only that half pair's column (257: the half pair after a group edge), int4 groups of
+  // 32, 64 and 128, interleaved gate/up with biases, and rows spanning several K blocks.
+  for (int64_t hidden : {200, 201, 257}) {
+    GemmCase f{.format = WeightFormat::kFp8Block,
+               .act = Activation::kSwiGlu,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = hidden,
+               .inter = 136,
+               .bias = true};
+    CheckOffsets(f, offsets, 513, {.gather = true}, fmt::format("{}, H {}", kCounts, hidden));
+  }
+  for (int64_t group : {32, 64, 128}) {
+    GemmCase q{.format = WeightFormat::kInt4,
+               .act = Activation::kSwiGluOai,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = 256,
+               .inter = 128,
+               .interleaved = true,
+               .bias = true,
+               .group = group};
+    CheckOffsets(q, offsets, 514, {.x_dtype = DType::kBF16},
+                 fmt::format("{}, g{}", kCounts, group));
+  }
+  // int4 with zero points (code - zero decoded exactly, fp16 scales per group) and NVFP4 (E4M3
+  // block scales folded into the strip, the global scale on the sums): groups of 32, 64 and 128;
+  // an NVFP4 I of 144 ends its rows in one 16-column group (a half decode step).
+  for (int64_t group : {32, 64, 128}) {
+    GemmCase q{.format = WeightFormat::kInt4Zp,
+               .act = Activation::kSwiGluOai,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = 256,
+               .inter = 128,
+               .interleaved = true,
+               .bias = true,
+               .group = group};
+    CheckOffsets(q, offsets, 517, {.gather = true}, fmt::format("{}, g{}", kCounts, group));
+  }
+  for (int64_t inter : {128, 144}) {
+    GemmCase n{.format = WeightFormat::kNvfp4,
+               .act = Activation::kSwiGlu,
+               .num_experts = static_cast<int64_t>(counts.size()),
+               .hidden = 208,
+               .inter = inter,
+               .bias = true};
+    CheckOffsets(n, offsets, 518, {.x_dtype = DType::kBF16},
+                 fmt::format("{}, I {}", kCounts, inter));
+  }
+  GemmCase fl{.format = WeightFormat::kFp8Block, .num_experts = 2, .hidden = 2200, .inter = 128};
+  CheckOffsets(fl, {0, 40, 73}, 515, {}, "counts 40/33, H 2200");
+  GemmCase ql{.format = WeightFormat::kInt4, .num_experts = 2, .hidden = 2240, .inter = 96};
+  CheckOffsets(ql, {0, 40, 73}, 516, {}, "counts 40/33, H 2240");
+  for (WeightFormat f : {WeightFormat::kInt4Zp, WeightFormat::kNvfp4}) {
+    GemmCase l{.format = f, .num_experts = 2, .hidden = 2240, .inter = 96};
+    CheckOffsets(l, {0, 40, 73}, 519, {}, "counts 40/33, H 2240");
+  }
 }
 
 TEST(GroupedGemm, Bf16InputRowsAndTopKEqualsExperts) {

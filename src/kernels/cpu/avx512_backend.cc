@@ -1214,21 +1214,41 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const 
   }
 }
 
-// Packed formats whose scales do not fold into bf16 exactly (fp8 block, int4): the strip is
-// decoded without them (fp8: value x 2^-8, int4: nibble - 8, both exact in bf16) and each scale
-// group's partial sums are scaled into the running sums (PackedTileScaled), as the dot path scales
-// its per-group partial sums.
+// Packed formats whose strips are scaled per group after the products (PackedTileScaled), as the
+// dot path scales its per-group partial sums: fp8 block, int4 and int4-zp, whose scales do not
+// fold into bf16 exactly (their strips are decoded without them: fp8 value x 2^-8, int4
+// nibble - 8, int4-zp code - zero, all exact in bf16), and NVFP4, whose row's global scale is
+// applied once per K block (PackedScaleGroup).
 bool ScaledPacked(WeightFormat f) {
-  return f == WeightFormat::kFp8Block || f == WeightFormat::kInt4;
+  return f == WeightFormat::kFp8Block || f == WeightFormat::kInt4 || f == WeightFormat::kInt4Zp ||
+         f == WeightFormat::kNvfp4;
 }
 
-// Columns [k0, k1) of rows row_idx[0..nr) of an fp8-block or int4 matrix as unscaled bf16 rows
-// of dst (row j at dst + j * cols * 2 bytes, columns in place); the next strip's rows
+// The columns one scale of the packed path covers: the format's group, except NVFP4's, whose
+// block scales are folded into the strip and whose global scale covers the whole K block.
+int64_t PackedScaleGroup(const MatrixRef& m) {
+  return m.format == WeightFormat::kNvfp4 ? 2 * kPackedKBlockPairs : m.group;
+}
+
+// The bf16 word table of code - zero for the 16 codes (twice, as MakeTable's): exact, for zero
+// points up to 255.
+inline __m512i ZeroPointTable(uint8_t zero) {
+  static const __m512 kCodes = _mm512_loadu_ps(CodeValues().data());
+  const __m512 v = _mm512_sub_ps(kCodes, _mm512_set1_ps(static_cast<float>(zero)));
+  const __m512bh t = _mm512_cvtne2ps_pbh(v, v);
+  return reinterpret_cast<const __m512i&>(t);
+}
+
+// Columns [k0, k1) of rows row_idx[0..nr) of an fp8-block, int4 or int4-zp matrix as unscaled
+// bf16 rows of dst (row j at dst + j * cols * 2 bytes, columns in place); the next strip's rows
 // (next_idx[0..next_nr)) are prefetched into L2 for the same columns.
 void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const int32_t* next_idx,
                     int next_nr, int64_t k0, int64_t k1, uint8_t* dst) {
   static const __m512i kInt4Table = MakeTable(Int4Values());
   const bool fp8 = m.format == WeightFormat::kFp8Block;
+  const bool zero_points = m.format == WeightFormat::kInt4Zp;
+  const int64_t groups = zero_points ? m.cols / m.group : 0;
+  const GroupOf group_of(m.group);
   for (int j = 0; j < nr; ++j) {
     if (j < next_nr) {
       const uint8_t* nrow = m.Row(next_idx[j]);
@@ -1239,13 +1259,19 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
       }
     }
     const uint8_t* row = m.Row(row_idx[j]);
+    const uint8_t* zeros = zero_points ? m.zeros + row_idx[j] * groups : nullptr;
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
     // Whole steps by plain loads and stores (masked stores are slow on Zen 4), then fp8's tail.
+    // The 4-bit formats' groups are whole steps (cols % 32 == 0, PackedFormat).
     int64_t k = k0;
     for (; k + 32 <= k1; k += 32) {
-      const __m512bh v =
-          fp8 ? Fp8Decoder::Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)))
-              : NibblesToBf16(row + k / 2, kInt4Table);  // cols % 32 == 0 (PackedFormat)
+      __m512bh v;
+      if (fp8) {
+        v = Fp8Decoder::Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)));
+      } else {
+        v = NibblesToBf16(row + k / 2,
+                          zero_points ? ZeroPointTable(zeros[group_of(k)]) : kInt4Table);
+      }
       _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
     }
     if (k < k1) {
@@ -1256,32 +1282,109 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
   }
 }
 
-// The scale rows of up to N weight rows of an fp8-block or int4 matrix: At(j, g) is row j's scale
-// of scale group g (column g * group on; fp8: times 2^8, which DecodeRawStrip took out). The row
-// addresses are found once per strip, not once per group (they divide by the block rows).
+// E4M3 code -> float, every code.
+const std::array<float, 256>& E4M3Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = Fp8E4M3ToFloat(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
+}
+
+// Columns [k0, k1) of NVFP4 rows row_idx[0..nr) into bf16 rows of dst (as DecodeMxfp4Strip) with
+// the E4M3 block scales folded in, exactly (PackedFormat); the global scale is left to the sums.
+// 32 columns are two scale groups: one word table holds both groups' 16 products (E2M1 values
+// times the group's scale, words 0-15 and 16-31), and the upper 16 columns look up the second
+// half. cols % 16 == 0, so a last step may hold one group.
+void DecodeNvfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, const int32_t* next_idx,
+                      int next_nr, int64_t k0, int64_t k1, uint8_t* dst) {
+  const __m512 values = _mm512_loadu_ps(kFp4E2M1Values.data());
+  const float* e4m3 = E4M3Table().data();
+  const int64_t groups = m.cols / 16;
+  const __m512i second =
+      _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x00100010, 0x00100010, 0x00100010, 0x00100010,
+                        0x00100010, 0x00100010, 0x00100010, 0x00100010);
+  auto index = [](__m128i bytes) {  // NibblesToBf16's word indices
+    const __m512i d = _mm512_cvtepu8_epi32(bytes);
+    return _mm512_and_si512(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)),
+                            _mm512_set1_epi32(0x000F000F));
+  };
+  for (int j = 0; j < nr; ++j) {
+    if (j < next_nr) {
+      const uint8_t* nrow = m.Row(next_idx[j]);
+      for (int64_t b = k0 / 2; b < k1 / 2; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(nrow + b), _MM_HINT_T1);
+      }
+      _mm_prefetch(reinterpret_cast<const char*>(m.scales + next_idx[j] * groups + k0 / 16),
+                   _MM_HINT_T1);
+    }
+    const uint8_t* row = m.Row(row_idx[j]);
+    const uint8_t* scale = m.scales + row_idx[j] * groups;
+    auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
+    int64_t k = k0;
+    for (; k + 32 <= k1; k += 32) {
+      const __m512 lo = _mm512_mul_ps(values, _mm512_set1_ps(e4m3[scale[k / 16]]));
+      const __m512 hi = _mm512_mul_ps(values, _mm512_set1_ps(e4m3[scale[k / 16 + 1]]));
+      const __m512bh t = _mm512_cvtne2ps_pbh(hi, lo);
+      const __m512i idx = _mm512_or_si512(
+          index(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2))), second);
+      _mm512_storeu_si512(out + k,
+                          _mm512_permutexvar_epi16(idx, reinterpret_cast<const __m512i&>(t)));
+    }
+    if (k < k1) {  // one group of 16
+      const __m512 lo = _mm512_mul_ps(values, _mm512_set1_ps(e4m3[scale[k / 16]]));
+      const __m512bh t = _mm512_cvtne2ps_pbh(lo, lo);
+      const __m512i idx = index(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k / 2)));
+      _mm512_mask_storeu_epi16(out + k, 0xffff,
+                               _mm512_permutexvar_epi16(idx, reinterpret_cast<const __m512i&>(t)));
+    }
+  }
+}
+
+// The scales of up to N weight rows of a ScaledPacked matrix: At(j, g) is row j's scale of
+// packed scale group g (PackedScaleGroup; fp8: times 2^8, which DecodeRawStrip took out; NVFP4:
+// the row's global scale). The row addresses are found once per strip, not once per group (they
+// divide by the block rows).
 template <int N>
 struct ScaleRows {
-  const float* fp8[N];    // fp8: the rows' scale rows (else null)
-  const bf16_t* int4[N];  // int4: the rows' scale rows (else null)
+  WeightFormat format = WeightFormat::kBf16;
+  const void* row[N];  // the rows' scale rows (fp32, bf16 or fp16; NVFP4: unused)
+  float global[N];     // NVFP4: the rows' global scales
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
-  ScaleRows(const MatrixRef& m, const int32_t* row_idx, int nr) {
-    const bool is_fp8 = m.format == WeightFormat::kFp8Block;
+  ScaleRows(const MatrixRef& m, const int32_t* row_idx, int nr) : format(m.format) {
     for (int j = 0; j < nr; ++j) {
-      fp8[j] = is_fp8 ? Fp8ScaleRow(m, row_idx[j]) : nullptr;
-      int4[j] = is_fp8 ? nullptr : Int4ScaleRow(m, row_idx[j]);
+      const int32_t r = row_idx[j];
+      row[j] = nullptr;
+      global[j] = 1.0f;
+      if (format == WeightFormat::kFp8Block) row[j] = Fp8ScaleRow(m, r);
+      if (format == WeightFormat::kInt4) row[j] = Int4ScaleRow(m, r);
+      if (format == WeightFormat::kInt4Zp) {
+        row[j] = reinterpret_cast<const fp16_t*>(m.scales) + r * (m.cols / m.group);
+      }
+      if (format == WeightFormat::kNvfp4) global[j] = m.RowGlobal(r);
     }
   }
   // Rows j0..j0+nr of `from` (no address found again).
   template <int M>
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
-  ScaleRows(const ScaleRows<M>& from, int j0, int nr) {
+  ScaleRows(const ScaleRows<M>& from, int j0, int nr) : format(from.format) {
     for (int j = 0; j < nr; ++j) {
-      fp8[j] = from.fp8[j0 + j];
-      int4[j] = from.int4[j0 + j];
+      row[j] = from.row[j0 + j];
+      global[j] = from.global[j0 + j];
     }
   }
   float At(int j, int64_t g) const {
-    return fp8[j] != nullptr ? fp8[j][g] * 256.0f : Bf16ToFloat(int4[j][g]);
+    switch (format) {
+      case WeightFormat::kFp8Block: return static_cast<const float*>(row[j])[g] * 256.0f;
+      case WeightFormat::kInt4: return Bf16ToFloat(static_cast<const bf16_t*>(row[j])[g]);
+      case WeightFormat::kInt4Zp: return _cvtsh_ss(static_cast<const fp16_t*>(row[j])[g].bits);
+      case WeightFormat::kNvfp4: return global[j];
+      case WeightFormat::kBf16:
+      case WeightFormat::kMxfp4: break;
+    }
+    return 1.0f;
   }
 };
 
@@ -1300,7 +1403,7 @@ struct ScaledStripDecoder {
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): entries past nr are never read
   ScaledStripDecoder(const MatrixRef& m, const uint8_t* const* strip_rows,
                      const ScaleRows<M>& strip_scales, int j0, int nr)
-      : scales(strip_scales, j0, nr), group(m.group) {
+      : scales(strip_scales, j0, nr), group(PackedScaleGroup(m)) {
     for (int j = 0; j < nr; ++j) rows[j] = strip_rows[j0 + j];
   }
   __m512bh Load(int j, int64_t k) const { return AsBh(_mm512_loadu_si512(rows[j] + 2 * k)); }
@@ -1435,6 +1538,9 @@ PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_stri
     if (f == WeightFormat::kMxfp4) {
       DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0, k1,
                        work);
+    } else if (f == WeightFormat::kNvfp4) {
+      DecodeNvfp4Strip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0, k1,
+                       work);
     } else {
       DecodeRawStrip(*a.w, a.row_idx + r0, nr, a.row_idx + r0 + kPackedNr, next_nr, 2 * kp0, k1,
                      work);
@@ -1463,6 +1569,7 @@ void PackedGemm(const PackedGemmArgs& a) {
   const int64_t cols = a.w->cols;
   const int64_t num_strips = CeilDiv(a.num_rows, int64_t{kPackedNr});
   const bool scaled = ScaledPacked(a.w->format);
+  const int64_t scale_group = PackedScaleGroup(*a.w);
   uint8_t* work = static_cast<uint8_t*>(a.work);  // kPackedNr bf16 rows: 16 * cols bytes
   static_assert(kPackedNr * 2 <= kPackedWorkBytesPerCol);
   for (int64_t kp0 = 0; 2 * kp0 < cols; kp0 += kPackedKBlockPairs) {
@@ -1483,7 +1590,7 @@ void PackedGemm(const PackedGemmArgs& a) {
         float* out = a.out + r0 * a.ldo + 16 * g;
         const uint32_t* x = a.x + g * a.group_stride;
         if (scaled) {
-          kScaledTable.fns[i][j](st.rows, strip_scales, a.w->group, x, a.group_stride, kp0, kp1,
+          kScaledTable.fns[i][j](st.rows, strip_scales, scale_group, x, a.group_stride, kp0, kp1,
                                  half, out, a.ldo, kp0 > 0);
         } else {
           kTable.fns[i][j](st.rows, st.next, g == 0 ? st.num_next : 0, x, a.group_stride, kp0, kp1,

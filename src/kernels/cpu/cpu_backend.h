@@ -90,21 +90,23 @@ struct DotRowsArgs {
 inline constexpr int64_t kPackedGroup = 16;
 inline int64_t PackedPairs(int64_t k) { return (k + 1) / 2; }
 
-// Weight formats packed_gemm takes (`group`: the scale group's columns). MXFP4 is decoded a
-// strip at a time into bf16 with its E8M0 scale folded in, which is exact (an E2M1 value times a
-// power of two has at most 2 significant bits) except that weights below 2^-126 in magnitude
-// flush to zero. fp8-block and int4 scales are not powers of two, so folding them would round:
-// their strips are decoded unscaled (exact in bf16) and each scale group's partial sums are
-// scaled, which needs groups of whole column pairs (int4: whole 32-column decode steps).
-// int4 with zero points and NVFP4 stay on the dot path.
-inline bool PackedFormat(WeightFormat f, int64_t group) {
-  switch (f) {
+// Weight schemes packed_gemm takes. MXFP4 is decoded a strip at a time into bf16 with its E8M0
+// scale folded in, which is exact (an E2M1 value times a power of two has at most 2 significant
+// bits) except that weights below 2^-126 in magnitude flush to zero; NVFP4 likewise with its
+// E4M3 block scale (2 x 4 significant bits, from 2^-10 to 2688: exact) and the row's global
+// scale applied to the sums. fp8-block, int4 and int4-zp scales would round if folded: their
+// strips are decoded unscaled (fp8: value x 2^-8, int4: nibble - 8, int4-zp: code - zero, all
+// exact in bf16) and each scale group's partial sums are scaled, which needs groups of whole
+// column pairs (int4, int4-zp: whole 32-column decode steps). Act-order GPTQ stays on the dot
+// path (its groups are not runs of columns).
+inline bool PackedFormat(const WeightScheme& q) {
+  switch (q.format) {
     case WeightFormat::kBf16:
     case WeightFormat::kMxfp4: return true;
-    case WeightFormat::kFp8Block: return group > 0 && group % 2 == 0;
-    case WeightFormat::kInt4: return group > 0 && group % 32 == 0;
-    case WeightFormat::kInt4Zp:
-    case WeightFormat::kNvfp4: return false;
+    case WeightFormat::kFp8Block: return q.group > 0 && q.group % 2 == 0;
+    case WeightFormat::kInt4: return q.group > 0 && q.group % 32 == 0;
+    case WeightFormat::kInt4Zp: return q.group > 0 && q.group % 32 == 0 && !q.act_order;
+    case WeightFormat::kNvfp4: return q.group == 16;
   }
   return false;
 }
@@ -112,7 +114,7 @@ inline bool PackedFormat(WeightFormat f, int64_t group) {
 inline constexpr int64_t kPackedWorkBytesPerCol = 32;
 
 struct PackedGemmArgs {
-  const MatrixRef* w = nullptr;      // PackedFormat(w->format, w->group)
+  const MatrixRef* w = nullptr;      // of a scheme PackedFormat takes
   const int32_t* row_idx = nullptr;  // [num_rows] rows of w
   int64_t num_rows = 0;
   const uint32_t* x = nullptr;  // packed tokens (see above), K = w->cols
