@@ -1230,11 +1230,10 @@ int64_t PackedScaleGroup(const MatrixRef& m) {
   return m.format == WeightFormat::kNvfp4 ? 2 * kPackedKBlockPairs : m.group;
 }
 
-// The bf16 word table of code - zero for the 16 codes (twice, as MakeTable's): exact, for zero
-// points up to 255.
-inline __m512i ZeroPointTable(uint8_t zero) {
-  static const __m512 kCodes = _mm512_loadu_ps(CodeValues().data());
-  const __m512 v = _mm512_sub_ps(kCodes, _mm512_set1_ps(static_cast<float>(zero)));
+// The bf16 word table of code - zero for the 16 codes (`codes`: 0..15 as floats), twice, as
+// MakeTable's: exact, for zero points up to 255.
+inline __m512i ZeroPointTable(__m512 codes, uint8_t zero) {
+  const __m512 v = _mm512_sub_ps(codes, _mm512_set1_ps(static_cast<float>(zero)));
   const __m512bh t = _mm512_cvtne2ps_pbh(v, v);
   return reinterpret_cast<const __m512i&>(t);
 }
@@ -1248,7 +1247,7 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
   const bool fp8 = m.format == WeightFormat::kFp8Block;
   const bool zero_points = m.format == WeightFormat::kInt4Zp;
   const int64_t groups = zero_points ? m.cols / m.group : 0;
-  const GroupOf group_of(m.group);
+  const __m512 codes = _mm512_loadu_ps(CodeValues().data());
   for (int j = 0; j < nr; ++j) {
     if (j < next_nr) {
       const uint8_t* nrow = m.Row(next_idx[j]);
@@ -1261,17 +1260,22 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, const in
     const uint8_t* row = m.Row(row_idx[j]);
     const uint8_t* zeros = zero_points ? m.zeros + row_idx[j] * groups : nullptr;
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
-    // Whole steps by plain loads and stores (masked stores are slow on Zen 4), then fp8's tail.
-    // The 4-bit formats' groups are whole steps (cols % 32 == 0, PackedFormat).
+    if (!fp8) {  // groups of whole 32-column steps (cols % 32 == 0, PackedFormat); k0 starts one
+      for (int64_t k = k0; k < k1;) {
+        const int64_t end = std::min(k1, k + m.group);
+        const __m512i table = zero_points ? ZeroPointTable(codes, zeros[k / m.group]) : kInt4Table;
+        for (; k < end; k += 32) {
+          const __m512bh v = NibblesToBf16(row + k / 2, table);
+          _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
+        }
+      }
+      continue;
+    }
+    // Whole steps by plain loads and stores (masked stores are slow on Zen 4), then the tail.
     int64_t k = k0;
     for (; k + 32 <= k1; k += 32) {
-      __m512bh v;
-      if (fp8) {
-        v = Fp8Decoder::Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)));
-      } else {
-        v = NibblesToBf16(row + k / 2,
-                          zero_points ? ZeroPointTable(zeros[group_of(k)]) : kInt4Table);
-      }
+      const __m512bh v =
+          Fp8Decoder::Convert(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)));
       _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
     }
     if (k < k1) {
