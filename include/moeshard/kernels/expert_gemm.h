@@ -55,7 +55,10 @@
 // int4-zp multiplies the codes (0-15) and subtracts zero x the group's input sum from each group's
 // fp32 partial sum, so a group whose codes sit near its zero point cancels in fp32 (an error of
 // about 2^-24 of 15 x the group's input magnitude sum); its NVFP4 decode applies each group's E4M3
-// scale times the global one to the group's fp32 partial sum. The summation order differs
+// scale times the global one to the group's fp32 partial sum. Its prefill (16+ tokens per
+// expert) decodes 8-row strips to bf16 exactly: int4-zp as code - zero with each group's fp16
+// scale applied to its fp32 partial sums, NVFP4 as E2M1 x E4M3 with the global scale applied to
+// the sums of each K block. The summation order differs
 // between variants (vector widths, tiles, K blocks, vdpbf16ps pair sums) and between the decode
 // and prefill kernels, so variants agree with the reference within rounding, not bit for bit;
 // each variant is deterministic and independent of the thread count.
