@@ -1157,10 +1157,14 @@ using PackedTileFn = void (*)(const uint8_t* const*, const uint8_t* const*, int6
                               const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t,
                               bool);
 
-// The raw rows to prefetch into L2 while a strip decodes (for the same columns): idx[0..n).
+// The raw rows to prefetch into L2 while a strip decodes (for the same columns): idx[0..n), and
+// for scales along the columns (MXFP4, NVFP4; else scale_groups 0) each row's scale groups and
+// the K block's first group (divided once per strip, not per row).
 struct StripNext {
   const int32_t* idx = nullptr;
   int n = 0;
+  int64_t scale_groups = 0;
+  int64_t scale_g0 = 0;
 };
 
 // While a strip decodes its row j of nr: prefetches next rows j, j + nr, ... for columns
@@ -1168,15 +1172,14 @@ struct StripNext {
 inline void PrefetchNextRows(const MatrixRef& m, StripNext next, int j, int nr, int64_t k0,
                              int64_t k1) {
   const bool bytes = m.format == WeightFormat::kFp8Block;
-  const bool column_scales = m.format == WeightFormat::kMxfp4 || m.format == WeightFormat::kNvfp4;
   for (int i = j; i < next.n; i += nr) {
     const uint8_t* row = m.Row(next.idx[i]);
     for (int64_t b = bytes ? k0 : k0 / 2; b < (bytes ? k1 : k1 / 2); b += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(row + b), _MM_HINT_T1);
     }
-    if (column_scales) {
+    if (next.scale_groups > 0) {
       _mm_prefetch(
-          reinterpret_cast<const char*>(m.scales + next.idx[i] * (m.cols / m.group) + k0 / m.group),
+          reinterpret_cast<const char*>(m.scales + next.idx[i] * next.scale_groups + next.scale_g0),
           _MM_HINT_T1);
     }
   }
@@ -1542,9 +1545,11 @@ PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_stri
     // The strip's block decoded to bf16 in L1 (the tiles then need no prefetch), with the next
     // strip's raw rows prefetched (two or three strips ahead, and every strip up to there from
     // the first, measured no better: Zen 5, Qwen3 int4 at 512 tokens, 2026-12-05).
+    const bool column_scales = f == WeightFormat::kMxfp4 || f == WeightFormat::kNvfp4;
     const StripNext next{
         a.row_idx + r0 + kPackedNr,
-        static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr))};
+        static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr)),
+        column_scales ? cols / a.w->group : 0, column_scales ? 2 * kp0 / a.w->group : 0};
     const int64_t k1 = std::min(cols, 2 * (kp0 + kPackedKBlockPairs));
     if (f == WeightFormat::kMxfp4) {
       DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, next, 2 * kp0, k1, work);
