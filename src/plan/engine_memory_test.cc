@@ -472,5 +472,30 @@ TEST(EngineLogTest, VllmFp8OnA100RunsMarlinWithPerColumnScales) {
   ExpectWithin5Percent(PlanMemory(p, mo).engine_kv_tokens, 54'912, "Qwen3-Coder-FP8 A100-40GB");
 }
 
+// vLLM 0.24.0, Qwen/Qwen3-30B-A3B-FP8 (the architecture of the Qwen3-Coder FP8 config used
+// here), DP16 x EP16 over 2 x p5en.48xlarge (8 x H200 each), `vllm serve ... --enable-expert-
+// parallel --tensor-parallel-size 1 --data-parallel-size 16 --data-parallel-size-local 8
+// --all2all-backend deepep_v2 --trust-remote-code --enforce-eager`: every engine's
+// `vllm:cache_config_info` gauge reports kv_cache_size_tokens 1280464 with gpu_memory_utilization
+// 0.92 (vLLM's default there) and a max concurrency of 31.26 at the model's 40,960 tokens
+// (antonai-work/deepep-v2-efa-repro @048d07f0, docs/engine-memory.md row 17). Independent of the
+// tables; DeepEP V2's buffers are not modelled, the high-throughput ones (internode) stand in.
+TEST(EngineLogTest, VllmQwen3_30B_Fp8_DP16EP16_H200) {
+  const Result<ModelConfig> model =
+      LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
+                      "/tests/engine_logs/qwen3-coder-30b-a3b-instruct-fp8.json");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const ShardPlan p = PlanOrDie(*model, Opts(1, 16, true));
+  EXPECT_EQ(p.topology.moe_ep, 16);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.gpu_memory_utilization = 0.92;
+  mo.all2all_backend = "deepep_high_throughput";
+  mo.max_model_len = 40960;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  ExpectWithin5Percent(mp.engine_kv_tokens, 1'280'464, "Qwen3-30B-A3B-FP8 DP16 EP16 vLLM H200");
+}
+
 }  // namespace
 }  // namespace moeshard
