@@ -389,32 +389,26 @@ TEST(GroupedGemm, PackedPathScaledFormats) {
                .bias = true};
     CheckOffsets(f, offsets, 513, {.gather = true}, fmt::format("{}, H {}", kCounts, hidden));
   }
-  for (int64_t group : {32, 64, 128}) {
-    GemmCase q{.format = WeightFormat::kInt4,
-               .act = Activation::kSwiGluOai,
-               .num_experts = static_cast<int64_t>(counts.size()),
-               .hidden = 256,
-               .inter = 128,
-               .interleaved = true,
-               .bias = true,
-               .group = group};
-    CheckOffsets(q, offsets, 514, {.x_dtype = DType::kBF16},
-                 fmt::format("{}, g{}", kCounts, group));
+  // int4, and int4 with zero points (code - zero decoded exactly, fp16 scales per group): groups
+  // of 32, 64 and 128, interleaved gate/up with biases, bf16 or gathered inputs.
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kInt4Zp}) {
+    for (int64_t group : {32, 64, 128}) {
+      GemmCase q{.format = f,
+                 .act = Activation::kSwiGluOai,
+                 .num_experts = static_cast<int64_t>(counts.size()),
+                 .hidden = 256,
+                 .inter = 128,
+                 .interleaved = true,
+                 .bias = true,
+                 .group = group};
+      const bool zp = f == WeightFormat::kInt4Zp;
+      CheckOffsets(q, offsets, zp ? 517 : 514,
+                   zp ? RunOptions{.gather = true} : RunOptions{.x_dtype = DType::kBF16},
+                   fmt::format("{}, g{}", kCounts, group));
+    }
   }
-  // int4 with zero points (code - zero decoded exactly, fp16 scales per group) and NVFP4 (E4M3
-  // block scales folded into the strip, the global scale on the sums): groups of 32, 64 and 128;
-  // an NVFP4 I of 144 ends its rows in one 16-column group (a half decode step).
-  for (int64_t group : {32, 64, 128}) {
-    GemmCase q{.format = WeightFormat::kInt4Zp,
-               .act = Activation::kSwiGluOai,
-               .num_experts = static_cast<int64_t>(counts.size()),
-               .hidden = 256,
-               .inter = 128,
-               .interleaved = true,
-               .bias = true,
-               .group = group};
-    CheckOffsets(q, offsets, 517, {.gather = true}, fmt::format("{}, g{}", kCounts, group));
-  }
+  // NVFP4 (E4M3 block scales folded into the strip, the global scale on the sums): an I of 144
+  // ends its rows in one 16-column group (a half decode step).
   for (int64_t inter : {128, 144}) {
     GemmCase n{.format = WeightFormat::kNvfp4,
                .act = Activation::kSwiGlu,
