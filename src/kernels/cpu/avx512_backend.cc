@@ -1114,32 +1114,60 @@ inline void PackedSteps(const uint8_t* const* w, const uint32_t* x, int64_t gstr
   }
 }
 
+// The raw rows a strip's first token tile prefetches into L2 for the strip that follows
+// (addressed like this block's pairs: pair kp of row j at rows[j] + (kp << shift), shift the log2
+// of the stored bytes per pair: bf16 2, fp8 1, 4-bit 0), n of them.
+struct NextRows {
+  const uint8_t* const* rows = nullptr;
+  int64_t n = 0;
+  int shift = 2;
+};
+
+// Every 64 bytes of the next rows: the line of each at pair kp (a multiple of 16), into L2. The
+// first line of each 4 KiB page is loaded instead: on this VM a software prefetch into a page not
+// yet in the TLB did nothing (Zen 5, 2026-12-05: with a load per new page the next strip's decode
+// stopped waiting on memory, and the packed fp8 prefill at 512 tokens took 0.62x the time), and a
+// load walks the page tables. Its value is unused.
+inline void PrefetchNext(const NextRows& next, int64_t kp) {
+  const int64_t b = kp << next.shift;
+  if (b % 64 != 0) return;
+  uint8_t touched = 0;
+  for (int64_t j = 0; j < next.n; ++j) {
+    const uint8_t* p = next.rows[j] + b;
+    if ((reinterpret_cast<uintptr_t>(p) & 4095) < 64) {
+      touched ^= *reinterpret_cast<const volatile uint8_t*>(p);
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+    }
+  }
+  asm volatile("" : : "r"(touched));
+}
+
 // Pairs [kp0, kp1) of rows w[0..NR) for groups x[0..MR); `half` adds pair kp1 with only its
 // even column (odd K). Writes or adds (accumulate) out[j * ldo + 16 * i + lane].
 template <int MR, int NR>
-void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num_next,
-                const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1, bool half, float* out,
-                int64_t ldo, bool accumulate) {
+void PackedTile(const uint8_t* const* w, NextRows next, const uint32_t* x, int64_t gstride,
+                int64_t kp0, int64_t kp1, bool half, float* out, int64_t ldo, bool accumulate) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   }
-  // One 64-byte line of every row per 16 pairs. The strip's first token tile streams it from
-  // memory: each row is prefetched a short distance ahead into L1, and the rows the caller will
-  // multiply next (`next`, addressed like w) are fetched into L2 alongside, so the next strip
-  // does not start on a cold miss per row.
+  // One 64-byte line of every row per 16 pairs. The strip's first token tile (the one given
+  // next rows) streams bf16 rows from memory: each is prefetched a short distance ahead into L1
+  // (a decoded strip is in L1 already), and the rows the caller will multiply or decode next are
+  // fetched into L2 alongside, so the next strip does not start on a cold miss per row.
   auto prefetch = [&](int64_t kp) {
-    if (num_next == 0) return;
+    if (next.n == 0) return;
+    if (next.shift == 2) {
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(w[j] + 4 * kp + kPackedPrefetchBytes),
-                   _MM_HINT_T0);
+      for (int j = 0; j < NR; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(w[j] + 4 * kp + kPackedPrefetchBytes),
+                     _MM_HINT_T0);
+      }
     }
-    for (int64_t j = 0; j < num_next; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(next[j] + 4 * kp), _MM_HINT_T1);
-    }
+    PrefetchNext(next, kp);
   };
   PackedSteps<MR, NR>(w, x, gstride, kp0, kp1, half, prefetch, acc);
 #pragma GCC unroll 4
@@ -1153,13 +1181,12 @@ void PackedTile(const uint8_t* const* w, const uint8_t* const* next, int64_t num
   }
 }
 
-using PackedTileFn = void (*)(const uint8_t* const*, const uint8_t* const*, int64_t,
-                              const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t,
-                              bool);
+using PackedTileFn = void (*)(const uint8_t* const*, NextRows, const uint32_t*, int64_t, int64_t,
+                              int64_t, bool, float*, int64_t, bool);
 
-// The raw rows to prefetch into L2 while a strip decodes (for the same columns): idx[0..n), and
-// for scales along the columns (MXFP4, NVFP4; else scale_groups 0) each row's scale groups and
-// the K block's first group (divided once per strip, not per row).
+// The rows whose scales (along the columns: MXFP4, NVFP4) to prefetch into L2 while a strip
+// decodes, for the same columns: idx[0..n), with each row's scale groups and the K block's first
+// group (divided once per strip, not per row).
 struct StripNext {
   const int32_t* idx = nullptr;
   int n = 0;
@@ -1167,21 +1194,13 @@ struct StripNext {
   int64_t scale_g0 = 0;
 };
 
-// While a strip decodes its row j of nr: prefetches next rows j, j + nr, ... for columns
-// [k0, k1), with their scales where these run along the columns (MXFP4, NVFP4).
-inline void PrefetchNextRows(const MatrixRef& m, StripNext next, int j, int nr, int64_t k0,
-                             int64_t k1) {
-  const bool bytes = m.format == WeightFormat::kFp8Block;
+// While an MXFP4 or NVFP4 strip decodes its row j of nr: prefetches the scales of next rows j,
+// j + nr, ... (their data comes with the tiles, NextRows).
+inline void PrefetchNextScales(const MatrixRef& m, StripNext next, int j, int nr) {
   for (int i = j; i < next.n; i += nr) {
-    const uint8_t* row = m.Row(next.idx[i]);
-    for (int64_t b = bytes ? k0 : k0 / 2; b < (bytes ? k1 : k1 / 2); b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + b), _MM_HINT_T1);
-    }
-    if (next.scale_groups > 0) {
-      _mm_prefetch(
-          reinterpret_cast<const char*>(m.scales + next.idx[i] * next.scale_groups + next.scale_g0),
-          _MM_HINT_T1);
-    }
+    _mm_prefetch(
+        reinterpret_cast<const char*>(m.scales + next.idx[i] * next.scale_groups + next.scale_g0),
+        _MM_HINT_T1);
   }
 }
 
@@ -1194,7 +1213,7 @@ inline void PrefetchNextRows(const MatrixRef& m, StripNext next, int j, int nr, 
 // codes (2^-127 and 2^-126, whose products may fall below bf16's normal range; 2^126 and up, which
 // may overflow; NaN) take the fp32 route: E2M1 -> fp32 by a 16-entry table, times the scale, ->
 // bf16 (vcvtneps2bf16 flushes results below 2^-126 to zero). Both give the same bits where both
-// apply. The `next` rows are prefetched for the same columns.
+// apply. The `next` rows' scales are prefetched for the same columns.
 void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, StripNext next,
                       int64_t k0, int64_t k1, uint8_t* dst) {
   static const __m512i kWords = MakeTable(kFp4E2M1Values);
@@ -1203,7 +1222,7 @@ void DecodeMxfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, StripN
   const int64_t groups = m.cols / m.group;
   const __m512i nibble = _mm512_set1_epi32(0xf);
   for (int j = 0; j < nr; ++j) {
-    PrefetchNextRows(m, next, j, nr, k0, k1);
+    PrefetchNextScales(m, next, j, nr);
     const uint8_t* row = m.Row(row_idx[j]);
     const uint8_t* scale = m.scales + row_idx[j] * groups;
     uint8_t* out = dst + j * m.cols * 2;
@@ -1260,17 +1279,15 @@ inline __m512i ZeroPointTable(__m512 codes, uint8_t zero) {
 }
 
 // Columns [k0, k1) of rows row_idx[0..nr) of an fp8-block, int4 or int4-zp matrix as unscaled
-// bf16 rows of dst (row j at dst + j * cols * 2 bytes, columns in place); the `next` rows are
-// prefetched into L2 for the same columns.
-void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, StripNext next, int64_t k0,
-                    int64_t k1, uint8_t* dst) {
+// bf16 rows of dst (row j at dst + j * cols * 2 bytes, columns in place).
+void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, int64_t k0, int64_t k1,
+                    uint8_t* dst) {
   static const __m512i kInt4Table = MakeTable(Int4Values());
   const bool fp8 = m.format == WeightFormat::kFp8Block;
   const bool zero_points = m.format == WeightFormat::kInt4Zp;
   const int64_t groups = zero_points ? m.cols / m.group : 0;
   const __m512 codes = _mm512_loadu_ps(CodeValues().data());
   for (int j = 0; j < nr; ++j) {
-    PrefetchNextRows(m, next, j, nr, k0, k1);
     const uint8_t* row = m.Row(row_idx[j]);
     const uint8_t* zeros = zero_points ? m.zeros + row_idx[j] * groups : nullptr;
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
@@ -1330,7 +1347,7 @@ void DecodeNvfp4Strip(const MatrixRef& m, const int32_t* row_idx, int nr, StripN
                             _mm512_set1_epi32(0x000F000F));
   };
   for (int j = 0; j < nr; ++j) {
-    PrefetchNextRows(m, next, j, nr, k0, k1);
+    PrefetchNextScales(m, next, j, nr);
     const uint8_t* row = m.Row(row_idx[j]);
     const uint8_t* scale = m.scales + row_idx[j] * groups;
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
@@ -1436,8 +1453,8 @@ struct ScaledStripDecoder {
 // Zen 5, one core, everything in L2: 0.50 against 0.41 TSC cycles per vdpbf16ps; fp8 g128 even).
 template <int MR, int NR>
 void PackedTileScaled(const uint8_t* const* w, const ScaleRows<kPackedNr>& sr, int64_t group,
-                      const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1, bool half,
-                      float* out, int64_t ldo, bool accumulate) {
+                      NextRows next, const uint32_t* x, int64_t gstride, int64_t kp0, int64_t kp1,
+                      bool half, float* out, int64_t ldo, bool accumulate) {
   alignas(64) float sum[MR][NR][16];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
@@ -1449,7 +1466,7 @@ void PackedTileScaled(const uint8_t* const* w, const ScaleRows<kPackedNr>& sr, i
     }
   }
   const int64_t group_pairs = group / 2;
-  auto no_prefetch = [](int64_t) {};
+  auto prefetch = [&](int64_t kp) { PrefetchNext(next, kp); };
   // The half pair (odd K) belongs to the group holding column 2 kp1, which may start at kp1.
   for (int64_t g0 = kp0; g0 < kp1 || (half && g0 == kp1); g0 += group_pairs) {
     const int64_t g1 = std::min(kp1, g0 + group_pairs);
@@ -1460,7 +1477,7 @@ void PackedTileScaled(const uint8_t* const* w, const ScaleRows<kPackedNr>& sr, i
 #pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) part[i][j] = _mm512_setzero_ps();
     }
-    PackedSteps<MR, NR>(w, x, gstride, g0, g1, half_here, no_prefetch, part);
+    PackedSteps<MR, NR>(w, x, gstride, g0, g1, half_here, prefetch, part);
     const int64_t g = 2 * g0 / group;
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
@@ -1480,8 +1497,8 @@ void PackedTileScaled(const uint8_t* const* w, const ScaleRows<kPackedNr>& sr, i
 }
 
 using PackedTileScaledFn = void (*)(const uint8_t* const*, const ScaleRows<kPackedNr>&, int64_t,
-                                    const uint32_t*, int64_t, int64_t, int64_t, bool, float*,
-                                    int64_t, bool);
+                                    NextRows, const uint32_t*, int64_t, int64_t, int64_t, bool,
+                                    float*, int64_t, bool);
 
 // The packed tiles of every MR x NR, PackedTile's or (kScaled) PackedTileScaled's.
 template <bool kScaled, int MR, int... NRs>
@@ -1531,8 +1548,9 @@ void PackedRemainder(const PackedGemmArgs& a, int nr, int64_t c0, int64_t c1,
 // with the rows to prefetch after them (`next`, num_next).
 struct PackedStrip {
   const uint8_t* rows[kPackedNr];
-  const uint8_t* next[kPackedNr];
+  const uint8_t* next[kPackedNr];  // NextRows: the raw rows after this strip
   int64_t num_next = 0;
+  int next_shift = 2;
 };
 
 PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_strips, int nr,
@@ -1541,38 +1559,39 @@ PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_stri
   const int64_t cols = a.w->cols;
   const int64_t r0 = s * kPackedNr;
   const WeightFormat f = a.w->format;
-  if (f != WeightFormat::kBf16) {
-    // The strip's block decoded to bf16 in L1 (the tiles then need no prefetch), with the next
-    // strip's raw rows prefetched (two or three strips ahead, and every strip up to there from
-    // the first, measured no better: Zen 5, Qwen3 int4 at 512 tokens, 2026-12-05).
-    const bool column_scales = f == WeightFormat::kMxfp4 || f == WeightFormat::kNvfp4;
-    const StripNext next{
-        a.row_idx + r0 + kPackedNr,
-        static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr)),
-        column_scales ? cols / a.w->group : 0, column_scales ? 2 * kp0 / a.w->group : 0};
-    const int64_t k1 = std::min(cols, 2 * (kp0 + kPackedKBlockPairs));
-    if (f == WeightFormat::kMxfp4) {
-      DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, next, 2 * kp0, k1, work);
-    } else if (f == WeightFormat::kNvfp4) {
-      DecodeNvfp4Strip(*a.w, a.row_idx + r0, nr, next, 2 * kp0, k1, work);
-    } else {
-      DecodeRawStrip(*a.w, a.row_idx + r0, nr, next, 2 * kp0, k1, work);
-    }
-    for (int j = 0; j < nr; ++j) st.rows[j] = work + j * cols * 2;
-    return st;
-  }
-  for (int j = 0; j < nr; ++j) st.rows[j] = a.w->Row(a.row_idx[r0 + j]);
-  // What comes after this strip: the next strip of this K block, else the first strip of the
-  // next K block (addressed relative to this block's pairs).
+  st.next_shift = f == WeightFormat::kBf16 ? 2 : f == WeightFormat::kFp8Block ? 1 : 0;
+  // What comes after this strip (fetched by its first token tile): the next strip of this K
+  // block, else the first strip of the next K block (addressed relative to this block's pairs).
   if (s + 1 < num_strips) {
     st.num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
     for (int64_t j = 0; j < st.num_next; ++j) st.next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
   } else if (2 * (kp0 + kPackedKBlockPairs) < cols) {
     st.num_next = std::min<int64_t>(kPackedNr, a.num_rows);
     for (int64_t j = 0; j < st.num_next; ++j) {
-      st.next[j] = a.w->Row(a.row_idx[j]) + 4 * kPackedKBlockPairs;
+      st.next[j] = a.w->Row(a.row_idx[j]) + (kPackedKBlockPairs << st.next_shift);
     }
   }
+  if (f == WeightFormat::kBf16) {
+    for (int j = 0; j < nr; ++j) st.rows[j] = a.w->Row(a.row_idx[r0 + j]);
+    return st;
+  }
+  // The strip's block decoded to bf16 in L1; its raw rows were fetched during the previous
+  // strip's first token tile (NextRows). MXFP4's and NVFP4's scales for the next strip are
+  // prefetched while decoding.
+  const bool column_scales = f == WeightFormat::kMxfp4 || f == WeightFormat::kNvfp4;
+  const StripNext next_scales{
+      a.row_idx + r0 + kPackedNr,
+      static_cast<int>(std::clamp<int64_t>(a.num_rows - r0 - kPackedNr, 0, kPackedNr)),
+      column_scales ? cols / a.w->group : 0, column_scales ? 2 * kp0 / a.w->group : 0};
+  const int64_t k1 = std::min(cols, 2 * (kp0 + kPackedKBlockPairs));
+  if (f == WeightFormat::kMxfp4) {
+    DecodeMxfp4Strip(*a.w, a.row_idx + r0, nr, next_scales, 2 * kp0, k1, work);
+  } else if (f == WeightFormat::kNvfp4) {
+    DecodeNvfp4Strip(*a.w, a.row_idx + r0, nr, next_scales, 2 * kp0, k1, work);
+  } else {
+    DecodeRawStrip(*a.w, a.row_idx + r0, nr, 2 * kp0, k1, work);
+  }
+  for (int j = 0; j < nr; ++j) st.rows[j] = work + j * cols * 2;
   return st;
 }
 
@@ -1600,14 +1619,14 @@ void PackedGemm(const PackedGemmArgs& a) {
         const int mr = left == 4 ? 2 : static_cast<int>(std::min<int64_t>(kPackedMr, left));
         const auto i = static_cast<size_t>(mr - 1);
         const auto j = static_cast<size_t>(nr - 1);
+        const NextRows next{st.next, g == 0 ? st.num_next : 0, st.next_shift};
         float* out = a.out + r0 * a.ldo + 16 * g;
         const uint32_t* x = a.x + g * a.group_stride;
         if (scaled) {
-          kScaledTable.fns[i][j](st.rows, strip_scales, scale_group, x, a.group_stride, kp0, kp1,
-                                 half, out, a.ldo, kp0 > 0);
+          kScaledTable.fns[i][j](st.rows, strip_scales, scale_group, next, x, a.group_stride, kp0,
+                                 kp1, half, out, a.ldo, kp0 > 0);
         } else {
-          kTable.fns[i][j](st.rows, st.next, g == 0 ? st.num_next : 0, x, a.group_stride, kp0, kp1,
-                           half, out, a.ldo, kp0 > 0);
+          kTable.fns[i][j](st.rows, next, x, a.group_stride, kp0, kp1, half, out, a.ldo, kp0 > 0);
         }
         g += mr;
       }
