@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -627,6 +629,58 @@ TEST(GroupedGemm, Mxfp4PackedStripScaleCodes) {
       }
     }
   }
+}
+
+// The packed path reads ahead into the next K block's rows (a load per new 4 KiB page, where
+// prefetches did nothing): a matrix whose last row ends against an unmapped page, with a last K
+// block shorter than the others (2304 columns: 1024 + 1024 + 256), must not be read past its end,
+// and gives the same bits as a copy of it elsewhere.
+TEST(GroupedGemm, PackedReadAheadStaysInsideTheMatrix) {
+  constexpr int64_t kRows = 8, kCols = 2304, kTokens = 16;
+  const int64_t bytes = kRows * kCols / 2;
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t mapped = (static_cast<size_t>(bytes) + page - 1) / page * page;
+  void* region =
+      mmap(nullptr, mapped + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(region, MAP_FAILED);
+  auto* base = static_cast<uint8_t*>(region);
+  ASSERT_EQ(mprotect(base + mapped, page, PROT_NONE), 0);  // the guard page
+  std::mt19937_64 rng(5153);
+  std::vector<uint8_t> codes(static_cast<size_t>(bytes));
+  for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> scales(static_cast<size_t>(kRows * kCols / 32));
+  for (uint8_t& e : scales) e = static_cast<uint8_t>(124 + rng() % 7);
+  uint8_t* at_end = base + mapped - bytes;  // the last row ends at the guard page
+  std::memcpy(at_end, codes.data(), codes.size());
+  internal::MatrixRef guarded = Mxfp4Matrix(codes, scales, kRows, kCols);
+  guarded.data = at_end;
+  const internal::MatrixRef copy = Mxfp4Matrix(codes, scales, kRows, kCols);
+  const std::vector<int32_t> rows = Iota(kRows);
+  const std::vector<bf16_t> x = RandnBf16(kTokens * kCols, 5154, 1.0f);
+  for (CpuIsa isa : TestIsas()) {
+    const internal::CpuBackend& b = internal::CpuBackendFor(MakeContext(isa, 1).isa());
+    if (b.packed_gemm == nullptr) continue;
+    const int64_t stride = internal::PackedPairs(kCols) * internal::kPackedGroup;
+    std::vector<uint32_t> packed(static_cast<size_t>(stride));
+    const std::vector<int32_t> tokens = Iota(kTokens);
+    b.pack_group(x.data(), DType::kBF16, kCols, tokens.data(), kTokens, kCols, packed.data());
+    std::vector<uint8_t> work(static_cast<size_t>(internal::kPackedWorkBytesPerCol * kCols));
+    auto run = [&](const internal::MatrixRef& m) {
+      std::vector<float> out(static_cast<size_t>(kRows * kTokens));
+      b.packed_gemm({.w = &m,
+                     .row_idx = rows.data(),
+                     .num_rows = kRows,
+                     .x = packed.data(),
+                     .group_stride = stride,
+                     .num_groups = 1,
+                     .out = out.data(),
+                     .ldo = kTokens,
+                     .work = work.data()});
+      return out;
+    };
+    EXPECT_EQ(run(guarded), run(copy)) << CpuIsaName(isa);
+  }
+  munmap(region, mapped + page);
 }
 
 // Every fp8 E4M3 code but the two NaNs (0x7f, 0xff), through each variant's dot_rows: tokens that

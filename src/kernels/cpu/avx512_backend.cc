@@ -1121,6 +1121,7 @@ struct NextRows {
   const uint8_t* const* rows = nullptr;
   int64_t n = 0;
   int shift = 2;
+  int64_t end = 0;  // pairs kp < end lie inside the rows (the next K block may be shorter)
 };
 
 // Every 64 bytes of the next rows: the line of each at pair kp (a multiple of 16), into L2. The
@@ -1132,9 +1133,10 @@ inline void PrefetchNext(const NextRows& next, int64_t kp) {
   const int64_t b = kp << next.shift;
   if (b % 64 != 0) return;
   uint8_t touched = 0;
+  const bool inside = kp < next.end;  // a load must stay inside the matrix, a prefetch need not
   for (int64_t j = 0; j < next.n; ++j) {
     const uint8_t* p = next.rows[j] + b;
-    if ((reinterpret_cast<uintptr_t>(p) & 4095) < 64) {
+    if (inside && (reinterpret_cast<uintptr_t>(p) & 4095) < 64) {
       touched ^= *reinterpret_cast<const volatile uint8_t*>(p);
     } else {
       _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
@@ -1551,6 +1553,7 @@ struct PackedStrip {
   const uint8_t* next[kPackedNr];  // NextRows: the raw rows after this strip
   int64_t num_next = 0;
   int next_shift = 2;
+  int64_t next_end = 0;  // NextRows::end
 };
 
 PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_strips, int nr,
@@ -1565,8 +1568,10 @@ PackedStrip LoadPackedStrip(const PackedGemmArgs& a, int64_t s, int64_t num_stri
   if (s + 1 < num_strips) {
     st.num_next = std::min<int64_t>(kPackedNr, a.num_rows - r0 - kPackedNr);
     for (int64_t j = 0; j < st.num_next; ++j) st.next[j] = a.w->Row(a.row_idx[r0 + kPackedNr + j]);
+    st.next_end = cols / 2;
   } else if (2 * (kp0 + kPackedKBlockPairs) < cols) {
     st.num_next = std::min<int64_t>(kPackedNr, a.num_rows);
+    st.next_end = cols / 2 - kPackedKBlockPairs;
     for (int64_t j = 0; j < st.num_next; ++j) {
       st.next[j] = a.w->Row(a.row_idx[j]) + (kPackedKBlockPairs << st.next_shift);
     }
@@ -1619,7 +1624,7 @@ void PackedGemm(const PackedGemmArgs& a) {
         const int mr = left == 4 ? 2 : static_cast<int>(std::min<int64_t>(kPackedMr, left));
         const auto i = static_cast<size_t>(mr - 1);
         const auto j = static_cast<size_t>(nr - 1);
-        const NextRows next{st.next, g == 0 ? st.num_next : 0, st.next_shift};
+        const NextRows next{st.next, g == 0 ? st.num_next : 0, st.next_shift, st.next_end};
         float* out = a.out + r0 * a.ldo + 16 * g;
         const uint32_t* x = a.x + g * a.group_stride;
         if (scaled) {
