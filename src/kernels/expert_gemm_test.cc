@@ -429,6 +429,12 @@ TEST(GroupedGemm, PackedPathScaledFormats) {
     GemmCase l{.format = f, .num_experts = 2, .hidden = 2240, .inter = 96};
     CheckOffsets(l, {0, 40, 73}, 519, {}, "counts 40/33, H 2240");
   }
+  // Groups that neither divide the packed kernels' K block (1024 columns) nor are a multiple of
+  // it (96: a K block would start inside a group) stay off the packed path.
+  for (WeightFormat f : {WeightFormat::kInt4, WeightFormat::kInt4Zp}) {
+    GemmCase l{.format = f, .num_experts = 2, .hidden = 2112, .inter = 96, .group = 96};
+    CheckOffsets(l, {0, 40, 73}, 520, {}, "counts 40/33, H 2112, g96");
+  }
 }
 
 TEST(GroupedGemm, Bf16InputRowsAndTopKEqualsExperts) {

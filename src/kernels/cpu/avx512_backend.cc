@@ -1069,7 +1069,7 @@ constexpr int kPackedNr = 8;
 // Column pairs per K block: an 8-row strip of 512 pairs is 16 KiB and stays in L1 while every
 // token tile of the call passes over it; the tiles' packed inputs (96 KiB per 48 tokens) come
 // from L2.
-constexpr int64_t kPackedKBlockPairs = 512;
+constexpr int64_t kPackedKBlockPairs = kPackedKBlockCols / 2;
 // Distance of the in-row L1 prefetch (the L2 prefetch of the next strip brings the lines close).
 constexpr int64_t kPackedPrefetchBytes = 1024;
 
@@ -1295,7 +1295,7 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, int64_t 
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
     if (!fp8) {  // groups of whole 32-column steps (cols % 32 == 0, PackedFormat); k0 starts one
       for (int64_t k = k0; k < k1;) {
-        const int64_t end = std::min(k1, k + m.group);
+        const int64_t end = std::min(k1, (k / m.group + 1) * m.group);
         const __m512i table = zero_points ? ZeroPointTable(codes, zeros[k / m.group]) : kInt4Table;
         for (; k < end; k += 32) {
           const __m512bh v = NibblesToBf16(row + k / 2, table);

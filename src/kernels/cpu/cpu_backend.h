@@ -98,14 +98,21 @@ inline int64_t PackedPairs(int64_t k) { return (k + 1) / 2; }
 // strips are decoded unscaled (fp8: value x 2^-8, int4: nibble - 8, int4-zp: code - zero, all
 // exact in bf16) and each scale group's partial sums are scaled, which needs groups of whole
 // column pairs (int4, int4-zp: whole 32-column decode steps). Act-order GPTQ stays on the dot
-// path (its groups are not runs of columns).
+// path (its groups are not runs of columns). The kernels take K in blocks of kPackedKBlockCols
+// columns, each inside whole scale groups or within one: a group must divide the block or be a
+// multiple of it (a group of 96 would be split by a block edge).
+inline constexpr int64_t kPackedKBlockCols = 1024;
+inline bool PackedGroupFitsKBlocks(int64_t group) {
+  return group > 0 && (kPackedKBlockCols % group == 0 || group % kPackedKBlockCols == 0);
+}
 inline bool PackedFormat(const WeightScheme& q) {
   switch (q.format) {
     case WeightFormat::kBf16:
     case WeightFormat::kMxfp4: return true;
-    case WeightFormat::kFp8Block: return q.group > 0 && q.group % 2 == 0;
-    case WeightFormat::kInt4: return q.group > 0 && q.group % 32 == 0;
-    case WeightFormat::kInt4Zp: return q.group > 0 && q.group % 32 == 0 && !q.act_order;
+    case WeightFormat::kFp8Block: return q.group % 2 == 0 && PackedGroupFitsKBlocks(q.group);
+    case WeightFormat::kInt4: return q.group % 32 == 0 && PackedGroupFitsKBlocks(q.group);
+    case WeightFormat::kInt4Zp:
+      return q.group % 32 == 0 && PackedGroupFitsKBlocks(q.group) && !q.act_order;
     case WeightFormat::kNvfp4: return q.group == 16;
   }
   return false;
