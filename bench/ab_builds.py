@@ -6,8 +6,10 @@ one case per process; which build goes first alternates from round to round and 
 The table reports each build's median time and the median of the per-round B / A time ratios
 (below 1: build B is faster). This host's bandwidth drifts by tens of percent between minutes,
 so only ratios of neighbouring runs say which build is faster; `bench kernels --versus` does the
-same for two instruction-set variants of one build inside one process. Python 3 standard
-library only.
+same for two instruction-set variants of one build inside one process. Run a binary against a
+copy of itself (A/A) before reading a small difference: on the project's VM that gave 1.06
+(1.03-1.44 over 5 rounds, docs/PERFORMANCE.md), so B / A within about 0.94-1.06 says nothing.
+Python 3 standard library only.
 
   bench/ab_builds.py --a /tmp/moeshard-before --b build/src/cli/moeshard \\
       --shapes qwen3-30b-a3b --formats fp8 int4 --tokens 128 512 --rounds 5 --json ab.json
