@@ -572,6 +572,33 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
   }
 }
 
+// One packed_gemm call on rows 0..rows of m: x's first 16 tokens (bf16 rows of m.cols) packed
+// as one group, the rest (up to kPackedMaxRem) as unpacked remainder tokens; out[r * tokens + t].
+std::vector<float> PackedGemmOneGroup(const internal::CpuBackend& b, const internal::MatrixRef& m,
+                                      const std::vector<bf16_t>& x, int64_t rows, int64_t tokens) {
+  const int64_t cols = m.cols;
+  const int64_t stride = internal::PackedPairs(cols) * internal::kPackedGroup;
+  std::vector<uint32_t> packed(static_cast<size_t>(stride));
+  const std::vector<int32_t> first = Iota(16);
+  b.pack_group(x.data(), DType::kBF16, cols, first.data(), 16, cols, packed.data());
+  std::vector<uint8_t> work(static_cast<size_t>(internal::kPackedWorkBytesPerCol * cols));
+  std::vector<float> out(static_cast<size_t>(rows * tokens), -1.0f);
+  const std::vector<int32_t> row_idx = Iota(rows);
+  b.packed_gemm({.w = &m,
+                 .row_idx = row_idx.data(),
+                 .num_rows = rows,
+                 .x = packed.data(),
+                 .group_stride = stride,
+                 .num_groups = 1,
+                 .out = out.data(),
+                 .ldo = tokens,
+                 .work = work.data(),
+                 .rem_x = x.data() + 16 * cols,
+                 .rem_ldx = cols,
+                 .num_rem = tokens - 16});
+  return out;
+}
+
 // MXFP4 on the packed (prefill) path with E8M0 codes at both ends of the strip decode's exponent
 // route (2..252) and past them (255: NaN, the fp32 route), in two magnitudes of inputs so that no
 // product leaves fp32's normal range. Left out: codes 0 and 1, where the strip flushes weights
@@ -593,32 +620,13 @@ TEST(GroupedGemm, Mxfp4PackedStripScaleCodes) {
       }
     }
     const internal::MatrixRef m = Mxfp4Matrix(codes, scales, kRows, kCols);
-    const std::vector<int32_t> rows = Iota(kRows);
     const std::vector<bf16_t> x = RandnBf16(kTokens * kCols, 5152, low ? 0x1p100f : 0x1p-100f);
     for (CpuIsa isa : TestIsas()) {
       const KernelContext ctx = MakeContext(isa, 1);
       const internal::CpuBackend& b = internal::CpuBackendFor(ctx.isa());
       if (b.packed_gemm == nullptr) continue;
       // One packed group of 16 tokens and 5 remainder tokens (unpacked).
-      const int64_t stride = internal::PackedPairs(kCols) * internal::kPackedGroup;
-      std::vector<uint32_t> packed(static_cast<size_t>(stride));
-      std::vector<int32_t> first(16);
-      for (int32_t t = 0; t < 16; ++t) first[static_cast<size_t>(t)] = t;
-      b.pack_group(x.data(), DType::kBF16, kCols, first.data(), 16, kCols, packed.data());
-      std::vector<uint8_t> work(static_cast<size_t>(internal::kPackedWorkBytesPerCol * kCols));
-      std::vector<float> out(static_cast<size_t>(kRows * kTokens), -1.0f);
-      b.packed_gemm({.w = &m,
-                     .row_idx = rows.data(),
-                     .num_rows = kRows,
-                     .x = packed.data(),
-                     .group_stride = stride,
-                     .num_groups = 1,
-                     .out = out.data(),
-                     .ldo = kTokens,
-                     .work = work.data(),
-                     .rem_x = x.data() + 16 * kCols,
-                     .rem_ldx = kCols,
-                     .num_rem = kTokens - 16});
+      const std::vector<float> out = PackedGemmOneGroup(b, m, x, kRows, kTokens);
       for (int64_t r = 0; r < kRows; ++r) {
         for (int64_t t = 0; t < kTokens; ++t) {
           const auto [want, mag] = Mxfp4RowDot(m, x, r, t);
@@ -661,30 +669,13 @@ TEST(GroupedGemm, PackedReadAheadStaysInsideTheMatrix) {
   internal::MatrixRef guarded = Mxfp4Matrix(codes, scales, kRows, kCols);
   guarded.data = at_end;
   const internal::MatrixRef copy = Mxfp4Matrix(codes, scales, kRows, kCols);
-  const std::vector<int32_t> rows = Iota(kRows);
   const std::vector<bf16_t> x = RandnBf16(kTokens * kCols, 5154, 1.0f);
   for (CpuIsa isa : TestIsas()) {
     const internal::CpuBackend& b = internal::CpuBackendFor(MakeContext(isa, 1).isa());
     if (b.packed_gemm == nullptr) continue;
-    const int64_t stride = internal::PackedPairs(kCols) * internal::kPackedGroup;
-    std::vector<uint32_t> packed(static_cast<size_t>(stride));
-    const std::vector<int32_t> tokens = Iota(kTokens);
-    b.pack_group(x.data(), DType::kBF16, kCols, tokens.data(), kTokens, kCols, packed.data());
-    std::vector<uint8_t> work(static_cast<size_t>(internal::kPackedWorkBytesPerCol * kCols));
-    auto run = [&](const internal::MatrixRef& m) {
-      std::vector<float> out(static_cast<size_t>(kRows * kTokens));
-      b.packed_gemm({.w = &m,
-                     .row_idx = rows.data(),
-                     .num_rows = kRows,
-                     .x = packed.data(),
-                     .group_stride = stride,
-                     .num_groups = 1,
-                     .out = out.data(),
-                     .ldo = kTokens,
-                     .work = work.data()});
-      return out;
-    };
-    EXPECT_EQ(run(guarded), run(copy)) << CpuIsaName(isa);
+    EXPECT_EQ(PackedGemmOneGroup(b, guarded, x, kRows, kTokens),
+              PackedGemmOneGroup(b, copy, x, kRows, kTokens))
+        << CpuIsaName(isa);
   }
   munmap(region, mapped + page);
 }
