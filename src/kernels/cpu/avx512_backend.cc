@@ -1294,9 +1294,12 @@ void DecodeRawStrip(const MatrixRef& m, const int32_t* row_idx, int nr, int64_t 
     const uint8_t* zeros = zero_points ? m.zeros + row_idx[j] * groups : nullptr;
     auto* out = reinterpret_cast<bf16_t*>(dst + j * m.cols * 2);
     if (!fp8) {  // groups of whole 32-column steps (cols % 32 == 0, PackedFormat); k0 starts one
-      for (int64_t k = k0; k < k1;) {
-        const int64_t end = std::min(k1, (k / m.group + 1) * m.group);
-        const __m512i table = zero_points ? ZeroPointTable(codes, zeros[k / m.group]) : kInt4Table;
+      // One division per row, not per group: a 64-bit divide per 32 columns took half the
+      // strip decode's time for int4 g32 (perf, Qwen3 at 512 tokens).
+      const int64_t step = zero_points ? m.group : k1 - k0;
+      for (int64_t k = k0, g = k0 / m.group; k < k1; ++g) {
+        const int64_t end = std::min(k1, k + step);
+        const __m512i table = zero_points ? ZeroPointTable(codes, zeros[g]) : kInt4Table;
         for (; k < end; k += 32) {
           const __m512bh v = NibblesToBf16(row + k / 2, table);
           _mm512_storeu_si512(out + k, reinterpret_cast<const __m512i&>(v));
