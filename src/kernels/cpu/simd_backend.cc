@@ -386,7 +386,9 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
   const int64_t per_line = std::max<int64_t>(1, 64 / std::max<int64_t>(1, chunk_bytes));
   int64_t since = 0;
   int parity = 0;
-  for (int64_t c = k0; c < k1; c += chunk) {
+  // Chunk c's prefetch address in each row, stepped with c (no divide per line).
+  int64_t off = k0 * a.w->row_bytes / std::max<int64_t>(1, k) + kPrefetchBytes;
+  for (int64_t c = k0; c < k1; c += chunk, off += chunk_bytes) {
     if (c == group_end) {
       if constexpr (kLate) FlushLate<Dec>(row_ptr, g, acc, total);
       ++g;
@@ -395,7 +397,6 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
     if (since-- == 0) {
       // The weight streams are read once: prefetch kPrefetchBytes ahead of each row (past a
       // row's end this runs on into the next row, the stream's next step in the decode walk).
-      const int64_t off = c * a.w->row_bytes / k + kPrefetchBytes;
 #pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + off);
       since = per_line - 1;
@@ -636,10 +637,14 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
         // Byte offsets of chunk c in a row: c * row_bytes / K, stepped by chunk_bytes.
         int64_t off = k0 * chunk_bytes / sp.chunk;
         const int64_t next_off = next_c * chunk_bytes / sp.chunk;
+        // Chunk c's group c / group, stepped (a 64-bit divide per chunk costs as much as its
+        // decode).
+        int64_t g = k0 / group, into = k0 % group;
         for (int64_t c = k0; c < k1; c += sp.chunk, off += chunk_bytes) {
           if (next != nullptr && off % 64 < chunk_bytes) hwy::Prefetch(next + off + next_off);
           VF w[Dec::kVecs];
-          dec.Decode(row_ptr[j], c, c / group, w);
+          dec.Decode(row_ptr[j], c, g, w);
+          for (into += sp.chunk; into >= group; into -= group) ++g;
 #pragma GCC unroll 2
           for (int v = 0; v < Dec::kVecs; ++v) hn::StoreU(w[v], df, dst + (c - k0) + v * n);
         }
