@@ -273,6 +273,42 @@ TEST(EngineLogTest, SglangQwen3_30B_DP4EP4_DeepEpLowLatency) {
   ExpectWithin5Percent(mp.engine_kv_tokens, 1'029'388, "Qwen3-30B-A3B DP4 EP4 SGLang H200");
 }
 
+// SGLang (a source checkout of 2026-06), Qwen3-30B-A3B-Instruct-2507 in bf16 and its FP8
+// release (128 x 128 blocks), TP1 on one H200 (named by the log's own MoE-config line,
+// `E=128,N=768,device_name=NVIDIA_H200`), `mem_fraction_static=0.85 context_length=32768
+// max_running_requests=32 disable_cuda_graph=True`: "Load weight begin. avail mem=139.11 GB",
+// bf16 "Load weight end. ... mem usage=57.02 GB" and "KV Cache is allocated. #tokens: 668504";
+// FP8 "mem usage=29.23 GB" and "#tokens: 972034" (gujialiang123/end2end-optimization @015bf4f0,
+// results/2026-06-11_harness-v1/sglang-triton-{bf16,fp8}-baseline/server.log;
+// docs/engine-memory.md rows 18 and 19). Independent: no table row was set against them.
+MemoryPlan SglangH200Tp1(const ModelConfig& model) {
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.engine = "sglang";
+  mo.gpu_memory_utilization = 0.85;
+  mo.max_model_len = 32768;
+  mo.engine_max_num_seqs = 32;  // max_running_requests
+  return PlanMemory(PlanOrDie(model, Opts(1)), mo);
+}
+
+TEST(EngineLogTest, SglangQwen3_30B_Bf16_TP1_H200) {
+  const MemoryPlan mp = SglangH200Tp1(PresetOrDie("qwen3-30b-a3b"));
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_LE(std::fabs(static_cast<double>(mp.ranks[0].weights) / (57.02 * kGiB) - 1), 0.005);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 668'504, "Qwen3-30B-A3B bf16 SGLang H200");
+}
+
+TEST(EngineLogTest, SglangQwen3_30B_Fp8_TP1_H200) {
+  const Result<ModelConfig> model =
+      LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
+                      "/tests/engine_logs/qwen3-coder-30b-a3b-instruct-fp8.json");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const MemoryPlan mp = SglangH200Tp1(*model);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  EXPECT_LE(std::fabs(static_cast<double>(mp.ranks[0].weights) / (29.23 * kGiB) - 1), 0.01);
+  ExpectWithin5Percent(mp.engine_kv_tokens, 972'034, "Qwen3-30B-A3B FP8 SGLang H200");
+}
+
 // vLLM 0.19.0, gpt-oss-20b (MXFP4 experts), one A100 80 GB, `--max-model-len 131072
 // --gpu-memory-utilization 0.65`: "Model loading took 13.72 GiB", "Available KV cache memory:
 // 36.56 GiB" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/; docs/engine-memory.md). The
