@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
 #include "moeshard/base/math.h"
+#include "moeshard/base/numeric.h"
 #include "moeshard/kernels/cpu_constraints.h"
 #include "moeshard/kernels/kernel_context.h"
 
@@ -803,11 +804,47 @@ Status ValidateGemmParams(const GroupedGemmParams& p) {
   return Status::Ok();
 }
 
+// Experts sorted by SortActOrderExperts read x through their input order: each grouped row
+// gathered (through x_rows) and put in its expert's order as bf16 (rounded as pass 0 rounds), in
+// s.x_perm. Returns params reading those rows.
+GroupedGemmParams InputsInExpertOrder(KernelContext& ctx, const GroupedGemmParams& p,
+                                      KernelScratch& s) {
+  const ExpertWeights& w = *p.weights;
+  const int64_t H = w.hidden;
+  const int64_t* offsets = p.expert_offsets;
+  const int64_t num_rows = offsets[w.num_experts_local];
+  bf16_t* out = KernelScratch::Grow(s.x_perm, num_rows * H);
+  ctx.pool().ParallelFor(num_rows, 0, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t e =
+          std::upper_bound(offsets, offsets + w.num_experts_local + 1, r) - offsets - 1;
+      const int32_t* order = w.w13_input_perm + e * H;
+      const int64_t src = p.x_rows != nullptr ? p.x_rows[r] : r;
+      bf16_t* dst = out + r * H;
+      if (p.x_dtype == DType::kF32) {
+        const float* x = static_cast<const float*>(p.x_sorted) + src * H;
+        for (int64_t c = 0; c < H; ++c) dst[c] = FloatToBf16(x[order[c]]);
+      } else {
+        const bf16_t* x = static_cast<const bf16_t*>(p.x_sorted) + src * H;
+        for (int64_t c = 0; c < H; ++c) dst[c] = x[order[c]];
+      }
+    }
+  });
+  GroupedGemmParams q = p;
+  q.x_sorted = out;
+  q.x_dtype = DType::kBF16;
+  q.x_rows = nullptr;
+  return q;
+}
+
 }  // namespace
 
-Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& p) {
-  MOESHARD_RETURN_IF_ERROR(ValidateGemmParams(p));
-  if (p.expert_offsets[p.weights->num_experts_local] == 0) return Status::Ok();
+Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params) {
+  MOESHARD_RETURN_IF_ERROR(ValidateGemmParams(params));
+  if (params.expert_offsets[params.weights->num_experts_local] == 0) return Status::Ok();
+  const GroupedGemmParams p = params.weights->w13_input_perm == nullptr
+                                  ? params
+                                  : InputsInExpertOrder(ctx, params, ctx.scratch());
   // Act-order weights look up each column's group: only the portable dot path does.
   const internal::CpuBackend& be = p.weights->scheme.act_order ? internal::PortableBackend()
                                                                : internal::CpuBackendFor(ctx.isa());

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -1210,6 +1211,150 @@ TEST(GroupedGemm, RejectsBadShapes) {
   offsets = {0, 1, 2};
   p.x_dtype = DType::kF16;
   EXPECT_EQ(GroupedExpertGemm(ctx, p).code(), StatusCode::kInvalidArgument);
+}
+
+// Act-order GPTQ experts: int4-zp codes whose groups' columns are spread over the input as
+// act-order spreads them (g_idx names each column's group), made from a group-contiguous
+// encoding by moving stored column c to position at[c].
+struct ActOrderExperts {
+  OwnedExpertWeights ow;
+  std::vector<int32_t> g13, g2;  // [E, 2, H] (gate, up), [E, I]
+};
+
+// A shuffled g_idx over `cols` columns with `group` columns per group; at[c] = the stored
+// position of the c-th column in group order.
+std::vector<int32_t> ShuffledGroups(int64_t cols, int64_t group, uint64_t seed,
+                                    std::vector<int32_t>* at) {
+  at->resize(static_cast<size_t>(cols));
+  std::iota(at->begin(), at->end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(at->begin(), at->end(), rng);
+  std::vector<int32_t> gidx(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c)
+    gidx[static_cast<size_t>((*at)[static_cast<size_t>(c)])] = static_cast<int32_t>(c / group);
+  // Sorting by group is stable: group g's columns in increasing stored position.
+  for (int64_t g = 0; g < cols / group; ++g) {
+    std::sort(at->begin() + g * group, at->begin() + (g + 1) * group);
+  }
+  return gidx;
+}
+
+void ScatterNibbleColumns(uint8_t* data, int64_t rows, int64_t cols,
+                          const std::vector<int32_t>& at) {
+  std::vector<uint8_t> row(static_cast<size_t>(cols / 2));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* d = data + r * cols / 2;
+    std::copy(d, d + cols / 2, row.begin());
+    std::fill(d, d + cols / 2, uint8_t{0});
+    for (int64_t c = 0; c < cols; ++c) {
+      const int nib = (row[static_cast<size_t>(c / 2)] >> (c % 2 * 4)) & 0xF;
+      const int32_t to = at[static_cast<size_t>(c)];
+      d[to / 2] = static_cast<uint8_t>(d[to / 2] | (nib << (to % 2 * 4)));
+    }
+  }
+}
+
+ActOrderExperts MakeActOrder(const GemmCase& c, uint64_t seed) {
+  ActOrderExperts a{.ow = Encode(c, RandomWeights(c, seed)), .g13 = {}, .g2 = {}};
+  ExpertWeights& w = a.ow.view;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    std::vector<int32_t> at13, at2;
+    const std::vector<int32_t> g13 = ShuffledGroups(c.hidden, c.group, seed + 2 * e, &at13);
+    const std::vector<int32_t> g2 = ShuffledGroups(c.inter, c.group, seed + 2 * e + 1, &at2);
+    for (int part = 0; part < 2; ++part) a.g13.insert(a.g13.end(), g13.begin(), g13.end());
+    a.g2.insert(a.g2.end(), g2.begin(), g2.end());
+    ScatterNibbleColumns(a.ow.w13.as<uint8_t>() + e * c.Rows13() * c.hidden / 2, c.Rows13(),
+                         c.hidden, at13);
+    ScatterNibbleColumns(a.ow.w2.as<uint8_t>() + e * c.hidden * c.inter / 2, c.hidden, c.inter,
+                         at2);
+  }
+  w.scheme.act_order = true;
+  w.w13_group_index = a.g13.data();
+  w.w2_group_index = a.g2.data();
+  return a;
+}
+
+Result<bool> Sort(KernelContext& ctx, ActOrderExperts& a, std::vector<int32_t>* perm) {
+  ActOrderBuffers b{.w13 = a.ow.w13.data(),
+                    .w13_scales = a.ow.w13_scales.data(),
+                    .w13_zeros = a.ow.w13_zeros.data(),
+                    .w2 = a.ow.w2.data()};
+  return SortActOrderExperts(ctx, &a.ow.view, b, perm);
+}
+
+// Sorted by group, the native kernels of every instruction set match the reference on the
+// weights as they were (each column's scale through g_idx), from one token per expert (the decode
+// walk) to 40 (the packed path), with fp32 inputs gathered through x_rows and with bf16 inputs.
+TEST(ActOrderSortTest, SortedExpertsMatchTheActOrderReference) {
+  for (const bool interleaved : {false, true}) {
+    const GemmCase c{.format = WeightFormat::kInt4Zp,
+                     .num_experts = 4,
+                     .hidden = 256,
+                     .inter = 128,
+                     .interleaved = interleaved,
+                     .group = 64};
+    ActOrderExperts as_loaded = MakeActOrder(c, 41);
+    ActOrderExperts sorted = MakeActOrder(c, 41);
+    KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+    std::vector<int32_t> perm;
+    const Result<bool> ok = Sort(ctx, sorted, &perm);
+    ASSERT_TRUE(ok.ok() && *ok) << c.Name();
+    EXPECT_FALSE(sorted.ow.view.scheme.act_order);
+    EXPECT_EQ(sorted.ow.view.w13_input_perm, perm.data());
+    ASSERT_EQ(static_cast<int64_t>(perm.size()), c.num_experts * c.hidden);
+    ActivationParams act;
+    act.kind = c.act;
+    for (const int64_t tokens : {1, 5, 40}) {
+      const std::vector<int64_t> offsets = Offsets(c.num_experts, tokens, 2, 7 + tokens);
+      const std::vector<float> x = Randn(offsets.back() * c.hidden, 9 + tokens, kInputScale);
+      for (const RunOptions& o :
+           {RunOptions{.gather = true}, RunOptions{.x_dtype = DType::kBF16}}) {
+        std::vector<float> want;
+        RunGemm(CpuIsa::kPortable, as_loaded.ow.view, act, offsets, x, o, &want);
+        for (CpuIsa isa : TestIsas()) {
+          const std::vector<float> got = RunGemm(isa, sorted.ow.view, act, offsets, x, o, nullptr);
+          EXPECT_TRUE(Close(got, want, TolFor(c.format),
+                            fmt::format("{} {} tokens {} {}", c.Name(), tokens, CpuIsaName(isa),
+                                        o.gather ? "fp32 gathered" : "bf16"),
+                            41));
+        }
+      }
+    }
+  }
+}
+
+// Where the sort cannot make whole groups it changes nothing and says so: a group with one
+// column too many (and its neighbour one too few), gate and up with different g_idx, w2's scales
+// covering more groups than its columns hold (a TP slice of I), biases.
+TEST(ActOrderSortTest, RefusesWhatCannotBeSorted) {
+  const GemmCase c{
+      .format = WeightFormat::kInt4Zp, .num_experts = 2, .hidden = 128, .inter = 64, .group = 32};
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+  auto refuses = [&](const char* what, const std::function<void(ActOrderExperts&)>& spoil) {
+    ActOrderExperts a = MakeActOrder(c, 5);
+    spoil(a);
+    const std::vector<uint8_t> w13(a.ow.w13.as<uint8_t>(),
+                                   a.ow.w13.as<uint8_t>() + a.ow.w13.size());
+    const std::vector<uint8_t> scales = a.ow.w13_scales;
+    std::vector<int32_t> perm;
+    const Result<bool> ok = Sort(ctx, a, &perm);
+    ASSERT_TRUE(ok.ok()) << what;
+    EXPECT_FALSE(*ok) << what;
+    EXPECT_TRUE(a.ow.view.scheme.act_order) << what;
+    EXPECT_TRUE(std::equal(w13.begin(), w13.end(), a.ow.w13.as<uint8_t>())) << what;
+    EXPECT_EQ(scales, a.ow.w13_scales) << what;
+  };
+  refuses("uneven groups", [](ActOrderExperts& a) {
+    const auto it = std::find(a.g2.begin() + 64, a.g2.end(), 1);  // expert 1's w2
+    *it = 0;
+  });
+  refuses("gate and up differ", [&](ActOrderExperts& a) {
+    std::swap(a.g13[c.hidden + 0], a.g13[c.hidden + 1]);  // expert 0's up
+    if (a.g13[c.hidden] == a.g13[c.hidden + 1]) std::swap(a.g13[c.hidden], a.g13[c.hidden + 40]);
+  });
+  refuses("w2 split by TP", [](ActOrderExperts& a) { a.ow.view.w2_scale_cols = 4; });
+  std::vector<float> bias(static_cast<size_t>(c.num_experts * c.Rows13()), 0.0f);
+  refuses("biases", [&](ActOrderExperts& a) { a.ow.view.w13_bias = bias.data(); });
 }
 
 }  // namespace

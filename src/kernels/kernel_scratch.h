@@ -57,6 +57,7 @@ struct KernelScratch {
   }
 
   LineVector<bf16_t> x_bf16;  // [num_rows, H] the grouped GEMM's input rounded to bf16
+  LineVector<bf16_t> x_perm;  // [num_rows, H] sorted act-order experts' inputs in their order
   LineVector<bf16_t> h;       // [num_rows, I] activation output (dot-path experts)
   // Packed-path experts (layout: PackedGemmArgs in cpu/cpu_backend.h): first group per expert
   // (-1: dot path), packed inputs and packed activations.

@@ -74,6 +74,55 @@ Result<ExpertWeights> ExpertDataOf(const ShardPlan& plan, const internal::LayerS
   return ew;
 }
 
+// The layer's routed-expert tensor of `role` and `part` (null when the plan or the rank has none).
+TensorBuffer* ExpertPart(const RankPlan& rp, RankWeights* weights, TensorRole role, TensorPart part,
+                         int64_t layer) {
+  for (const TensorShard& s : rp.tensors) {
+    if (s.role == role && s.part == part) return weights->FindMutable(ExpandName(s.name, layer));
+  }
+  return nullptr;
+}
+
+// Act-order experts without biases: their scales, zero points and g_idx into the view and the
+// args (w13's scales and zero points writable), when every tensor has the bytes the view reads;
+// otherwise nothing is bound and the backend keeps them as loaded (the binder reports the
+// mismatch when the layer is bound).
+void BindActOrder(const ShardPlan& plan, const RankPlan& rp, RankWeights* weights, int64_t layer,
+                  PrepareExpertsArgs* a) {
+  ExpertWeights& w = a->weights;
+  if (!w.scheme.act_order || !plan.experts.bias_suffix.empty()) return;
+  using R = TensorRole;
+  using P = TensorPart;
+  TensorBuffer* s13 = ExpertPart(rp, weights, R::kExpertsW13, P::kScale, layer);
+  TensorBuffer* z13 = ExpertPart(rp, weights, R::kExpertsW13, P::kZeroPoint, layer);
+  TensorBuffer* g13 = ExpertPart(rp, weights, R::kExpertsW13, P::kGroupIndex, layer);
+  TensorBuffer* s2 = ExpertPart(rp, weights, R::kExpertsW2, P::kScale, layer);
+  TensorBuffer* z2 = ExpertPart(rp, weights, R::kExpertsW2, P::kZeroPoint, layer);
+  TensorBuffer* g2 = ExpertPart(rp, weights, R::kExpertsW2, P::kGroupIndex, layer);
+  if (s13 == nullptr || z13 == nullptr || g13 == nullptr || s2 == nullptr || z2 == nullptr ||
+      g2 == nullptr || s2->shape.empty() || w.scheme.group <= 0) {
+    return;
+  }
+  const int64_t E = w.num_experts_local, H = w.hidden, I = w.intermediate;
+  const int64_t groups13 = E * w.w13_rows() * (H / w.scheme.group);
+  const int64_t groups2 = E * H * s2->shape.back();
+  const auto bytes = [](const TensorBuffer* t) { return static_cast<int64_t>(t->data.size()); };
+  if (bytes(s13) != 2 * groups13 || bytes(z13) != groups13 || bytes(s2) != 2 * groups2 ||
+      bytes(z2) != groups2 || bytes(g13) != 4 * E * (w.gated ? 2 : 1) * H ||
+      bytes(g2) != 4 * E * I) {
+    return;
+  }
+  w.w13_scales = s13->data.data();
+  w.w13_zeros = reinterpret_cast<const uint8_t*>(z13->data.data());
+  w.w13_group_index = reinterpret_cast<const int32_t*>(g13->data.data());
+  w.w2_scales = s2->data.data();
+  w.w2_zeros = reinterpret_cast<const uint8_t*>(z2->data.data());
+  w.w2_group_index = reinterpret_cast<const int32_t*>(g2->data.data());
+  w.w2_scale_cols = s2->shape.back();
+  a->w13_scales = s13->data.data();
+  a->w13_zeros = reinterpret_cast<uint8_t*>(z13->data.data());
+}
+
 }  // namespace
 
 Result<int64_t> PrepareExpertWeights(KernelBackend& backend, const ShardPlan& plan,
@@ -95,9 +144,12 @@ Result<int64_t> PrepareExpertWeights(KernelBackend& backend, const ShardPlan& pl
     TensorBuffer* w13 = weights->FindMutable(ExpandName(s13->name, layer));
     TensorBuffer* w2 = weights->FindMutable(ExpandName(s2->name, layer));
     if (w13 == nullptr || w2 == nullptr) continue;  // layer not built
-    MOESHARD_ASSIGN_OR_RETURN(const ExpertWeights ew, ExpertDataOf(plan, shape, *w13, *w2));
-    const Result<bool> rewritten =
-        backend.PrepareExperts({.weights = ew, .w13 = w13->data.data(), .w2 = w2->data.data()});
+    PrepareExpertsArgs args;
+    MOESHARD_ASSIGN_OR_RETURN(args.weights, ExpertDataOf(plan, shape, *w13, *w2));
+    args.w13 = w13->data.data();
+    args.w2 = w2->data.data();
+    BindActOrder(plan, rp, weights, layer, &args);
+    const Result<bool> rewritten = backend.PrepareExperts(args);
     if (!rewritten.ok()) {
       return rewritten.status().WithContext(fmt::format("runtime: '{}'", w13->name));
     }

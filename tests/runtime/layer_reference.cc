@@ -140,7 +140,18 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
   if (row_groups) {
     ASSERT_EQ(*n, 1) << "the loaded MoE layer's experts should be rewritten";
   }
+  // The cpu backend sorts act-order GPTQ experts by group in place; the reference below reads
+  // them as loaded, from a second copy.
+  const bool act_order = m.expert_scheme().act_order;
+  if (act_order && ko.name == "cpu") {
+    EXPECT_EQ(*n, 1) << "the act-order experts should be sorted by group";
+  }
+  Result<RankWeights> as_loaded = act_order
+                                      ? LoadRankWeights(*plan, 0, lo)
+                                      : Result<RankWeights>(InvalidArgumentError("not act-order"));
+  ASSERT_TRUE(!act_order || as_loaded.ok()) << as_loaded.status().ToString();
   const WeightViews v = ViewRankWeights(*weights);
+  const WeightViews v_loaded = act_order ? ViewRankWeights(*as_loaded) : WeightViews();
   const std::vector<int64_t> moe_layers = MoeLayersOf(m, plan->ranks[0].layers);
   ASSERT_LT(moe_layer_index, static_cast<int64_t>(moe_layers.size()));
   const int64_t layer = moe_layers[static_cast<size_t>(moe_layer_index)];
@@ -220,6 +231,7 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
   }
   // Experts over the plan's fused tensors (1 rank: every expert, no padding with moeshard-cpu),
   // in the format the config declares.
+  const PlanRef PE{*plan, act_order ? v_loaded : v, layer};
   ExpertWeights ew;
   ew.scheme = m.expert_scheme();
   ew.num_experts_local = E;
@@ -228,24 +240,24 @@ void CheckLayerAgainstReference(const ModelConfig& m, bool row_groups, int64_t m
   ew.gated = m.gated();
   ew.gate_up_interleaved = plan->experts.gate_up_interleaved;
   std::vector<float> b13, b2;
-  const WeightView* w13 = P.View(R::kExpertsW13);
+  const WeightView* w13 = PE.View(R::kExpertsW13);
   ew.w13 = w13->data;
-  ew.w2 = P.View(R::kExpertsW2)->data;
+  ew.w2 = PE.View(R::kExpertsW2)->data;
   ew.bf16_row_groups = row_groups && *n == 1;  // the reference reads the prepared bytes
   if (m.expert_scheme().quantized()) {
-    ew.w13_scales = P.View(R::kExpertsW13, TensorPart::kScale)->data;
-    ew.w2_scales = P.View(R::kExpertsW2, TensorPart::kScale)->data;
-    if (const WeightView* z13 = P.View(R::kExpertsW13, TensorPart::kZeroPoint)) {
+    ew.w13_scales = PE.View(R::kExpertsW13, TensorPart::kScale)->data;
+    ew.w2_scales = PE.View(R::kExpertsW2, TensorPart::kScale)->data;
+    if (const WeightView* z13 = PE.View(R::kExpertsW13, TensorPart::kZeroPoint)) {
       ew.w13_zeros = z13->as<uint8_t>();
-      ew.w2_zeros = P.View(R::kExpertsW2, TensorPart::kZeroPoint)->as<uint8_t>();
+      ew.w2_zeros = PE.View(R::kExpertsW2, TensorPart::kZeroPoint)->as<uint8_t>();
     }
     if (ew.scheme.act_order) {  // the checkpoint's g_idx: w13 [E, 2, H], w2 [E, I]
-      ew.w13_group_index = P.View(R::kExpertsW13, TensorPart::kGroupIndex)->as<int32_t>();
-      ew.w2_group_index = P.View(R::kExpertsW2, TensorPart::kGroupIndex)->as<int32_t>();
+      ew.w13_group_index = PE.View(R::kExpertsW13, TensorPart::kGroupIndex)->as<int32_t>();
+      ew.w2_group_index = PE.View(R::kExpertsW2, TensorPart::kGroupIndex)->as<int32_t>();
     }
-    if (const WeightView* g13 = P.View(R::kExpertsW13, TensorPart::kGlobalScale)) {
+    if (const WeightView* g13 = PE.View(R::kExpertsW13, TensorPart::kGlobalScale)) {
       ew.w13_global = g13->as<float>();
-      ew.w2_global = P.View(R::kExpertsW2, TensorPart::kGlobalScale)->as<float>();
+      ew.w2_global = PE.View(R::kExpertsW2, TensorPart::kGlobalScale)->as<float>();
     }
   }
   if (m.expert_bias) {

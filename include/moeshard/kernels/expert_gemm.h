@@ -27,7 +27,8 @@
 //             Act-order (scheme.act_order, GPTQ desc_act): column c's scale and zero point are
 //             those of group gidx[c] (w13_group_index, w2_group_index), and w2's scales and
 //             zeros have w2_scale_cols columns (every group of the logical I when a rank holds
-//             a slice of it). These run on the portable dot path on every instruction set.
+//             a slice of it). These run on the portable dot path on every instruction set,
+//             unless SortActOrderExperts (below) sorted them by group.
 //   kNvfp4    data as kMxfp4; scales fp8 e4m3fn [rows, cols/16]; one fp32 global scale per
 //             tensor: w13_global [E_local, 2] (gate, up; [E_local, 1] when not gated), w2_global
 //             [E_local]; w = e2m1 * e4m3 * global. cols % 16 == 0.
@@ -66,6 +67,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "moeshard/base/dtype.h"
 #include "moeshard/base/status.h"
@@ -127,6 +129,9 @@ struct ExpertWeights {
   const int32_t* w13_group_index = nullptr;
   const int32_t* w2_group_index = nullptr;
   int64_t w2_scale_cols = 0;
+  // Act-order experts sorted by group (SortActOrderExperts): input column c of expert e's w13 is
+  // column w13_input_perm[e * H + c] of x, [E_local, H]; null otherwise.
+  const int32_t* w13_input_perm = nullptr;
 
   int64_t w13_rows() const { return gated ? 2 * intermediate : intermediate; }
   // Scale columns per row of w13 (`w13`) or w2.
@@ -165,6 +170,32 @@ Status CheckBf16RowGroupShape(const ExpertWeights& weights);
 // InvalidArgument (naming the numbers) when the format is not bf16, the layout is already set,
 // or a shape rule above fails.
 Status RepackBf16RowGroups(KernelContext& ctx, ExpertWeights* weights, void* w13, void* w2);
+
+// The writable buffers of one layer's act-order experts that SortActOrderExperts rewrites (the
+// ones `weights` views).
+struct ActOrderBuffers {
+  void* w13 = nullptr;
+  void* w13_scales = nullptr;
+  uint8_t* w13_zeros = nullptr;
+  void* w2 = nullptr;
+};
+
+// Act-order GPTQ experts (int4-zp, scheme.act_order) rewritten in place so that every group's
+// columns are contiguous, as without act-order: each expert's w13 columns sorted by its g_idx
+// (stable), w2's columns by w2's g_idx, and w13's rows (gate and up, with their scales and zero
+// points) in w2's sorted column order, so the intermediate comes out in the order w2 reads it.
+// The products and sums are the same; only x must be read through the input order, which goes
+// to `input_perm` ([E_local, H]; the GEMM gathers each expert's inputs through it). On success
+// `weights` becomes the sorted view: act_order false, no group indices, w13_input_perm set.
+// Returns false, changing nothing, where the sort cannot make whole groups: a group with other
+// than `group` columns, gate and up with different g_idx, w2 split by TP (its scales cover every
+// group of the logical I), biases (their rows would move too), or a group that is not a multiple
+// of 32. Experts in parallel over the context's pool.
+Result<bool> SortActOrderExperts(KernelContext& ctx, ExpertWeights* weights,
+                                 const ActOrderBuffers& buffers, std::vector<int32_t>* input_perm);
+// The view of act-order experts SortActOrderExperts sorted, given the view as loaded and their
+// input order: act_order false, no group indices, w13_input_perm = input_perm.
+void ViewSortedByGroup(ExpertWeights* weights, const int32_t* input_perm);
 
 // Bytes of one expert's data + scales + zero points for the matrix [rows, cols] in `scheme` (the
 // global scale, 4 bytes per tensor, is not counted).

@@ -112,11 +112,15 @@ struct ConvertArgs {
 };
 
 // One layer's routed experts handed to PrepareExperts: the view as loaded (row-major, the
-// layout expert_gemm.h describes) and the writable tensors it views.
+// layout expert_gemm.h describes) and the writable tensors it views. For act-order GPTQ experts
+// without biases the view also holds their scales, zero points and g_idx, and w13's scales and
+// zero points are writable too (SortActOrderExperts); elsewhere those stay null.
 struct PrepareExpertsArgs {
   ExpertWeights weights;
-  void* w13 = nullptr;  // = weights.w13, writable
-  void* w2 = nullptr;   // = weights.w2, writable
+  void* w13 = nullptr;           // = weights.w13, writable
+  void* w2 = nullptr;            // = weights.w2, writable
+  void* w13_scales = nullptr;    // = weights.w13_scales, writable (act-order only)
+  uint8_t* w13_zeros = nullptr;  // = weights.w13_zeros, writable (act-order only)
 };
 
 class KernelBackend {

@@ -58,34 +58,49 @@ int64_t CpuKernelBackend::ScratchBytes() const {
 }
 
 Result<bool> CpuKernelBackend::PrepareExperts(const PrepareExpertsArgs& a) {
-  for (const auto& [w13, w2] : row_groups_) {
-    if (w13 == a.w13 && w2 == a.w2) return true;  // done before
+  for (const Prepared& p : prepared_) {
+    if (p.w13 == a.w13 && p.w2 == a.w2) return true;  // done before
   }
-  if (PreparedLayout().empty() || a.weights.num_experts_local == 0 || a.weights.bf16_row_groups ||
-      !CheckBf16RowGroupShape(a.weights).ok()) {
-    return false;  // stays row-major
-  }
+  if (a.weights.num_experts_local == 0 || a.weights.bf16_row_groups) return false;
   ExpertWeights w = a.weights;
+  if (w.scheme.act_order) {  // sorted by group on every instruction set, or left as loaded
+    Prepared p{.w13 = a.w13, .w2 = a.w2, .input_perm = {}};
+    const ActOrderBuffers b{
+        .w13 = a.w13, .w13_scales = a.w13_scales, .w13_zeros = a.w13_zeros, .w2 = a.w2};
+    MOESHARD_ASSIGN_OR_RETURN(const bool sorted, SortActOrderExperts(ctx_, &w, b, &p.input_perm));
+    if (sorted) prepared_.push_back(std::move(p));
+    return sorted;
+  }
+  if (!RowGroupsWanted() || !CheckBf16RowGroupShape(w).ok()) return false;  // row-major
   MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(ctx_, &w, a.w13, a.w2));
-  row_groups_.emplace_back(a.w13, a.w2);
+  prepared_.push_back({.w13 = a.w13, .w2 = a.w2, .input_perm = {}});
   return true;
 }
 
+bool CpuKernelBackend::RowGroupsWanted() const {
+  return layout_ == ExpertLayout::kRowGroups ||
+         (layout_ == ExpertLayout::kAuto && ctx_.isa() == CpuIsa::kAvx512Bf16);
+}
+
 std::string CpuKernelBackend::PreparedLayout() const {
-  const bool row_groups = layout_ == ExpertLayout::kRowGroups ||
-                          (layout_ == ExpertLayout::kAuto && ctx_.isa() == CpuIsa::kAvx512Bf16);
-  return row_groups ? "bf16 row-group layout" : "";
+  for (const Prepared& p : prepared_) {
+    if (!p.input_perm.empty()) return "group order (act-order GPTQ, sorted by g_idx)";
+  }
+  return RowGroupsWanted() ? "bf16 row-group layout" : "";
 }
 
 const ExpertWeights* CpuKernelBackend::AsPrepared(const ExpertWeights* w,
                                                   ExpertWeights* storage) const {
-  if (w == nullptr || row_groups_.empty()) return w;
-  for (const auto& [w13, w2] : row_groups_) {
-    if (w13 == w->w13 && w2 == w->w2) {
-      *storage = *w;
+  if (w == nullptr) return w;
+  for (const Prepared& p : prepared_) {
+    if (p.w13 != w->w13 || p.w2 != w->w2) continue;
+    *storage = *w;
+    if (p.input_perm.empty()) {
       storage->bf16_row_groups = true;
-      return storage;
+    } else {
+      ViewSortedByGroup(storage, p.input_perm.data());
     }
+    return storage;
   }
   return w;
 }

@@ -11,6 +11,7 @@
 // Thread safety: as KernelBackend (one call at a time).
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,16 +61,26 @@ class CpuKernelBackend final : public KernelBackend {
  private:
   CpuKernelBackend(KernelContext ctx, ExpertLayout layout)
       : ctx_(std::move(ctx)), layout_(layout) {}
-  // `w` as the kernels must read it: with bf16_row_groups set when PrepareExperts rewrote its
-  // tensors (a copy in `storage`), else `w` itself.
+  // `w` as the kernels must read it: with bf16_row_groups set, or sorted by group (act-order),
+  // when PrepareExperts rewrote its tensors (a copy in `storage`), else `w` itself.
   const ExpertWeights* AsPrepared(const ExpertWeights* w, ExpertWeights* storage) const;
+  // Whether bf16 experts go into row groups (the expert-layout setting and the instruction set).
+  bool RowGroupsWanted() const;
+
+  // One layer's experts PrepareExperts rewrote: into row groups, or (input_perm not empty) the
+  // act-order experts sorted by group, with their input order.
+  struct Prepared {
+    const void* w13 = nullptr;
+    const void* w2 = nullptr;
+    std::vector<int32_t> input_perm;
+  };
 
   std::string name_ = "cpu";
   KernelContext ctx_;
   ExpertLayout layout_ = ExpertLayout::kAuto;
   DenseScratch dense_;
-  // The (w13, w2) tensors PrepareExperts rewrote into row groups, one entry per layer.
-  std::vector<std::pair<const void*, const void*>> row_groups_;
+  // The tensors PrepareExperts rewrote, one entry per layer (in a deque: input_perm stays put).
+  std::deque<Prepared> prepared_;
 };
 
 }  // namespace moeshard::internal
