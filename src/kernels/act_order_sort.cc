@@ -60,7 +60,8 @@ bool SortableLayer(const ExpertWeights& w, const ActOrderBuffers& b) {
   const int64_t g = w.scheme.group;
   return w.scheme.format == WeightFormat::kInt4Zp && w.scheme.act_order && !w.bf16_row_groups &&
          w.num_experts_local > 0 && g > 0 && g % 32 == 0 && w.hidden % g == 0 &&
-         w.intermediate % g == 0 && (w.w2_scale_cols == 0 || w.w2_scale_cols * g == w.intermediate) &&
+         w.intermediate % g == 0 &&
+         (w.w2_scale_cols == 0 || w.w2_scale_cols * g == w.intermediate) &&
          w.w13_group_index != nullptr && w.w2_group_index != nullptr && w.w13_bias == nullptr &&
          w.w2_bias == nullptr && b.w13 == w.w13 && b.w2 == w.w2 && b.w13_scales == w.w13_scales &&
          b.w13_zeros == w.w13_zeros && b.w13_scales != nullptr && b.w13_zeros != nullptr;
