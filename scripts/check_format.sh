@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fails when a tracked C++ file differs from what clang-format (Debian 12's clang-format-14,
+# Fails when a C++ file of the repository (tracked, or new and not ignored: a file not yet added
+# is checked and fixed too) differs from what clang-format (Debian 12's clang-format-14,
 # the repository's .clang-format) makes of it; lists each such file and the command that fixes
 # it. Usage: scripts/check_format.sh [--fix]
 set -euo pipefail
@@ -9,7 +10,7 @@ if [[ -z "$CLANG_FORMAT" ]]; then
   echo "check_format: clang-format not found (scripts/setup.sh installs clang-format)" >&2
   exit 2
 fi
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h' '*.cu' '*.cuh')
 if [[ "${1:-}" == "--fix" ]]; then
   "$CLANG_FORMAT" -i "${files[@]}"
   exit 0
