@@ -88,7 +88,7 @@ TensorBuffer* ExpertPart(const RankPlan& rp, RankWeights* weights, TensorRole ro
 // otherwise nothing is bound and the backend keeps them as loaded (the binder reports the
 // mismatch when the layer is bound).
 void BindActOrder(const ShardPlan& plan, const RankPlan& rp, RankWeights* weights, int64_t layer,
-                  PrepareExpertsArgs* a) {
+                  const TensorBuffer& w13, const TensorBuffer& w2, PrepareExpertsArgs* a) {
   ExpertWeights& w = a->weights;
   if (!w.scheme.act_order || !plan.experts.bias_suffix.empty()) return;
   using R = TensorRole;
@@ -107,7 +107,8 @@ void BindActOrder(const ShardPlan& plan, const RankPlan& rp, RankWeights* weight
   const int64_t groups13 = E * w.w13_rows() * (H / w.scheme.group);
   const int64_t groups2 = E * H * s2->shape.back();
   const auto bytes = [](const TensorBuffer* t) { return static_cast<int64_t>(t->data.size()); };
-  if (bytes(s13) != 2 * groups13 || bytes(z13) != groups13 || bytes(s2) != 2 * groups2 ||
+  if (bytes(&w13) != E * w.w13_rows() * H / 2 || bytes(&w2) != E * H * I / 2 ||
+      bytes(s13) != 2 * groups13 || bytes(z13) != groups13 || bytes(s2) != 2 * groups2 ||
       bytes(z2) != groups2 || bytes(g13) != 4 * E * (w.gated ? 2 : 1) * H ||
       bytes(g2) != 4 * E * I) {
     return;
@@ -148,7 +149,7 @@ Result<int64_t> PrepareExpertWeights(KernelBackend& backend, const ShardPlan& pl
     MOESHARD_ASSIGN_OR_RETURN(args.weights, ExpertDataOf(plan, shape, *w13, *w2));
     args.w13 = w13->data.data();
     args.w2 = w2->data.data();
-    BindActOrder(plan, rp, weights, layer, &args);
+    BindActOrder(plan, rp, weights, layer, *w13, *w2, &args);
     const Result<bool> rewritten = backend.PrepareExperts(args);
     if (!rewritten.ok()) {
       return rewritten.status().WithContext(fmt::format("runtime: '{}'", w13->name));
