@@ -1,7 +1,5 @@
 // SortActOrderExperts (expert_gemm.h): act-order GPTQ experts put in group order at load time,
 // so the native int4-zp kernels read them as weights without act-order.
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
