@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "moeshard/base/units.h"
 #include "moeshard/kernels/kernel_bench.h"
 #include "moeshard/kernels/kernel_context.h"
 #include "moeshard/kernels/roofline.h"
@@ -241,7 +242,10 @@ Status RunKernels(const KernelsFlags& f) {
   const char* peak = ComputePeakInstruction(ctx);
   fmt::print("machine: {}, {} threads, kernel variant {} (peak instruction {}), load average {}\n",
              CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()), peak, load_before);
-  MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, 3));
+  // One read buffer for every roofline measurement of the run.
+  MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
+  o.read_buffer = &read;
+  MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, read, 3));
   fmt::print("roofline before: read {:.2f} GB/s, {} peak {:.1f} GFLOP/s\n",
              before.read_bytes_per_s / 1e9, peak, before.peak_flops_per_s / 1e9);
   auto progress = [](const KernelBenchResult& r) {
@@ -251,7 +255,7 @@ Status RunKernels(const KernelsFlags& f) {
   };
   MOESHARD_ASSIGN_OR_RETURN(std::vector<KernelBenchResult> results,
                             RunKernelBench(ctx, o, before, progress));
-  MOESHARD_ASSIGN_OR_RETURN(const Roofline after, MeasureRoofline(ctx, 3));
+  MOESHARD_ASSIGN_OR_RETURN(const Roofline after, MeasureRoofline(ctx, read, 3));
   fmt::print("roofline after:  read {:.2f} GB/s, {} peak {:.1f} GFLOP/s\n",
              after.read_bytes_per_s / 1e9, peak, after.peak_flops_per_s / 1e9);
   // The run-wide best: the best of every measurement (before, after and around each case).

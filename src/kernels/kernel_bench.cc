@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -24,11 +25,16 @@ std::vector<KernelBenchShape> DefaultKernelBenchShapes() {
   };
 }
 
-Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions) {
+Result<Roofline> MeasureRoofline(KernelContext& ctx, const ReadBuffer& read, int repetitions) {
   Roofline r;
-  MOESHARD_ASSIGN_OR_RETURN(r.read_bytes_per_s, MeasureReadBandwidth(ctx, kGiB, repetitions));
+  MOESHARD_ASSIGN_OR_RETURN(r.read_bytes_per_s, MeasureReadBandwidth(ctx, read, repetitions));
   MOESHARD_ASSIGN_OR_RETURN(r.peak_flops_per_s, MeasureComputePeak(ctx, repetitions));
   return r;
+}
+
+Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions) {
+  MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
+  return MeasureRoofline(ctx, read, repetitions);
 }
 
 namespace {
@@ -94,7 +100,7 @@ struct CaseTimes {
 // Routes fresh logits and runs the experts forward on `ctx` (and, A/B, on o.versus): one
 // warm-up (first-touch of scratch buffers), then timed repetitions for at least
 // o.min_repetitions and o.min_seconds.
-Result<CaseTimes> TimeCase(KernelContext& ctx, const KernelBenchOptions& o,
+Result<CaseTimes> TimeCase(KernelContext& ctx, const KernelBenchOptions& o, const ReadBuffer& read,
                            const KernelBenchShape& shape, const ExpertWeights& weights,
                            const ActivationParams& act, int64_t tokens) {
   const int64_t h = shape.hidden;
@@ -109,7 +115,7 @@ Result<CaseTimes> TimeCase(KernelContext& ctx, const KernelBenchOptions& o,
   RoutingParams rp{
       .kind = RoutingKind::kSoftmaxTopK, .num_experts = shape.num_experts, .top_k = shape.top_k};
   CaseTimes t;
-  MOESHARD_ASSIGN_OR_RETURN(const Roofline around_before, MeasureRoofline(ctx, 2));
+  MOESHARD_ASSIGN_OR_RETURN(const Roofline around_before, MeasureRoofline(ctx, read, 2));
   const double start = Now();
   for (int rep = -1; rep < o.min_repetitions || Now() - start < o.min_seconds; ++rep) {
     for (float& v : logits) v = nd(rng);
@@ -152,7 +158,7 @@ Result<CaseTimes> TimeCase(KernelContext& ctx, const KernelBenchOptions& o,
     t.touched_sum += static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
     if (rep > 1000) break;
   }
-  MOESHARD_ASSIGN_OR_RETURN(const Roofline around_after, MeasureRoofline(ctx, 2));
+  MOESHARD_ASSIGN_OR_RETURN(const Roofline around_after, MeasureRoofline(ctx, read, 2));
   t.roofline = BestOf(around_before, around_after);
   return t;
 }
@@ -189,6 +195,11 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
   if (roofline.read_bytes_per_s <= 0 || roofline.peak_flops_per_s <= 0) {
     return InvalidArgumentError("bench kernels: 'roofline': expected positive measurements");
   }
+  std::optional<ReadBuffer> own_read;
+  if (o.read_buffer == nullptr) {
+    MOESHARD_ASSIGN_OR_RETURN(own_read, ReadBuffer::Create(ctx, kGiB));
+  }
+  const ReadBuffer& read = o.read_buffer != nullptr ? *o.read_buffer : *own_read;
   std::vector<KernelBenchResult> results;
   for (const KernelBenchShape& shape : o.shapes) {
     for (WeightFormat format : o.formats) {
@@ -221,7 +232,7 @@ Result<std::vector<KernelBenchResult>> RunKernelBench(
         }
         for (int64_t tokens : o.tokens) {
           MOESHARD_ASSIGN_OR_RETURN(const CaseTimes t,
-                                    TimeCase(ctx, o, shape, weights.view, act, tokens));
+                                    TimeCase(ctx, o, read, shape, weights.view, act, tokens));
           std::vector<KernelBenchResult> one = {
               SummarizeCase(o, shape, format, row_groups, tokens, expert_bytes, t)};
           ApplyRoofline(BestOf(roofline, one[0].roofline), &one);

@@ -41,23 +41,36 @@ class StartBarrier {
 
 }  // namespace
 
-Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions) {
-  const int threads = ctx.num_threads();
-  const int64_t chunk = std::max<int64_t>(256, buffer_bytes / threads / 4096 * 4096);
-  const int64_t total = chunk * threads;
+Result<ReadBuffer> ReadBuffer::Create(KernelContext& ctx, int64_t bytes) {
+  ReadBuffer r;
+  r.threads_ = ctx.num_threads();
+  r.chunk_ = std::max<int64_t>(256, bytes / r.threads_ / 4096 * 4096);
+  const int64_t total = r.chunk_ * r.threads_;
   // Huge-page advised like the weight buffers, so the measurement is not limited by TLB misses
   // the kernels do not pay either.
-  AlignedBuffer buf;
   try {
-    buf = AlignedBuffer(static_cast<size_t>(total));
+    r.buf_ = AlignedBuffer(static_cast<size_t>(total));
   } catch (const std::bad_alloc&) {
     return ResourceExhaustedError(
         fmt::format("bandwidth: cannot allocate {} bytes for the read buffer", total));
   }
   // Each thread first-touches the chunk it will read (NUMA-local pages).
-  ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
-    std::memset(buf.as<uint8_t>() + b * chunk, static_cast<int>(b + 1), static_cast<size_t>(chunk));
+  uint8_t* data = r.buf_.as<uint8_t>();
+  const int64_t chunk = r.chunk_;
+  ctx.pool().ParallelFor(r.threads_, 1, [&](int64_t b, int64_t, int) {
+    std::memset(data + b * chunk, static_cast<int>(b + 1), static_cast<size_t>(chunk));
   });
+  return r;
+}
+
+Result<double> MeasureReadBandwidth(KernelContext& ctx, const ReadBuffer& buffer, int repetitions) {
+  const int threads = ctx.num_threads();
+  if (buffer.threads() != threads) {
+    return InvalidArgumentError(
+        fmt::format("bandwidth: the read buffer was made for {} threads, the context has {}",
+                    buffer.threads(), threads));
+  }
+  const int64_t total = buffer.chunk_bytes() * threads;
   const internal::CpuBackend& be = internal::CpuBackendFor(ctx.isa());
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
@@ -69,8 +82,7 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
       const auto t0 = std::chrono::steady_clock::now();
       ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
         barrier.ArriveAndWait();
-        const uint8_t* p = buf.as<uint8_t>() + b * chunk;
-        sink ^= be.read_stream(p, chunk, pattern);
+        sink ^= be.read_stream(buffer.chunk(b), buffer.chunk_bytes(), pattern);
       });
       const double s = Seconds(t0, std::chrono::steady_clock::now());
       best = std::max(best, static_cast<double>(total) / s);
@@ -78,6 +90,11 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, in
   }
   if (sink.load() == 0x123456789abcdefull) std::fputc(' ', stderr);  // keep the reads alive
   return best;
+}
+
+Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions) {
+  MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer buffer, ReadBuffer::Create(ctx, buffer_bytes));
+  return MeasureReadBandwidth(ctx, buffer, repetitions);
 }
 
 const char* ComputePeakInstruction(const KernelContext& ctx) {

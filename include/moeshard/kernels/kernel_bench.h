@@ -30,6 +30,7 @@
 namespace moeshard {
 
 class KernelContext;
+class ReadBuffer;
 
 struct KernelBenchShape {
   std::string name;
@@ -48,7 +49,9 @@ struct Roofline {
   double peak_flops_per_s = 0.0;  // of the instruction the context's kernels use (roofline.h)
 };
 
-// Measures both limits (a 1 GiB read buffer, best of `repetitions`).
+// Measures both limits (best of `repetitions`), reading `read` (roofline.h) or a 1 GiB buffer
+// made for this call.
+Result<Roofline> MeasureRoofline(KernelContext& ctx, const ReadBuffer& read, int repetitions);
 Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions);
 
 struct KernelBenchOptions {
@@ -63,6 +66,9 @@ struct KernelBenchOptions {
   // and the median of the per-pair time ratios (robust to the host's bandwidth drifting between
   // minutes). Null: off.
   KernelContext* versus = nullptr;
+  // The buffer the roofline around each case reads (made for the context's threads); null:
+  // RunKernelBench makes one of 1 GiB for the run.
+  const ReadBuffer* read_buffer = nullptr;
   double min_seconds = 0.5;  // per case: repeat until this much time and >= min_repetitions
   int min_repetitions = 3;
   uint64_t seed = 1;

@@ -10,16 +10,38 @@
 
 #include <cstdint>
 
+#include "moeshard/base/aligned_buffer.h"
 #include "moeshard/base/status.h"
 
 namespace moeshard {
 
 class KernelContext;
 
-// Multi-threaded streaming read of a buffer of `buffer_bytes` (choose it far larger than the
-// last-level cache; huge-page advised), best of `repetitions` passes of every read pattern
-// (AVX-512: one sequential stream, and four interleaved prefetched streams). Returns bytes per
-// second.
+// The buffer MeasureReadBandwidth reads: one chunk per thread of the context it was made for,
+// each first-touched by its thread (NUMA-local pages), huge-page advised. Made once and measured
+// many times: allocating and zeroing a GiB took about half of `bench kernels`' wall time when
+// every case made its own twice.
+class ReadBuffer {
+ public:
+  // `bytes` (choose it far larger than the last-level cache) rounded down to whole 4 KiB pages
+  // per thread, at least 256 bytes per thread.
+  static Result<ReadBuffer> Create(KernelContext& ctx, int64_t bytes);
+
+  int threads() const { return threads_; }
+  int64_t chunk_bytes() const { return chunk_; }
+  const uint8_t* chunk(int64_t thread) const { return buf_.as<uint8_t>() + thread * chunk_; }
+
+ private:
+  AlignedBuffer buf_;
+  int threads_ = 0;
+  int64_t chunk_ = 0;
+};
+
+// Multi-threaded streaming read of `buffer` (made for a context with as many threads as ctx),
+// best of `repetitions` passes of every read pattern (AVX-512: one sequential stream, and four
+// interleaved prefetched streams). Returns bytes per second.
+Result<double> MeasureReadBandwidth(KernelContext& ctx, const ReadBuffer& buffer, int repetitions);
+// The same over a buffer of `buffer_bytes` made for this one measurement.
 Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions);
 
 // The peak of the multiply-add instruction the context's kernels use (vdpbf16ps on AVX-512 BF16;
