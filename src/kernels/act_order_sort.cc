@@ -1,8 +1,12 @@
 // SortActOrderExperts (expert_gemm.h): act-order GPTQ experts put in group order at load time,
 // so the native int4-zp kernels read them as weights without act-order.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <vector>
 
 #include "base/check.h"
 #include "moeshard/kernels/expert_gemm.h"
@@ -121,12 +125,25 @@ Result<bool> SortActOrderExperts(KernelContext& ctx, ExpertWeights* weights,
     whole = ExpertOrders(w, e, p13.data() + e * H, p2.data() + e * I);
   }
   if (!whole) return false;
-  const int64_t num_threads = ctx.num_threads();
+  // One scratch matrix per worker, allocated before anything is rewritten (an allocation that
+  // fails inside the pool could not be reported, and would leave the layer half sorted).
+  const int64_t workers = std::min<int64_t>(ctx.num_threads(), E);
   const int64_t tmp_bytes = std::max(w.w13_rows() * H / 2, I / 2);
-  ctx.pool().ParallelFor(num_threads, 1, [&](int64_t t0, int64_t t1, int) {
-    const std::unique_ptr<uint8_t[]> tmp = std::make_unique_for_overwrite<uint8_t[]>(tmp_bytes);
-    for (int64_t e = t0 * E / num_threads; e < t1 * E / num_threads; ++e) {
-      SortExpert(w, buffers, e, p13.data() + e * H, p2.data() + e * I, tmp.get());
+  std::vector<std::unique_ptr<uint8_t[]>> tmp(static_cast<size_t>(workers));
+  try {
+    for (auto& t : tmp) t = std::make_unique_for_overwrite<uint8_t[]>(tmp_bytes);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(fmt::format(
+        "act-order sort: cannot allocate {} scratch matrices of {} bytes (one per thread); "
+        "run with fewer kernel threads",
+        workers, tmp_bytes));
+  }
+  ctx.pool().ParallelFor(workers, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t e = t * E / workers; e < (t + 1) * E / workers; ++e) {
+        SortExpert(w, buffers, e, p13.data() + e * H, p2.data() + e * I,
+                   tmp[static_cast<size_t>(t)].get());
+      }
     }
   });
   *input_perm = std::move(p13);

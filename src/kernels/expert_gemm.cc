@@ -211,6 +211,12 @@ Status ValidateExpertWeights(const ExpertWeights& w, const ActivationParams& act
           "expert weights: 'w13_group_index/w2_group_index': expected non-null for act-order "
           "int4-zp (GPTQ g_idx)");
     }
+    if (w.w13_input_perm != nullptr) {
+      return InvalidArgumentError(
+          "expert weights: 'w13_input_perm': expected null for act-order weights as loaded (the "
+          "input order belongs to the view SortActOrderExperts makes, which is no longer "
+          "act-order)");
+    }
   }
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w13 (input = hidden)", w.hidden));
   MOESHARD_RETURN_IF_ERROR(CheckInputDim(w, "w2 (input = intermediate)", w.intermediate));

@@ -1218,7 +1218,7 @@ TEST(GroupedGemm, RejectsBadShapes) {
 // encoding by moving stored column c to position at[c].
 struct ActOrderExperts {
   OwnedExpertWeights ow;
-  std::vector<int32_t> g13, g2;  // [E, 2, H] (gate, up), [E, I]
+  std::vector<int32_t> g13, g2;  // [E, 2, H] (gate, up; [E, 1, H] not gated), [E, I]
 };
 
 // A shuffled g_idx over `cols` columns with `group` columns per group; at[c] = the stored
@@ -1261,7 +1261,9 @@ ActOrderExperts MakeActOrder(const GemmCase& c, uint64_t seed) {
     std::vector<int32_t> at13, at2;
     const std::vector<int32_t> g13 = ShuffledGroups(c.hidden, c.group, seed + 2 * e, &at13);
     const std::vector<int32_t> g2 = ShuffledGroups(c.inter, c.group, seed + 2 * e + 1, &at2);
-    for (int part = 0; part < 2; ++part) a.g13.insert(a.g13.end(), g13.begin(), g13.end());
+    for (int part = 0; part < (IsGated(c.act) ? 2 : 1); ++part) {
+      a.g13.insert(a.g13.end(), g13.begin(), g13.end());
+    }
     a.g2.insert(a.g2.end(), g2.begin(), g2.end());
     ScatterNibbleColumns(a.ow.w13.as<uint8_t>() + e * c.Rows13() * c.hidden / 2, c.Rows13(),
                          c.hidden, at13);
@@ -1286,8 +1288,12 @@ Result<bool> Sort(KernelContext& ctx, ActOrderExperts& a, std::vector<int32_t>* 
 // weights as they were (each column's scale through g_idx), from one token per expert (the decode
 // walk) to 40 (the packed path), with fp32 inputs gathered through x_rows and with bf16 inputs.
 TEST(ActOrderSortTest, SortedExpertsMatchTheActOrderReference) {
-  for (const bool interleaved : {false, true}) {
+  // Gated (gate and up apart or interleaved) and not gated (ReLU^2: w13 is I rows).
+  for (const auto& [kind, interleaved] :
+       {std::pair{Activation::kSwiGlu, false}, std::pair{Activation::kSwiGlu, true},
+        std::pair{Activation::kReluSquared, false}}) {
     const GemmCase c{.format = WeightFormat::kInt4Zp,
+                     .act = kind,
                      .num_experts = 4,
                      .hidden = 256,
                      .inter = 128,
@@ -1323,6 +1329,40 @@ TEST(ActOrderSortTest, SortedExpertsMatchTheActOrderReference) {
   }
 }
 
+// The sorted view belongs to the cpu backend: the reference, which reads act-order experts as
+// loaded (g_idx per column), refuses it instead of reading its inputs in the wrong order, and an
+// act-order view may not carry an input order.
+TEST(ActOrderSortTest, SortedViewIsRefusedWhereItWouldBeReadWrongly) {
+  const GemmCase c{
+      .format = WeightFormat::kInt4Zp, .num_experts = 2, .hidden = 128, .inter = 64, .group = 32};
+  ActOrderExperts a = MakeActOrder(c, 7);
+  KernelContext ctx = MakeContext(CpuIsa::kAuto, 2);
+  std::vector<int32_t> perm;
+  const Result<bool> ok = Sort(ctx, a, &perm);
+  ASSERT_TRUE(ok.ok() && *ok);
+  ActivationParams act;
+  act.kind = c.act;
+  const std::vector<int64_t> offsets = {0, 1, 2};
+  const std::vector<float> x(static_cast<size_t>(2 * c.hidden), 0.5f);
+  std::vector<float> y(static_cast<size_t>(2 * c.hidden));
+  GroupedGemmParams p;
+  p.weights = &a.ow.view;
+  p.activation = act;
+  p.x_sorted = x.data();
+  p.expert_offsets = offsets.data();
+  p.y_sorted = y.data();
+  const Status ref = reference::GroupedExpertGemm(p);
+  EXPECT_EQ(ref.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ref.message().find("'w13_input_perm'"), std::string::npos) << ref.message();
+  ExpertWeights both = a.ow.view;
+  both.scheme.act_order = true;
+  both.w13_group_index = a.g13.data();
+  both.w2_group_index = a.g2.data();
+  const Status v = ValidateExpertWeights(both, act);
+  EXPECT_EQ(v.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.message().find("'w13_input_perm'"), std::string::npos) << v.message();
+}
+
 // Where the sort cannot make whole groups it changes nothing and says so: a group with one
 // column too many (and its neighbour one too few), gate and up with different g_idx, w2's scales
 // covering more groups than its columns hold (a TP slice of I), biases.
@@ -1335,14 +1375,18 @@ TEST(ActOrderSortTest, RefusesWhatCannotBeSorted) {
     spoil(a);
     const std::vector<uint8_t> w13(a.ow.w13.as<uint8_t>(),
                                    a.ow.w13.as<uint8_t>() + a.ow.w13.size());
+    const std::vector<uint8_t> w2(a.ow.w2.as<uint8_t>(), a.ow.w2.as<uint8_t>() + a.ow.w2.size());
     const std::vector<uint8_t> scales = a.ow.w13_scales;
+    const std::vector<uint8_t> zeros = a.ow.w13_zeros;
     std::vector<int32_t> perm;
     const Result<bool> ok = Sort(ctx, a, &perm);
     ASSERT_TRUE(ok.ok()) << what;
     EXPECT_FALSE(*ok) << what;
     EXPECT_TRUE(a.ow.view.scheme.act_order) << what;
     EXPECT_TRUE(std::equal(w13.begin(), w13.end(), a.ow.w13.as<uint8_t>())) << what;
+    EXPECT_TRUE(std::equal(w2.begin(), w2.end(), a.ow.w2.as<uint8_t>())) << what;
     EXPECT_EQ(scales, a.ow.w13_scales) << what;
+    EXPECT_EQ(zeros, a.ow.w13_zeros) << what;
   };
   refuses("uneven groups", [](ActOrderExperts& a) {
     const auto it = std::find(a.g2.begin() + 64, a.g2.end(), 1);  // expert 1's w2

@@ -54,17 +54,23 @@ Result<ReadBuffer> ReadBuffer::Create(KernelContext& ctx, int64_t bytes) {
     return ResourceExhaustedError(
         fmt::format("bandwidth: cannot allocate {} bytes for the read buffer", total));
   }
-  // Each thread first-touches the chunk it will read (NUMA-local pages).
+  // Each thread first-touches the chunk it will read (NUMA-local pages): chunk i belongs to the
+  // pool's thread i, and the barrier makes every thread take exactly one of the calls.
   uint8_t* data = r.buf_.as<uint8_t>();
   const int64_t chunk = r.chunk_;
-  ctx.pool().ParallelFor(r.threads_, 1, [&](int64_t b, int64_t, int) {
-    std::memset(data + b * chunk, static_cast<int>(b + 1), static_cast<size_t>(chunk));
+  StartBarrier barrier(r.threads_);
+  ctx.pool().ParallelFor(r.threads_, 1, [&](int64_t, int64_t, int thread) {
+    barrier.ArriveAndWait();
+    std::memset(data + thread * chunk, thread + 1, static_cast<size_t>(chunk));
   });
   return r;
 }
 
 Result<double> MeasureReadBandwidth(KernelContext& ctx, const ReadBuffer& buffer, int repetitions) {
   const int threads = ctx.num_threads();
+  if (buffer.empty()) {
+    return InvalidArgumentError("bandwidth: the read buffer is empty (moved from)");
+  }
   if (buffer.threads() != threads) {
     return InvalidArgumentError(
         fmt::format("bandwidth: the read buffer was made for {} threads, the context has {}",
@@ -80,9 +86,9 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, const ReadBuffer& buffer
     for (int pattern = 0; pattern < patterns; ++pattern) {
       barrier.Reset();
       const auto t0 = std::chrono::steady_clock::now();
-      ctx.pool().ParallelFor(threads, 1, [&](int64_t b, int64_t, int) {
+      ctx.pool().ParallelFor(threads, 1, [&](int64_t, int64_t, int thread) {
         barrier.ArriveAndWait();
-        sink ^= be.read_stream(buffer.chunk(b), buffer.chunk_bytes(), pattern);
+        sink ^= be.read_stream(buffer.chunk(thread), buffer.chunk_bytes(), pattern);
       });
       const double s = Seconds(t0, std::chrono::steady_clock::now());
       best = std::max(best, static_cast<double>(total) / s);

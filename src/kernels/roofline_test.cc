@@ -42,6 +42,18 @@ TEST(ReadBufferTest, TinyRequestsGetAtLeast256BytesPerThread) {
   EXPECT_EQ(buf->chunk_bytes(), 256);
 }
 
+TEST(ReadBufferTest, MovedFromBufferIsRefused) {
+  KernelContext ctx = Context(2);
+  Result<ReadBuffer> a = ReadBuffer::Create(ctx, int64_t{1} << 16);
+  ASSERT_TRUE(a.ok());
+  const ReadBuffer b = std::move(*a);
+  EXPECT_TRUE(MeasureReadBandwidth(ctx, b, 1).ok());
+  // NOLINTNEXTLINE(bugprone-use-after-move): the moved-from buffer is what is checked
+  const Result<double> bw = MeasureReadBandwidth(ctx, *a, 1);
+  ASSERT_FALSE(bw.ok());
+  EXPECT_NE(bw.status().message().find("empty"), std::string::npos) << bw.status().ToString();
+}
+
 TEST(ReadBufferTest, BufferOfAnotherThreadCountIsRefused) {
   KernelContext two = Context(2);
   KernelContext one = Context(1);

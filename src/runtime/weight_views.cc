@@ -84,7 +84,8 @@ TensorBuffer* ExpertPart(const RankPlan& rp, RankWeights* weights, TensorRole ro
 }
 
 // Act-order experts without biases: their scales, zero points and g_idx into the view and the
-// args (w13's scales and zero points writable), when every tensor has the bytes the view reads;
+// args (w13's scales and zero points writable), when every tensor has the dtype and bytes the
+// view reads;
 // otherwise nothing is bound and the backend keeps them as loaded (the binder reports the
 // mismatch when the layer is bound).
 void BindActOrder(const ShardPlan& plan, const RankPlan& rp, RankWeights* weights, int64_t layer,
@@ -101,6 +102,12 @@ void BindActOrder(const ShardPlan& plan, const RankPlan& rp, RankWeights* weight
   TensorBuffer* g2 = ExpertPart(rp, weights, R::kExpertsW2, P::kGroupIndex, layer);
   if (s13 == nullptr || z13 == nullptr || g13 == nullptr || s2 == nullptr || z2 == nullptr ||
       g2 == nullptr || s2->shape.empty() || w.scheme.group <= 0) {
+    return;
+  }
+  // The dtypes the view reads (fp16 scales, U8 zero points, I32 g_idx): an I64 g_idx can have
+  // another tensor's byte count and must not be sorted by.
+  if (s13->dtype != DType::kF16 || s2->dtype != DType::kF16 || z13->dtype != DType::kU8 ||
+      z2->dtype != DType::kU8 || g13->dtype != DType::kI32 || g2->dtype != DType::kI32) {
     return;
   }
   const int64_t E = w.num_experts_local, H = w.hidden, I = w.intermediate;

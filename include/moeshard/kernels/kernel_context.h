@@ -77,6 +77,7 @@ class KernelContext {
 
   // Internal: scratch memory for the kernels of this context.
   internal::KernelScratch& scratch() { return *scratch_; }
+  const internal::KernelScratch& scratch() const { return *scratch_; }
 
  private:
   KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool* pool, CpuIsa isa);

@@ -18,7 +18,8 @@ namespace moeshard {
 class KernelContext;
 
 // The buffer MeasureReadBandwidth reads: one chunk per thread of the context it was made for,
-// each first-touched by its thread (NUMA-local pages), huge-page advised. Made once and measured
+// chunk i first-touched and later read by the pool's thread i (NUMA-local pages when the
+// threads are pinned), huge-page advised. Made once and measured
 // many times: allocating and zeroing a GiB took about half of `bench kernels`' wall time when
 // every case made its own twice.
 class ReadBuffer {
@@ -27,6 +28,7 @@ class ReadBuffer {
   // per thread, at least 256 bytes per thread.
   static Result<ReadBuffer> Create(KernelContext& ctx, int64_t bytes);
 
+  bool empty() const { return buf_.empty(); }
   int threads() const { return threads_; }
   int64_t chunk_bytes() const { return chunk_; }
   const uint8_t* chunk(int64_t thread) const { return buf_.as<uint8_t>() + thread * chunk_; }

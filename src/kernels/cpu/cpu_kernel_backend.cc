@@ -54,7 +54,7 @@ Result<KernelBuffer> CpuKernelBackend::Allocate(int64_t bytes) {
 }
 
 int64_t CpuKernelBackend::ScratchBytes() const {
-  return static_cast<int64_t>(dense_.rows.capacity() * sizeof(float));
+  return static_cast<int64_t>(dense_.rows.capacity() * sizeof(float)) + ctx_.scratch().Bytes();
 }
 
 Result<bool> CpuKernelBackend::PrepareExperts(const PrepareExpertsArgs& a) {

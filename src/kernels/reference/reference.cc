@@ -444,6 +444,16 @@ std::vector<float> RowAsFloat(const void* x, DType dtype, int64_t row, int64_t h
   return v;
 }
 
+// The oracle reads weights as loaded: a view SortActOrderExperts sorted by group (its inputs
+// gathered through w13_input_perm) is the cpu backend's own and would be read wrongly here.
+Status RejectSortedView(const ExpertWeights& w) {
+  if (w.w13_input_perm == nullptr) return Status::Ok();
+  return InvalidArgumentError(
+      "reference: 'w13_input_perm': expected null (the reference reads act-order experts as "
+      "loaded, with their g_idx), got a view sorted by group; pass the weights before "
+      "SortActOrderExperts");
+}
+
 }  // namespace
 
 Status GroupedExpertGemm(const GroupedGemmParams& p) {
@@ -452,6 +462,7 @@ Status GroupedExpertGemm(const GroupedGemmParams& p) {
   }
   const ExpertWeights& w = *p.weights;
   MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
+  MOESHARD_RETURN_IF_ERROR(RejectSortedView(w));
   std::vector<double> y(static_cast<size_t>(w.hidden));
   for (int64_t e = 0; e < w.num_experts_local; ++e) {
     if (p.expert_offsets[e + 1] == p.expert_offsets[e]) continue;
@@ -471,6 +482,7 @@ Status MoeExpertsForward(const MoeExpertsParams& p) {
   if (p.weights == nullptr) return InvalidArgumentError("reference moe: 'weights': null");
   const ExpertWeights& w = *p.weights;
   MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
+  MOESHARD_RETURN_IF_ERROR(RejectSortedView(w));
   std::vector<DenseExpert> dense(static_cast<size_t>(w.num_experts_local));
   std::vector<bool> have(static_cast<size_t>(w.num_experts_local), false);
   std::vector<double> y(static_cast<size_t>(w.hidden));
