@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernels_test_util.h"
 #include "moeshard/base/numeric.h"
+#include "moeshard/kernels/kernel_backend.h"
 #include "moeshard/kernels/quantize.h"
 #include "moeshard/kernels/reference.h"
 
@@ -1349,6 +1350,7 @@ TEST(ActOrderSortTest, SortedViewIsRefusedWhereItWouldBeReadWrongly) {
   p.weights = &a.ow.view;
   p.activation = act;
   p.x_sorted = x.data();
+  p.x_dtype = DType::kF32;
   p.expert_offsets = offsets.data();
   p.y_sorted = y.data();
   const Status ref = reference::GroupedExpertGemm(p);
@@ -1399,6 +1401,50 @@ TEST(ActOrderSortTest, RefusesWhatCannotBeSorted) {
   refuses("w2 split by TP", [](ActOrderExperts& a) { a.ow.view.w2_scale_cols = 4; });
   std::vector<float> bias(static_cast<size_t>(c.num_experts * c.Rows13()), 0.0f);
   refuses("biases", [&](ActOrderExperts& a) { a.ow.view.w13_bias = bias.data(); });
+}
+
+// The cpu backend knows the layers it rewrote by their address and shape: other experts later
+// placed at the same address (a freed layer's memory reused) are read as loaded, not as the row
+// groups the earlier layer was rewritten into.
+TEST(CpuBackendPrepareTest, OtherExpertsAtARewrittenAddressAreReadAsLoaded) {
+  Result<std::unique_ptr<KernelBackend>> be = CreateKernelBackend(
+      {.name = "cpu", .num_threads = 2, .settings = {{"expert-layout", "row-groups"}}});
+  ASSERT_TRUE(be.ok()) << be.status().message();
+  const GemmCase first{.num_experts = 2, .hidden = 64, .inter = 32};
+  OwnedExpertWeights a = Encode(first, RandomWeights(first, 61));
+  PrepareExpertsArgs args;
+  args.weights = a.view;
+  args.w13 = a.w13.data();
+  args.w2 = a.w2.data();
+  const Result<bool> rewritten = (*be)->PrepareExperts(args);
+  ASSERT_TRUE(rewritten.ok() && *rewritten) << "the bf16 layer was not put into row groups";
+  // One expert of I 16, row-major, written over the first layer's memory.
+  const GemmCase second{.num_experts = 1, .hidden = 64, .inter = 16};
+  OwnedExpertWeights b = Encode(second, RandomWeights(second, 62));
+  ASSERT_LE(b.w13.size(), a.w13.size());
+  ASSERT_LE(b.w2.size(), a.w2.size());
+  std::memcpy(a.w13.data(), b.w13.data(), b.w13.size());
+  std::memcpy(a.w2.data(), b.w2.data(), b.w2.size());
+  ExpertWeights reused = b.view;
+  reused.w13 = a.w13.data();
+  reused.w2 = a.w2.data();
+  const std::vector<int64_t> offsets = {0, 3};
+  const std::vector<float> x = Randn(3 * second.hidden, 63, kInputScale);
+  auto run = [&](const ExpertWeights& w, bool reference) {
+    std::vector<float> y(static_cast<size_t>(3 * second.hidden));
+    GroupedGemmParams p;
+    p.weights = &w;
+    p.activation.kind = second.act;
+    p.x_sorted = x.data();
+    p.x_dtype = DType::kF32;
+    p.expert_offsets = offsets.data();
+    p.y_sorted = y.data();
+    const Status s = reference ? reference::GroupedExpertGemm(p) : (*be)->ExpertGemm(p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return y;
+  };
+  EXPECT_TRUE(Close(run(reused, false), run(b.view, true), TolFor(WeightFormat::kBf16),
+                    "reused address", 61));
 }
 
 }  // namespace

@@ -141,7 +141,9 @@ class KernelBackend {
 
   // Offers one layer's routed experts for an in-place rewrite into the backend's layout.
   // Returns true when it rewrote them (then `args`' tensors must only be read through this
-  // backend), false when it keeps them as they are. Idempotent for the same tensors.
+  // backend), false when it keeps them as they are. Idempotent for the same tensors. The
+  // backend recognises rewritten layers by their tensors' addresses and shape: the tensors must
+  // stay allocated while the backend is in use (free the backend first, as ShardedJob does).
   virtual Result<bool> PrepareExperts(const PrepareExpertsArgs& args) = 0;
   // The layout PrepareExperts rewrites into, for reports ("bf16 row-group layout"); empty when
   // the backend never rewrites.

@@ -59,12 +59,19 @@ int64_t CpuKernelBackend::ScratchBytes() const {
 
 Result<bool> CpuKernelBackend::PrepareExperts(const PrepareExpertsArgs& a) {
   for (const Prepared& p : prepared_) {
-    if (p.w13 == a.w13 && p.w2 == a.w2) return true;  // done before
+    if (p.Matches(a.weights)) return true;  // done before
   }
   if (a.weights.num_experts_local == 0 || a.weights.bf16_row_groups) return false;
   ExpertWeights w = a.weights;
+  const Prepared shape{.w13 = a.w13,
+                       .w2 = a.w2,
+                       .input_perm = {},
+                       .experts = w.num_experts_local,
+                       .hidden = w.hidden,
+                       .intermediate = w.intermediate,
+                       .format = w.scheme.format};
   if (w.scheme.act_order) {  // sorted by group on every instruction set, or left as loaded
-    Prepared p{.w13 = a.w13, .w2 = a.w2, .input_perm = {}};
+    Prepared p = shape;
     const ActOrderBuffers b{
         .w13 = a.w13, .w13_scales = a.w13_scales, .w13_zeros = a.w13_zeros, .w2 = a.w2};
     MOESHARD_ASSIGN_OR_RETURN(const bool sorted, SortActOrderExperts(ctx_, &w, b, &p.input_perm));
@@ -73,7 +80,7 @@ Result<bool> CpuKernelBackend::PrepareExperts(const PrepareExpertsArgs& a) {
   }
   if (!RowGroupsWanted() || !CheckBf16RowGroupShape(w).ok()) return false;  // row-major
   MOESHARD_RETURN_IF_ERROR(RepackBf16RowGroups(ctx_, &w, a.w13, a.w2));
-  prepared_.push_back({.w13 = a.w13, .w2 = a.w2, .input_perm = {}});
+  prepared_.push_back(shape);
   return true;
 }
 
@@ -93,7 +100,7 @@ const ExpertWeights* CpuKernelBackend::AsPrepared(const ExpertWeights* w,
                                                   ExpertWeights* storage) const {
   if (w == nullptr) return w;
   for (const Prepared& p : prepared_) {
-    if (p.w13 != w->w13 || p.w2 != w->w2) continue;
+    if (!p.Matches(*w)) continue;
     *storage = *w;
     if (p.input_perm.empty()) {
       storage->bf16_row_groups = true;

@@ -73,6 +73,14 @@ class CpuKernelBackend final : public KernelBackend {
     const void* w13 = nullptr;
     const void* w2 = nullptr;
     std::vector<int32_t> input_perm;
+    // The view's shape when prepared: a view of other experts at a reused address is not taken
+    // for this layer.
+    int64_t experts = 0, hidden = 0, intermediate = 0;
+    WeightFormat format = WeightFormat::kBf16;
+    bool Matches(const ExpertWeights& w) const {
+      return w13 == w.w13 && w2 == w.w2 && experts == w.num_experts_local && hidden == w.hidden &&
+             intermediate == w.intermediate && format == w.scheme.format;
+    }
   };
 
   std::string name_ = "cpu";
