@@ -244,7 +244,6 @@ Status RunKernels(const KernelsFlags& f) {
              CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()), peak, load_before);
   // One read buffer for every roofline measurement of the run.
   MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
-  o.read_buffer = &read;
   MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, read, 3));
   fmt::print("roofline before: read {:.2f} GB/s, {} peak {:.1f} GFLOP/s\n",
              before.read_bytes_per_s / 1e9, peak, before.peak_flops_per_s / 1e9);
@@ -254,7 +253,7 @@ Status RunKernels(const KernelsFlags& f) {
     std::fflush(stdout);
   };
   MOESHARD_ASSIGN_OR_RETURN(std::vector<KernelBenchResult> results,
-                            RunKernelBench(ctx, o, before, progress));
+                            RunKernelBench(ctx, o, read, before, progress));
   MOESHARD_ASSIGN_OR_RETURN(const Roofline after, MeasureRoofline(ctx, read, 3));
   fmt::print("roofline after:  read {:.2f} GB/s, {} peak {:.1f} GFLOP/s\n",
              after.read_bytes_per_s / 1e9, peak, after.peak_flops_per_s / 1e9);

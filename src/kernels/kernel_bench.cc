@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <random>
 #include <set>
 
-#include "moeshard/base/units.h"
 #include "moeshard/kernels/kernel_context.h"
 #include "moeshard/kernels/moe_forward.h"
 #include "moeshard/kernels/quantize.h"
@@ -30,11 +28,6 @@ Result<Roofline> MeasureRoofline(KernelContext& ctx, const ReadBuffer& read, int
   MOESHARD_ASSIGN_OR_RETURN(r.read_bytes_per_s, MeasureReadBandwidth(ctx, read, repetitions));
   MOESHARD_ASSIGN_OR_RETURN(r.peak_flops_per_s, MeasureComputePeak(ctx, repetitions));
   return r;
-}
-
-Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions) {
-  MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
-  return MeasureRoofline(ctx, read, repetitions);
 }
 
 namespace {
@@ -190,16 +183,11 @@ KernelBenchResult SummarizeCase(const KernelBenchOptions& o, const KernelBenchSh
 }  // namespace
 
 Result<std::vector<KernelBenchResult>> RunKernelBench(
-    KernelContext& ctx, const KernelBenchOptions& o, const Roofline& roofline,
-    const std::function<void(const KernelBenchResult&)>& on_result) {
+    KernelContext& ctx, const KernelBenchOptions& o, const ReadBuffer& read,
+    const Roofline& roofline, const std::function<void(const KernelBenchResult&)>& on_result) {
   if (roofline.read_bytes_per_s <= 0 || roofline.peak_flops_per_s <= 0) {
     return InvalidArgumentError("bench kernels: 'roofline': expected positive measurements");
   }
-  std::optional<ReadBuffer> own_read;
-  if (o.read_buffer == nullptr) {
-    MOESHARD_ASSIGN_OR_RETURN(own_read, ReadBuffer::Create(ctx, kGiB));
-  }
-  const ReadBuffer& read = o.read_buffer != nullptr ? *o.read_buffer : *own_read;
   std::vector<KernelBenchResult> results;
   for (const KernelBenchShape& shape : o.shapes) {
     for (WeightFormat format : o.formats) {

@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
-#include <type_traits>
 #include <vector>
 
 #include "moeshard/base/numeric.h"
@@ -89,10 +88,7 @@ struct KernelScratch {
 
   // Bytes held by the large buffers (their capacities), for workspace reports.
   int64_t Bytes() const {
-    auto b = [](const auto& v) {
-      return static_cast<int64_t>(v.capacity() *
-                                  sizeof(typename std::decay_t<decltype(v)>::value_type));
-    };
+    auto b = [](const auto& v) { return static_cast<int64_t>(v.capacity() * sizeof(*v.data())); };
     int64_t n = b(x_bf16) + b(x_perm) + b(h) + b(x_packed) + b(h_packed) + b(y_sorted) +
                 b(topk_ids) + b(topk_weights);
     for (const PerThread& t : per_thread) n += b(t.tile) + b(t.work) + b(t.act) + b(t.packed_work);

@@ -98,11 +98,6 @@ Result<double> MeasureReadBandwidth(KernelContext& ctx, const ReadBuffer& buffer
   return best;
 }
 
-Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions) {
-  MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer buffer, ReadBuffer::Create(ctx, buffer_bytes));
-  return MeasureReadBandwidth(ctx, buffer, repetitions);
-}
-
 const char* ComputePeakInstruction(const KernelContext& ctx) {
   return internal::CpuBackendFor(ctx.isa()).peak_instruction;
 }

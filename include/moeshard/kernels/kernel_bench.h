@@ -49,10 +49,8 @@ struct Roofline {
   double peak_flops_per_s = 0.0;  // of the instruction the context's kernels use (roofline.h)
 };
 
-// Measures both limits (best of `repetitions`), reading `read` (roofline.h) or a 1 GiB buffer
-// made for this call.
+// Measures both limits (best of `repetitions`), reading `read` (roofline.h).
 Result<Roofline> MeasureRoofline(KernelContext& ctx, const ReadBuffer& read, int repetitions);
-Result<Roofline> MeasureRoofline(KernelContext& ctx, int repetitions);
 
 struct KernelBenchOptions {
   std::vector<int64_t> tokens = {1, 8, 32, 128, 512, 2048};
@@ -66,9 +64,6 @@ struct KernelBenchOptions {
   // and the median of the per-pair time ratios (robust to the host's bandwidth drifting between
   // minutes). Null: off.
   KernelContext* versus = nullptr;
-  // The buffer the roofline around each case reads (made for the context's threads); null:
-  // RunKernelBench makes one of 1 GiB for the run.
-  const ReadBuffer* read_buffer = nullptr;
   double min_seconds = 0.5;  // per case: repeat until this much time and >= min_repetitions
   int min_repetitions = 3;
   uint64_t seed = 1;
@@ -107,9 +102,10 @@ void ApplyRoofline(const Roofline& run_best, std::vector<KernelBenchResult>* res
 // The better of two measurements in each dimension.
 Roofline BestOf(const Roofline& a, const Roofline& b);
 
-// Runs every (shape, format, tokens) case; `on_result` is called after each (for progress).
+// Runs every (shape, format, tokens) case, measuring the roofline around each on `read` (made
+// for ctx); `on_result` is called after each (for progress).
 Result<std::vector<KernelBenchResult>> RunKernelBench(
-    KernelContext& ctx, const KernelBenchOptions& options, const Roofline& roofline,
-    const std::function<void(const KernelBenchResult&)>& on_result = {});
+    KernelContext& ctx, const KernelBenchOptions& options, const ReadBuffer& read,
+    const Roofline& roofline, const std::function<void(const KernelBenchResult&)>& on_result = {});
 
 }  // namespace moeshard

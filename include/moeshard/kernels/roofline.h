@@ -19,9 +19,9 @@ class KernelContext;
 
 // The buffer MeasureReadBandwidth reads: one chunk per thread of the context it was made for,
 // chunk i first-touched and later read by the pool's thread i (NUMA-local pages when the
-// threads are pinned), huge-page advised. Made once and measured
-// many times: allocating and zeroing a GiB took about half of `bench kernels`' wall time when
-// every case made its own twice.
+// threads are pinned), huge-page advised. Made once and measured many times: with a buffer
+// allocated and zeroed per measurement, twice per case, `bench kernels` took about a quarter
+// longer.
 class ReadBuffer {
  public:
   // `bytes` (choose it far larger than the last-level cache) rounded down to whole 4 KiB pages
@@ -43,8 +43,6 @@ class ReadBuffer {
 // best of `repetitions` passes of every read pattern (AVX-512: one sequential stream, and four
 // interleaved prefetched streams). Returns bytes per second.
 Result<double> MeasureReadBandwidth(KernelContext& ctx, const ReadBuffer& buffer, int repetitions);
-// The same over a buffer of `buffer_bytes` made for this one measurement.
-Result<double> MeasureReadBandwidth(KernelContext& ctx, int64_t buffer_bytes, int repetitions);
 
 // The peak of the multiply-add instruction the context's kernels use (vdpbf16ps on AVX-512 BF16;
 // fp32 FMA on AVX2, AVX-512 without BF16, NEON and SVE; the plain C++ loop on the portable
