@@ -85,9 +85,8 @@ TensorBuffer* ExpertPart(const RankPlan& rp, RankWeights* weights, TensorRole ro
 
 // Act-order experts without biases: their scales, zero points and g_idx into the view and the
 // args (w13's scales and zero points writable), when every tensor has the dtype and bytes the
-// view reads;
-// otherwise nothing is bound and the backend keeps them as loaded (the binder reports the
-// mismatch when the layer is bound).
+// view reads; otherwise nothing is bound and the backend keeps them as loaded (the binder
+// reports the mismatch when the layer is bound).
 void BindActOrder(const ShardPlan& plan, const RankPlan& rp, RankWeights* weights, int64_t layer,
                   const TensorBuffer& w13, const TensorBuffer& w2, PrepareExpertsArgs* a) {
   ExpertWeights& w = a->weights;
