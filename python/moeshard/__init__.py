@@ -115,7 +115,8 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
          shared_experts="sharded", latent_proj="replicated", gpu="h200", gpu_memory=None,
          gpu_memory_utilization=None, kv_cache_dtype="auto", max_model_len=None,
          max_num_seqs=None, concurrent_seqs=None, max_num_batched_tokens=None, overhead_gib=0.0,
-         engine="vllm", all2all_backend=None, cuda_graph_gib=0.0, tensors=False):
+         engine="vllm", all2all_backend=None, cuda_graph_gib=0.0, interconnect="auto",
+         tensors=False):
     """``moeshard plan``: the plan of one topology.
 
     model: a preset name (``"kimi-k3"``), a config.json, or a checkpoint directory.
@@ -128,8 +129,9 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
     (vLLM's scheduler bound, which sizes the sampler profile; None: the engine's),
     concurrent_seqs (full-length sequences that must fit; None: 1),
     max_num_batched_tokens, overhead_gib: the memory flags (None: the engine's default).
-    engine (``"vllm"``, ``"sglang@0.4"``, ...), all2all_backend, cuda_graph_gib: ``--engine``,
-    ``--all2all-backend``, ``--cuda-graph-gib`` (docs/engine-memory.md).
+    engine (``"vllm"``, ``"sglang@0.4"``, ...), all2all_backend, cuda_graph_gib, interconnect
+    (``"auto"``, ``"nvlink"``, ``"pcie"``): ``--engine``, ``--all2all-backend``,
+    ``--cuda-graph-gib``, ``--interconnect`` (docs/engine-memory.md).
     tensors: list every tensor of every rank (``--tensors``).
     Returns a ``Plan``; raises ``moeshard.Error`` where the CLI prints an error.
     """
@@ -141,7 +143,8 @@ def plan(model, tp=1, dp=1, pp=1, pcp=1, ep=False, moe_tp=None, moe_ep=None, bac
         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, concurrent_seqs=concurrent_seqs,
         max_num_batched_tokens=max_num_batched_tokens, overhead_gib=overhead_gib,
-        engine=engine, all2all_backend=all2all_backend, cuda_graph_gib=cuda_graph_gib))
+        engine=engine, all2all_backend=all2all_backend, cuda_graph_gib=cuda_graph_gib,
+        interconnect=interconnect))
     p = Plan(_json.loads(text))
     p._plan_options = dict(
         model=model, tp=tp, dp=dp, pp=pp, pcp=pcp, ep=ep, moe_tp=moe_tp, moe_ep=moe_ep, backend=backend,

@@ -114,6 +114,7 @@ cli::MemoryFlags MemoryFlagsOf(const py::kwargs& kw) {
   get("engine", f.engine);
   get("all2all_backend", f.all2all_backend);
   get("cuda_graph_gib", f.cuda_graph_gib);
+  get("interconnect", f.interconnect);
   ThrowIfError(cli::ValidateMemoryFlags(f));
   return f;
 }
@@ -138,7 +139,7 @@ void RejectUnknown(const py::kwargs& kw, std::initializer_list<const char*> grou
 #define MOESHARD_MEMORY_KEYS                                                                 \
   "gpu", "gpu_memory", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",          \
       "max_num_seqs", "concurrent_seqs", "max_num_batched_tokens", "overhead_gib", "engine", \
-      "all2all_backend", "cuda_graph_gib"
+      "all2all_backend", "cuda_graph_gib", "interconnect"
 
 std::string PlanJson(const std::string& model, bool tensors, const py::kwargs& kw) {
   RejectUnknown(kw, {MOESHARD_PLAN_KEYS, MOESHARD_MEMORY_KEYS}, "plan");

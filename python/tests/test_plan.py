@@ -49,6 +49,16 @@ def test_max_num_seqs_and_concurrent_seqs_equal_cli(cli):
     assert not q.fits and q.to_dict()["memory"]["concurrent_seqs"] == 6
 
 
+def test_interconnect_equals_cli(cli):
+    # H200s are NVLink boards; interconnect="pcie" takes vLLM's PCIe non-torch row instead.
+    nvlink = same_as_cli(cli, "qwen3-235b-a22b", dict(tp=8), ["-tp", "8"])
+    pcie = same_as_cli(cli, "qwen3-235b-a22b", dict(tp=8, interconnect="pcie"),
+                       ["-tp", "8", "--interconnect", "pcie"])
+    assert nvlink.to_dict()["memory"]["interconnect"] == "nvlink"
+    assert pcie.to_dict()["memory"]["interconnect"] == "pcie"
+    assert pcie.ranks[0].kv_tokens > nvlink.ranks[0].kv_tokens
+
+
 @pytest.mark.parametrize("model", ["tiny-kimi-k3", "tiny-qwen3-moe", "qwen3-30b-a3b"])
 def test_plan_with_tensors_equals_cli_tensors(cli, model):
     p = same_as_cli(cli, model, dict(tp=2, dp=2, ep=True), ["-tp", "2", "-dp", "2", "-ep"],
@@ -89,6 +99,7 @@ def test_hybrid_and_redundant_experts_equal_cli(cli):
     (dict(backend="warp-drive"), ["-m", "kimi-k3", "--moe-backend", "warp-drive"]),
     (dict(gpu="h9000"), ["-m", "kimi-k3", "--gpu", "h9000"]),
     (dict(max_model_len="lots"), ["-m", "kimi-k3", "--max-model-len", "lots"]),
+    (dict(interconnect="nvswitch"), ["-m", "kimi-k3", "--interconnect", "nvswitch"]),
 ])
 def test_errors_have_the_cli_message(cli, kwargs, flags):
     out = cli("plan", *flags, "--format", "json")

@@ -277,6 +277,10 @@ void AddMemoryFlags(CLI::App* app, MemoryFlags* f) {
                   "CUDA graph pool per GPU in GiB (a row of the memory table; vLLM keeps it "
                   "outside its fraction)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--interconnect", f->interconnect,
+                  "how the GPUs of a server are joined: auto (the --gpu entry's: NVLink for the "
+                  "H100, H200, B200, GB300 and A100 SXM boards, PCIe for the rest and for "
+                  "--gpu-memory), nvlink, pcie; picks vLLM's non-torch memory rows");
   app->add_option("--kv-cache-dtype", f->kv_cache_dtype, "auto, bf16, fp8 (fp8_e4m3, fp8_e5m2)");
   app->add_option("--max-model-len", f->max_model_len,
                   "context length: 131072, 128k (=128000), 128K (=131072), 1M, or auto");
@@ -312,6 +316,14 @@ Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
                     "--gpu-memory"};
   } else {
     MOESHARD_ASSIGN_OR_RETURN(o.gpu, FindGpu(f.gpu));
+  }
+  if (f.interconnect == "nvlink" || f.interconnect == "pcie") {
+    o.gpu.nvlink = f.interconnect == "nvlink";
+  } else if (f.interconnect != "auto") {
+    return InvalidArgumentError(fmt::format(
+        "'--interconnect {}': expected auto, nvlink or pcie (how the GPUs of one server are "
+        "joined; auto takes the --gpu entry's)",
+        f.interconnect));
   }
   o.gpu_memory_utilization = f.utilization;
   MOESHARD_ASSIGN_OR_RETURN(o.kv_cache_dtype, ParseKvCacheDtype(f.kv_cache_dtype));

@@ -80,6 +80,7 @@ struct MemoryFlags {
   std::string engine = "vllm";         // name[@version]
   std::string all2all_backend;         // "" = the engine's default
   double cuda_graph_gib = 0;
+  std::string interconnect = "auto";  // auto (the GPU's), nvlink, pcie
 };
 void AddMemoryFlags(CLI::App* app, MemoryFlags* flags);
 Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& flags);

@@ -190,13 +190,14 @@ std::string RenderRankTensors(const ShardPlan& plan,
 std::string RenderMemory(const ShardPlan& plan, const MemoryPlan& mem, bool md) {
   std::string out;
   const MemoryOptions& mo = mem.options;
-  out += Heading(fmt::format("Memory per GPU: {} ({} GiB) x {:.2f} utilization = {} GiB; KV "
-                             "cache {}, max_model_len {}, concurrent_seqs {} per DP rank",
-                             mo.gpu.description, FormatGiB(mo.gpu.bytes), mo.gpu_memory_utilization,
-                             FormatGiB(mem.ranks.empty() ? 0 : mem.ranks[0].budget),
-                             mem.kv_dtype_bytes == 1 ? "fp8" : "bf16",
-                             FormatCount(mem.max_model_len), mo.max_num_seqs),
-                 md);
+  out += Heading(
+      fmt::format("Memory per GPU: {} ({} GiB, {}) x {:.2f} utilization = {} GiB; KV "
+                  "cache {}, max_model_len {}, concurrent_seqs {} per DP rank",
+                  mo.gpu.description, FormatGiB(mo.gpu.bytes), mo.gpu.nvlink ? "NVLink" : "PCIe",
+                  mo.gpu_memory_utilization, FormatGiB(mem.ranks.empty() ? 0 : mem.ranks[0].budget),
+                  mem.kv_dtype_bytes == 1 ? "fp8" : "bf16", FormatCount(mem.max_model_len),
+                  mo.max_num_seqs),
+      md);
   std::vector<std::string> header = {"ranks"};
   std::vector<TensorCategory> cats;
   for (TensorCategory c : kAllCategories) {

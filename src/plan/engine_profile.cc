@@ -204,10 +204,12 @@ MemoryTerm CudaContextTerm() {
                     c.at("source").get<std::string>(), true};
 }
 
-MemoryTerm NonTorchProfileTerm(int64_t tp) {
+MemoryTerm NonTorchProfileTerm(int64_t tp, bool nvlink) {
   const json& n = Data().at("non_torch_profile");
-  return MemoryTerm{"non_torch_profile", RowMiB(n.at("rows"), tp) * kMiB,
-                    n.at("source").get<std::string>(), true};
+  const char* rows = nvlink ? "nvlink_rows" : "rows";
+  const char* source = nvlink ? "nvlink_source" : "source";
+  return MemoryTerm{"non_torch_profile", RowMiB(n.at(rows), tp) * kMiB,
+                    n.at(source).get<std::string>(), true};
 }
 
 }  // namespace moeshard

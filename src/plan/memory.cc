@@ -19,27 +19,29 @@ namespace moeshard {
 const std::vector<GpuSpec>& GpuCatalog() {
   // Capacities as the driver reports them where known (nvidia-smi "MiB" totals), else the
   // datasheet figure. What a process can allocate is a little less; gpu_memory_utilization
-  // leaves the margin.
+  // leaves the margin. NVLink: the H100, H200, B200, GB300 and A100 entries are the SXM boards
+  // (HGX servers, NVSwitch), the A10, L4 and L40S are PCIe cards; the AMD entries take the PCIe
+  // rows (no public vLLM non-torch figure for them was found). --interconnect overrides.
   static const std::vector<GpuSpec> catalog = {
       // H100 and H200: what cudaMemGetInfo reports (vLLM and SGLang divide this, not
       // nvidia-smi's 81559 / 143771 MiB, 0.46 / 0.59 GiB more).
       {"h100", "NVIDIA H100 80 GB", static_cast<int64_t>(79.18 * kGiB),
        "vLLM 'Free memory on device (78.57/79.18 GiB)' on an H100 (llm-d/llm-d-benchmark "
        "config_explorer/empirical-vllm-memory-results.md)",
-       90},
+       90, true},
       {"h200", "NVIDIA H200 141 GB", static_cast<int64_t>(139.81 * kGiB),
        "vLLM 0.10.2 'Free memory on device (139.21/139.81 GiB)' on H200s (docs/engine-memory.md "
        "row 11); PyTorch OOM messages on H200 read 'total capacity of 139.81 GiB'",
-       90},
-      {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB", 100},
-      {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e", 103},
-      {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB", 80},
+       90, true},
+      {"b200", "NVIDIA B200 192 GB", 183359 * kMiB, "nvidia-smi: 183359 MiB", 100, true},
+      {"gb300", "NVIDIA GB300 288 GB", 288 * kGiB, "datasheet: 288 GB HBM3e", 103, true},
+      {"a100", "NVIDIA A100 80 GB", 81920 * kMiB, "nvidia-smi: 81920 MiB", 80, true},
       // What PyTorch (and so vLLM's mem_get_info) reports as total, from OOM messages.
       {"a100-80gb", "NVIDIA A100 80 GB", static_cast<int64_t>(79.25 * kGiB),
        "PyTorch 'total capacity of 79.25 GiB' on A100-SXM4-80GB (vllm-project/vllm issue 20581)",
-       80},
+       80, true},
       {"a100-40gb", "NVIDIA A100 40 GB", static_cast<int64_t>(39.50 * kGiB),
-       "PyTorch 'total capacity of 39.50 GiB' (TianheWu/CoSeR issue 10)", 80},
+       "PyTorch 'total capacity of 39.50 GiB' (TianheWu/CoSeR issue 10)", 80, true},
       {"a10", "NVIDIA A10 24 GB", static_cast<int64_t>(22.06 * kGiB),
        "PyTorch '22.06 GiB total capacity' (vllm-project/vllm issue 928)", 86},
       {"l4", "NVIDIA L4 24 GB", static_cast<int64_t>(21.96 * kGiB),
@@ -435,7 +437,7 @@ std::vector<MemoryTerm> RankTerms(const ShardPlan& plan, const RankPlan& r, cons
   MemoryTerm nccl = NcclTerm(t.dp * t.pcp * t.tp);
   nccl.in_kv_budget = !vllm;
   if (t.world > 1) terms.push_back(nccl);
-  if (vllm) terms.push_back(NonTorchProfileTerm(t.tp));
+  if (vllm) terms.push_back(NonTorchProfileTerm(t.tp, o.gpu.nvlink));
   // Weight memory the engine sees as its model's (vLLM's "Model loading took"), subtracted as
   // the weights are.
   if (MemoryTerm x = WeightExtrasTerm(plan, r); x.bytes > 0) terms.push_back(x);

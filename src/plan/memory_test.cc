@@ -42,13 +42,18 @@ TEST(MemoryTest, Qwen3_235B_Bf16_TP8_WeightsByHand) {
   EXPECT_EQ(mp.ranks[0].budget,
             static_cast<int64_t>(static_cast<double>(FindGpu("h200")->bytes) * 0.9));
   // The default engine is vLLM: its requested memory minus weights, the profile peak and the
-  // non-torch increase (the 215 MiB TP8 row of data/engines/memory_terms.json; the CUDA context
-  // and NCCL sit outside its fraction), counted in whole 16-token blocks. (Before engine
-  // profiles this subtracted a flat 2 GiB overhead and counted single tokens.)
-  EXPECT_EQ(mp.ranks[0].overhead, 215 * kMiB);
+  // non-torch increase (the 1782 MiB TP8 NVLink row of data/engines/memory_terms.json: H200s
+  // are SXM boards; the CUDA context and NCCL sit outside its fraction), counted in whole
+  // 16-token blocks. (Before engine profiles this subtracted a flat 2 GiB overhead and counted
+  // single tokens.)
+  EXPECT_EQ(mp.ranks[0].overhead, 1782 * kMiB);
   EXPECT_EQ(mp.ranks[0].kv_tokens,
             (mp.ranks[0].budget - total - mp.ranks[0].activations - mp.ranks[0].overhead) /
                 (94 * 2 * 128 * 2 * 16) * 16);
+  // The same GPUs on PCIe (--interconnect pcie) take the PCIe row, 215 MiB at TP8.
+  MemoryOptions pcie = mo;
+  pcie.gpu.nvlink = false;
+  EXPECT_EQ(PlanMemory(p, pcie).ranks[0].overhead, 215 * kMiB);
   // fp8 KV halves the bytes per token.
   mo.kv_cache_dtype = KvCacheDtype::kFp8;
   EXPECT_EQ(PlanMemory(p, mo).ranks[0].kv_bytes_per_token, 94 * 2 * 128);

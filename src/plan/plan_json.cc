@@ -113,6 +113,7 @@ void AddMemoryToJson(const MemoryPlan& mp, json& j) {
   const MemoryOptions& o = mp.options;
   j["memory"] = {{"gpu", o.gpu.name},
                  {"gpu_bytes", o.gpu.bytes},
+                 {"interconnect", o.gpu.nvlink ? "nvlink" : "pcie"},
                  {"gpu_memory_utilization", o.gpu_memory_utilization},
                  {"kv_cache_dtype_bytes", mp.kv_dtype_bytes},
                  {"max_model_len", mp.max_model_len},

@@ -86,9 +86,9 @@ struct All2AllParams {
 // activation counted by the profile run), with its source. Unknown backends are an error.
 Result<MemoryTerm> All2AllBufferTerm(const All2AllParams& p);
 
-// Table rows by group size (nccl, non-torch profile increase), CUDA context.
+// Table rows by group size (nccl, non-torch profile increase: PCIe or NVLink rows), CUDA context.
 MemoryTerm NcclTerm(int64_t group_size);
 MemoryTerm CudaContextTerm();
-MemoryTerm NonTorchProfileTerm(int64_t tp);
+MemoryTerm NonTorchProfileTerm(int64_t tp, bool nvlink);
 
 }  // namespace moeshard

@@ -39,6 +39,10 @@ struct GpuSpec {
   std::string source;       // where the number comes from
   // CUDA compute capability x 10 (80: A100, 90: H100); 0 where unknown or not CUDA (AMD).
   int sm = 0;
+  // The GPUs of a server are joined by NVLink (SXM boards, NVSwitch): vLLM then runs its custom
+  // and symmetric-memory all-reduce and NCCL over NVLink, whose buffers its profile counts as
+  // non-torch memory (memory_terms.json non_torch_profile nvlink_rows). --interconnect overrides.
+  bool nvlink = false;
   // The GPU runs FP8 GEMMs natively (vLLM: has_device_capability(89)); an unknown GPU counts
   // as native.
   bool NativeFp8() const { return sm == 0 || sm >= 89; }
