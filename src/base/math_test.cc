@@ -37,6 +37,10 @@ TEST(UnitsTest, Formats) {
   EXPECT_EQ(FormatCount(1234567), "1,234,567");
   EXPECT_EQ(FormatCount(-1000), "-1,000");
   EXPECT_EQ(FormatCount(12), "12");
+  EXPECT_EQ(FormatFraction(0.9), "0.90");
+  EXPECT_EQ(FormatFraction(0.92), "0.92");
+  EXPECT_EQ(FormatFraction(0.835), "0.835");
+  EXPECT_EQ(FormatFraction(0.906), "0.906");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
 
 namespace moeshard {
@@ -17,6 +18,11 @@ std::string FormatBytes(int64_t bytes) {
 
 std::string FormatGiB(int64_t bytes) {
   return fmt::format("{:.2f}", static_cast<double>(bytes) / kGiB);
+}
+
+std::string FormatFraction(double f) {
+  const bool two = std::abs(f * 100 - std::round(f * 100)) < 1e-6;
+  return two ? fmt::format("{:.2f}", f) : fmt::format("{:.3f}", f);
 }
 
 std::string FormatCount(int64_t value) {

@@ -345,7 +345,7 @@ Result<MemoryOptions> ToMemoryOptions(const MemoryFlags& f) {
   }
   o.all2all_backend = f.all2all_backend;
   // A fraction that does not depend on the topology is resolved here (sweep prints it).
-  if (o.gpu_memory_utilization <= 0 && engine.memory_fraction_by_tp.empty()) {
+  if (o.gpu_memory_utilization <= 0 && !engine.FractionDependsOnTopology()) {
     o.gpu_memory_utilization = engine.memory_fraction;
   }
   return o;

@@ -191,10 +191,11 @@ std::string RenderMemory(const ShardPlan& plan, const MemoryPlan& mem, bool md) 
   std::string out;
   const MemoryOptions& mo = mem.options;
   out += Heading(
-      fmt::format("Memory per GPU: {} ({} GiB, {}) x {:.2f} utilization = {} GiB; KV "
+      fmt::format("Memory per GPU: {} ({} GiB, {}) x {} utilization = {} GiB; KV "
                   "cache {}, max_model_len {}, concurrent_seqs {} per DP rank",
                   mo.gpu.description, FormatGiB(mo.gpu.bytes), mo.gpu.nvlink ? "NVLink" : "PCIe",
-                  mo.gpu_memory_utilization, FormatGiB(mem.ranks.empty() ? 0 : mem.ranks[0].budget),
+                  FormatFraction(mo.gpu_memory_utilization),
+                  FormatGiB(mem.ranks.empty() ? 0 : mem.ranks[0].budget),
                   mem.kv_dtype_bytes == 1 ? "fp8" : "bf16", FormatCount(mem.max_model_len),
                   mo.max_num_seqs),
       md);

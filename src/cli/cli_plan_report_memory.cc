@@ -30,9 +30,9 @@ std::string RenderMemoryTerms(const MemoryPlan& mem, bool md) {
   if (mem.ranks.empty()) return "";
   const RankMemory& w = mem.ranks[mem.worst_rank];
   std::string out = fmt::format(
-      "{}engine {} ({:.2f} of {} GiB, {} tokens per block, profile forward {} tokens, "
+      "{}engine {} ({} of {} GiB, {} tokens per block, profile forward {} tokens, "
       "max_num_seqs {}{}): {}\n",
-      md ? "\n" : "\n", mem.engine.Label(), mem.options.gpu_memory_utilization,
+      md ? "\n" : "\n", mem.engine.Label(), FormatFraction(mem.options.gpu_memory_utilization),
       FormatGiB(mem.options.gpu.bytes), mem.engine.block_size, mem.options.max_num_batched_tokens,
       mem.options.engine_max_num_seqs,
       mem.options.all2all_backend.empty() ? "" : ", all2all " + mem.options.all2all_backend,

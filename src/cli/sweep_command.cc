@@ -144,12 +144,15 @@ int RunSweep(const SweepFlags& f) {
                     (long long)r.kv_tokens, r.fits ? 1 : 0);
       }
     } else {
-      std::printf(
-          "%s%s on %s: %zu topologies (GPU counts %s; KV tokens at %s KV cache, %g%% "
-          "utilization)\n\n",
-          f.format == "markdown" ? "### " : "", model->name.c_str(), mem->gpu.description.c_str(),
-          rows.size(), f.sweep.gpus.c_str(), f.memory.kv_cache_dtype.c_str(),
-          mem->gpu_memory_utilization * 100);
+      // SGLang's default fraction depends on the topology: each row takes its own.
+      const std::string fraction =
+          mem->gpu_memory_utilization > 0
+              ? fmt::format("{:g}% utilization", mem->gpu_memory_utilization * 100)
+              : "the engine's default fraction for each topology";
+      std::printf("%s%s on %s: %zu topologies (GPU counts %s; KV tokens at %s KV cache, %s)\n\n",
+                  f.format == "markdown" ? "### " : "", model->name.c_str(),
+                  mem->gpu.description.c_str(), rows.size(), f.sweep.gpus.c_str(),
+                  f.memory.kv_cache_dtype.c_str(), fraction.c_str());
       std::fputs(f.format == "markdown" ? t.Markdown().c_str() : t.Text().c_str(), stdout);
     }
   }

@@ -34,9 +34,34 @@ TEST(EngineProfileTest, VersionsAndDefaults) {
   EXPECT_EQ(FindEngine("vllm")->block_size, 16);
   EXPECT_EQ(FindEngine("trtllm")->block_size, 32);
   const EngineProfile sg = *FindEngine("sglang");
-  EXPECT_DOUBLE_EQ(sg.DefaultFraction(1), 0.88);
-  EXPECT_DOUBLE_EQ(sg.DefaultFraction(4), 0.85);
-  EXPECT_DOUBLE_EQ(sg.DefaultFraction(8), 0.81);
+  EXPECT_DOUBLE_EQ(sg.DefaultFraction({.tp = 1}), 0.88);
+  EXPECT_DOUBLE_EQ(sg.DefaultFraction({.tp = 4}), 0.85);
+  EXPECT_DOUBLE_EQ(sg.DefaultFraction({.tp = 8}), 0.81);
+  // SGLang 0.5 sizes the fraction by GPU memory (server_args.py _handle_gpu_memory_settings):
+  // round((gpu_mem - reserved_mem) / gpu_mem, 3), everything in MiB, by hand:
+  const EngineProfile sg5 = *FindEngine("sglang@0.5");
+  auto fraction = [&](const char* gpu, int64_t tp, int64_t dp) {
+    return sg5.DefaultFraction({.gpu_bytes = FindGpu(gpu)->bytes, .tp = tp, .pp = 1, .dp = dp});
+  };
+  // H200, 143,165 MiB, TP1: 512 + 8192 x 1.5 + 256 x 2 + 1/8 x 1024 = 13,440 reserved.
+  EXPECT_DOUBLE_EQ(fraction("h200", 1, 1), 0.906);
+  // H100, 81,080 MiB, TP8: 512 + 12,288 + 512 x 2 + 1024 = 14,848.
+  EXPECT_DOUBLE_EQ(fraction("h100", 8, 1), 0.817);
+  // A10, 22,589 MiB, TP1: 512 + 2048 x 1.5 + 24 x 2 + 128 = 3,760 (no 10 GiB floor under 60).
+  EXPECT_DOUBLE_EQ(fraction("a10", 1, 1), 0.834);
+  // H200, --tp 4 --dp 4 --enable-dp-attention: + 512 x 4 x 3 + 512 x 4 x 1.5 = 23,552.
+  EXPECT_DOUBLE_EQ(fraction("h200", 4, 4), 0.835);
+  // B200, 183,359 MiB, TP8: 512 + 16,384 x 1.5 + 1024 + 1024 = 27,136.
+  EXPECT_DOUBLE_EQ(fraction("b200", 8, 1), 0.852);
+  EXPECT_TRUE(sg5.FractionDependsOnTopology());
+  EXPECT_FALSE(FindEngine("vllm")->FractionDependsOnTopology());
+  // The plan resolves it from the topology: moeshard's TP1 x DP4 is SGLang's --tp 4 --dp 4.
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("h200");
+  mo.engine = "sglang@0.5";
+  mo.max_model_len = 32768;
+  const MemoryPlan dp4 = PlanMemory(PlanOrDie(PresetOrDie("qwen3-30b-a3b"), Opts(1, 4, true)), mo);
+  EXPECT_DOUBLE_EQ(dp4.options.gpu_memory_utilization, 0.835);
   EXPECT_FALSE(FindEngine("tgi").ok());
   EXPECT_NE(FindEngine("tgi").status().message().find("known: vllm@0.10"), std::string::npos);
   EXPECT_FALSE(FindEngine("vllm@0.5").ok());  // before the first profiled version

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "moeshard/base/math.h"
@@ -51,6 +52,53 @@ bool VersionLess(const std::string& a, const std::string& b) {
   return x < y;
 }
 
+ReservedMemRule ReservedMemOf(const json& r) {
+  if (r.at("kind").get<std::string>() != "sglang_reserved_mem") {
+    throw std::runtime_error("memory_fraction_rule: unknown kind " + r.at("kind").dump());
+  }
+  ReservedMemRule m;
+  for (const json& row : r.at("by_gpu_mib")) {
+    m.by_gpu.push_back({row[0].get<int64_t>(), row[1].get<int64_t>(), row[2].get<int64_t>(),
+                        row[3].get<int64_t>()});
+  }
+  m.base_mib = r.at("base_mib").get<double>();
+  m.prefill_mib_per_token = r.at("prefill_mib_per_token").get<double>();
+  m.min_prefill_tokens = r.at("min_prefill_tokens").get<int64_t>();
+  m.graph_mib_per_bs = r.at("graph_mib_per_bs").get<double>();
+  m.tp_pp_mib_per_8 = r.at("tp_pp_mib_per_8").get<double>();
+  m.dp_attention_mib_per_bs_dp = r.at("dp_attention_mib_per_bs_dp").get<double>();
+  m.dp_attention_large_bs = r.at("dp_attention_large_bs").get<int64_t>();
+  m.dp_attention_large_mib_per_bs_dp = r.at("dp_attention_large_mib_per_bs_dp").get<double>();
+  m.floor_mib = r.at("floor_mib").get<double>();
+  m.floor_above_gpu_mib = r.at("floor_above_gpu_mib").get<double>();
+  return m;
+}
+
+// SGLang 0.5: round((gpu_mem - reserved_mem) / gpu_mem, 3), gpu_mem in MiB (the source line of
+// the sglang@0.5 row in memory_terms.json spells out every term).
+double ReservedMemFraction(const ReservedMemRule& m, const FractionInputs& in) {
+  const double gpu_mib = static_cast<double>(in.gpu_bytes) / static_cast<double>(kMiB);
+  ReservedMemRule::Row row = m.by_gpu.front();
+  for (const ReservedMemRule::Row& r : m.by_gpu) {
+    if (gpu_mib >= static_cast<double>(r.min_gpu_mib)) row = r;
+  }
+  const auto bs = static_cast<double>(in.tp < 4 ? row.graph_bs_small_tp : row.graph_bs_large_tp);
+  const auto dp = static_cast<double>(in.dp);
+  double reserved = m.base_mib;
+  reserved += static_cast<double>(std::max(row.chunked_prefill, m.min_prefill_tokens)) *
+              m.prefill_mib_per_token;
+  reserved += bs * m.graph_mib_per_bs;
+  reserved += static_cast<double>(in.tp * in.pp) / 8 * m.tp_pp_mib_per_8;
+  if (in.dp > 1) {
+    reserved += bs * dp * m.dp_attention_mib_per_bs_dp;
+    if (bs > static_cast<double>(m.dp_attention_large_bs)) {
+      reserved += bs * dp * m.dp_attention_large_mib_per_bs_dp;
+    }
+  }
+  if (gpu_mib > m.floor_above_gpu_mib) reserved = std::max(reserved, m.floor_mib);
+  return std::round((gpu_mib - reserved) / gpu_mib * 1000) / 1000;
+}
+
 EngineProfile ProfileOf(const json& e) {
   EngineProfile p;
   p.name = e.at("name").get<std::string>();
@@ -65,6 +113,7 @@ EngineProfile ProfileOf(const json& e) {
       p.memory_fraction_by_tp.emplace_back(row[0].get<int64_t>(), row[1].get<double>());
     }
   }
+  if (e.contains("memory_fraction_rule")) p.reserved_mem = ReservedMemOf(e["memory_fraction_rule"]);
   p.block_size = e.at("block_size").get<int64_t>();
   p.max_num_batched_tokens_large = e.at("max_num_batched_tokens_large_gpu").get<int64_t>();
   p.max_num_batched_tokens_small = e.at("max_num_batched_tokens_small_gpu").get<int64_t>();
@@ -98,9 +147,10 @@ int64_t RowMiB(const json& rows, int64_t size) {
 
 }  // namespace
 
-double EngineProfile::DefaultFraction(int64_t tp) const {
+double EngineProfile::DefaultFraction(const FractionInputs& in) const {
+  if (reserved_mem) return ReservedMemFraction(*reserved_mem, in);
   for (const auto& [min_tp, fraction] : memory_fraction_by_tp) {
-    if (tp >= min_tp) return fraction;
+    if (in.tp >= min_tp) return fraction;
   }
   return memory_fraction;
 }

@@ -369,7 +369,13 @@ MemoryOptions ResolveOptions(const MemoryOptions& in, const EngineProfile& e,
   // vLLM's get_batch_defaults keeps the small defaults on every A100 ("a100" in the name).
   const bool large = static_cast<double>(o.gpu.bytes) >= e.large_gpu_min_gib * kGiB &&
                      o.gpu.name.rfind("a100", 0) != 0;
-  if (o.gpu_memory_utilization <= 0) o.gpu_memory_utilization = e.DefaultFraction(plan.topology.tp);
+  if (o.gpu_memory_utilization <= 0) {
+    // In SGLang's terms DP ranks whose experts form one group are DP attention, and its
+    // tp_size counts them (--tp 4 --dp 4 --enable-dp-attention is moeshard's TP1 x DP4).
+    const ResolvedTopology& t = plan.topology;
+    o.gpu_memory_utilization = e.DefaultFraction(
+        FractionInputs{.gpu_bytes = o.gpu.bytes, .tp = t.tp * t.dp, .pp = t.pp, .dp = t.dp});
+  }
   if (o.max_num_batched_tokens <= 0) {
     o.max_num_batched_tokens =
         large ? e.max_num_batched_tokens_large : e.max_num_batched_tokens_small;

@@ -19,5 +19,7 @@ std::string FormatBytes(int64_t bytes);
 std::string FormatGiB(int64_t bytes);
 // 1234567 -> "1,234,567".
 std::string FormatCount(int64_t value);
+// A memory fraction with two decimals, three where the third is not zero: "0.90", "0.835".
+std::string FormatFraction(double f);
 
 }  // namespace moeshard

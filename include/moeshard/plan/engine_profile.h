@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,12 +29,44 @@ enum class EngineRule { kVllm, kSglang, kTrtllm };
 // recurrent layers (memory.cc VllmLoggedTokens).
 enum class KvTokenReport { kCapacity, kVllmGroups };
 
+// SGLang 0.5's default mem_fraction_static (server_args.py _handle_gpu_memory_settings): the
+// device memory less a reserve for activations and CUDA graphs, both sized by GPU memory class.
+struct ReservedMemRule {
+  struct Row {
+    int64_t min_gpu_mib = 0;
+    int64_t chunked_prefill = 0;
+    int64_t graph_bs_small_tp = 0;  // cuda_graph_max_bs at tp_size < 4
+    int64_t graph_bs_large_tp = 0;  // at tp_size >= 4
+  };
+  std::vector<Row> by_gpu;  // ascending min_gpu_mib
+  double base_mib = 0;
+  double prefill_mib_per_token = 0;
+  int64_t min_prefill_tokens = 0;
+  double graph_mib_per_bs = 0;
+  double tp_pp_mib_per_8 = 0;
+  double dp_attention_mib_per_bs_dp = 0;
+  int64_t dp_attention_large_bs = 0;
+  double dp_attention_large_mib_per_bs_dp = 0;
+  double floor_mib = 0;
+  double floor_above_gpu_mib = 0;
+};
+
+// What an engine's default fraction may depend on: the device, and the launch's sizes in the
+// engine's own terms.
+struct FractionInputs {
+  int64_t gpu_bytes = 0;
+  int64_t tp = 1;  // SGLang's tp_size: the ranks of a PP stage, DP-attention ranks included
+  int64_t pp = 1;
+  int64_t dp = 1;  // > 1: SGLang's DP attention over that many ranks
+};
+
 struct EngineProfile {
   std::string name;     // "vllm"
   std::string version;  // "0.10": the first version the row describes
   EngineRule rule = EngineRule::kVllm;
   double memory_fraction = 0.9;  // default gpu_memory_utilization / fraction (SGLang: by TP)
   std::vector<std::pair<int64_t, double>> memory_fraction_by_tp;  // {min tp, fraction}, desc.
+  std::optional<ReservedMemRule> reserved_mem;                    // SGLang 0.5's rule
   int64_t block_size = 16;                                        // KV tokens per block / page
   int64_t max_num_batched_tokens_large = 8192;  // default on GPUs >= large_gpu_min_gib
   int64_t max_num_batched_tokens_small = 2048;
@@ -49,8 +82,11 @@ struct EngineProfile {
   std::vector<std::string> sources;
 
   std::string Label() const { return name + "@" + version; }
-  // The engine's default fraction for a TP size (SGLang's depends on it).
-  double DefaultFraction(int64_t tp) const;
+  // The engine's default fraction (SGLang's depends on the TP size, from 0.5 on the GPU too).
+  double DefaultFraction(const FractionInputs& in) const;
+  bool FractionDependsOnTopology() const {
+    return !memory_fraction_by_tp.empty() || reserved_mem.has_value();
+  }
 };
 
 // "vllm", "vllm@0.11", "sglang", "trtllm@1.0": the newest row whose version <= the one asked
