@@ -281,6 +281,34 @@ TEST(EngineLogTest, VllmQwen3_235B_Fp8_TP8EP_L40S) {
   ExpectWithin5Percent(mp.engine_kv_tokens, 237'344, "Qwen3-235B-FP8 TP8 EP 8xL40S");
 }
 
+// vLLM 0.10.2 (`vllm --version`), Qwen/Qwen3-30B-A3B-Instruct-2507-FP8 (the architecture of the
+// Qwen3-Coder FP8 config used here), `vllm serve ... --tensor-parallel-size 2
+// --enable-expert-parallel --gpu-memory-utilization 0.95 --swap-space 0 --max-model-len 32K` on
+// two L40S, named by the nvidia-smi table of the same paste (processes VLLM::Worker_TP0_EP0 and
+// Worker_TP1_EP1): "Available KV cache memory: 25.91 GiB", "GPU KV cache size: 566,016 tokens"
+// (tim-roethig/ai-platform @8fc2c9be platform/docs/ollama_vs_vllm.md; docs/engine-memory.md row
+// 20). Independent: the TP2 non-torch row is vllm issue 13061's, the L40S total row 7's.
+TEST(EngineLogTest, VllmQwen3_30B_Fp8_TP2EP2_L40S) {
+  const Result<ModelConfig> model =
+      LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
+                      "/tests/engine_logs/qwen3-coder-30b-a3b-instruct-fp8.json");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  PlanOptions o = Opts(2, 1, true);
+  o.native_fp8 = FindGpu("l40s")->NativeFp8();
+  const ShardPlan p = PlanOrDie(*model, o);
+  EXPECT_EQ(p.backend.name, "block-fp8");
+  EXPECT_EQ(p.topology.moe_ep, 2);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("l40s");
+  mo.gpu_memory_utilization = 0.95;
+  mo.max_model_len = 32768;
+  const MemoryPlan mp = PlanMemory(p, mo);
+  ASSERT_TRUE(mp.fits) << mp.failure;
+  ExpectWithin5Percent(mp.engine_kv_tokens, 566'016, "Qwen3-30B-A3B-FP8 TP2 EP2 2xL40S");
+  const double kv_err = static_cast<double>(mp.ranks[0].kv_cache) / (25.91 * kGiB) - 1;
+  EXPECT_LE(std::fabs(kv_err), 0.05) << "KV memory " << mp.ranks[0].kv_cache / kGiB << " GiB";
+}
+
 // SGLang (a 2026 source checkout), a Qwen3MoeForCausalLM with Qwen3-30B-A3B's geometry in bf16,
 // DP attention x EP4 on four 141 GB GPUs (`--tp-size 4 --ep-size 4 --dp-size 4
 // --enable-dp-attention --moe-a2a-backend deepep --deepep-mode low_latency --mem-fraction-static
