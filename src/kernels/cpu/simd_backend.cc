@@ -683,13 +683,15 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
 // Widening every 4-bit code to fp32 costs more instructions than its half byte takes to arrive
 // from memory, so decode (up to kDecodeMaxTokens tokens) multiplies in integers instead. A chunk
 // is one vector of a row's bytes (N8 bytes, 2 x N8 codes): its low and its high nibbles are
-// looked up by byte shuffle (E2M1 x 2 or int4, as signed bytes) and interleaved with zero bytes
-// into four int16 vectors (each code times 256). Each token's bf16 inputs are quantized to int16
+// looked up by byte shuffle (E2M1 x 2 or int4, as signed bytes) and spread into four int16
+// vectors (each code times 256, SpreadBytes). Each token's bf16 inputs are quantized to int16
 // per scale group with a power-of-two scale (|q| < 2^14) and stored in the chunk's lane order,
 // and 16-bit multiply-adds with 32-bit sums (vpmaddwd on x86) take the chunk in four
 // instructions per token. The integer sums are converted once per group, or, where a chunk spans
-// several groups (its 128-bit blocks hold one group each: AVX2 with groups of 32), once per
-// chunk with each lane's scales.
+// several groups (AVX2 with groups of 32, NVFP4's 16), once per chunk with each lane's scales.
+// (The spread replaced byte interleaves with zeros, which put NVFP4's two groups of a 128-bit
+// block in different vectors and so needed two sets of sums: NVFP4 decode 0.65-0.74 of the
+// time after, the other formats 0.98-1.04, on Zen 4 with AVX2 and AVX-512 forced.)
 //
 // Numerics: a bf16 input has 8 significant bits and its int16 form 15, so the quantization is
 // exact for every input within 2^6 of its group's largest magnitude and rounds the others to
@@ -720,8 +722,20 @@ constexpr int kQMaxLanes32 = 16;
 
 int64_t QChunk() { return 2 * static_cast<int64_t>(hn::Lanes(D8())); }
 
+// A vector of bytes as two int16 vectors holding each byte times 256 (in the high byte of its
+// 16-bit lane): the even bytes shifted up, the odd bytes with the low byte cleared. Element-wise
+// (no byte shuffle): a shift and an and, which run on more ports than the interleaves they
+// replace.
+HWY_INLINE void SpreadBytes(hn::Vec<D8> b, V16* out) {
+  const D16 d16;
+  const hn::Repartition<uint16_t, D8> du16;
+  const auto u = hn::BitCast(du16, b);
+  out[0] = hn::BitCast(d16, hn::ShiftLeft<8>(u));
+  out[1] = hn::BitCast(d16, hn::And(u, hn::Set(du16, uint16_t{0xFF00})));
+}
+
 // The column (within the chunk) of each int16 lane of the four decoded vectors, found by running
-// the decode's shuffles on the columns themselves: order[v * N16 + lane].
+// the decode's spread on the columns themselves: order[v * N16 + lane].
 const int16_t* QChunkOrder() {
   static const auto order = [] {
     const D8 d8;
@@ -733,15 +747,14 @@ const int16_t* QChunkOrder() {
       even[i] = static_cast<uint8_t>(2 * i);
       odd[i] = static_cast<uint8_t>(2 * i + 1);
     }
-    const auto zero = hn::Zero(d8);
     const size_t n16 = hn::Lanes(d16);
     HWY_ALIGN uint16_t lanes[32];
     int v = 0;
     for (const uint8_t* cols : {even, odd}) {  // low nibbles: even columns; high: odd
-      const auto c = hn::Load(d8, cols);
-      for (int upper = 0; upper < 2; ++upper, ++v) {
-        const auto w = upper ? hn::InterleaveUpper(d8, zero, c) : hn::InterleaveLower(d8, zero, c);
-        hn::Store(hn::ShiftRight<8>(hn::BitCast(du16, w)), du16, lanes);
+      V16 w[2];
+      SpreadBytes(hn::Load(d8, cols), w);
+      for (int half = 0; half < 2; ++half, ++v) {
+        hn::Store(hn::ShiftRight<8>(hn::BitCast(du16, w[half])), du16, lanes);
         for (size_t l = 0; l < n16; ++l) o[v * n16 + l] = static_cast<int16_t>(lanes[l]);
       }
     }
@@ -751,42 +764,30 @@ const int16_t* QChunkOrder() {
 }
 
 // How a decode's groups map to chunks. Where a chunk spans several groups, each 32-bit lane of a
-// decoded vector holds columns of one group; the vectors whose lanes map alike share integer
-// sums (a class): one class when a 128-bit block holds one group (groups of 32 on AVX2), two
-// when it holds two (NVFP4's 16: the lower and upper interleaves take one each).
+// decoded vector holds columns of one group, the same group in all four vectors (SpreadBytes
+// puts columns 8L + a and 8L + a + 4, a < 4, in lane L), so the four share their integer sums:
+// groups of 32 on AVX2, NVFP4's 16 everywhere.
 struct QLayout {
   int64_t cols = 0;    // K
   int64_t group = 0;   // columns per scale group
   int64_t chunk = 0;   // columns per chunk (QChunk())
   bool lanes = false;  // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
-  int classes = 1;
-  int class_of[4] = {0, 0, 0, 0};
-  int32_t lane_group[2][kQMaxLanes32] = {};
-  uint8_t byte_group[kQMaxBytes] = {};  // the group (within the chunk) of each loaded byte
+  int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
+  uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
 };
 
-// Fills the lane layout of a chunk spanning several groups; false when a 32-bit lane's two
-// columns fall in different groups or the vectors need more than two classes.
+// Fills the lane layout of a chunk spanning several groups; false when a 32-bit lane's columns
+// fall in different groups (groups narrower than 8 columns).
 bool QLaneGroups(QLayout* ql) {
   const int64_t n16 = static_cast<int64_t>(hn::Lanes(D16()));
   const int16_t* order = QChunkOrder();
-  ql->classes = 0;
+  for (int64_t k = 0; k < n16 / 2; ++k) {
+    ql->lane_group[k] = static_cast<int32_t>(order[2 * k] / ql->group);
+  }
   for (int64_t v = 0; v < 4; ++v) {
-    int32_t pattern[kQMaxLanes32];
-    for (int64_t k = 0; k < n16 / 2; ++k) {
-      pattern[k] = static_cast<int32_t>(order[v * n16 + 2 * k] / ql->group);
-      if (order[v * n16 + 2 * k + 1] / ql->group != pattern[k]) return false;
+    for (int64_t l = 0; l < n16; ++l) {
+      if (order[v * n16 + l] / ql->group != ql->lane_group[l / 2]) return false;
     }
-    int cls = -1;
-    for (int c = 0; c < ql->classes; ++c) {
-      if (std::equal(pattern, pattern + n16 / 2, ql->lane_group[c])) cls = c;
-    }
-    if (cls < 0) {
-      if (ql->classes == 2) return false;
-      cls = ql->classes++;
-      std::copy(pattern, pattern + n16 / 2, ql->lane_group[cls]);
-    }
-    ql->class_of[v] = cls;
   }
   for (int64_t i = 0; i < static_cast<int64_t>(hn::Lanes(D8())); ++i) {
     ql->byte_group[i] = static_cast<uint8_t>(2 * i / ql->group);  // byte i: columns 2i, 2i + 1
@@ -799,7 +800,6 @@ bool QLaneGroups(QLayout* ql) {
 template <Nib K>
 HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
   const D8 d8;
-  const D16 d16;
   const hn::Repartition<uint16_t, D8> du16;
   const auto mask = hn::Set(d8, 0x0F);
   const auto bytes = hn::LoadU(d8, p);
@@ -813,17 +813,14 @@ HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
     lo = hn::TableLookupBytes(table, lo);
     hi = hn::TableLookupBytes(table, hi);
   }
-  const auto zero = hn::Zero(d8);
-  w[0] = hn::BitCast(d16, hn::InterleaveLower(d8, zero, lo));
-  w[1] = hn::BitCast(d16, hn::InterleaveUpper(d8, zero, lo));
-  w[2] = hn::BitCast(d16, hn::InterleaveLower(d8, zero, hi));
-  w[3] = hn::BitCast(d16, hn::InterleaveUpper(d8, zero, hi));
+  SpreadBytes(lo, w);
+  SpreadBytes(hi, w + 2);
 }
 
 // The inputs of the tokens quantized: q[t * ldq + c] in the chunks' lane order, and their
 // scales (q * scale is the input; the factor 1/256 of the decoded codes and the 1/2 of E2M1 x 2
 // are folded in): per group sx[t * ldsx + g], or, with QLayout::lanes, per chunk, class and
-// 32-bit lane sx[t * ldsx + (chunk * classes + class) * N32 + lane].
+// 32-bit lane sx[t * ldsx + chunk * N32 + lane].
 struct QInputs {
   const int16_t* q;
   int64_t ldq;
@@ -918,7 +915,7 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
   // padded with zero inputs of zero scale.
   const int64_t chunks = CeilDiv(k, chunk);
   const int64_t ldq = chunks * chunk;
-  const int64_t ldsx = ql.lanes ? chunks * ql.classes * n32 : groups;
+  const int64_t ldsx = ql.lanes ? chunks * n32 : groups;
   const int16_t* order = QChunkOrder();
   int16_t* q = static_cast<int16_t*>(work);
   float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{2}));
@@ -949,11 +946,8 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
     if (ql.lanes) {
       const int64_t per_chunk = chunk / group;
       for (int64_t c = 0; c < chunks; ++c) {
-        for (int cls = 0; cls < ql.classes; ++cls) {
-          for (int64_t l = 0; l < n32; ++l) {
-            sx[t * ldsx + (c * ql.classes + cls) * n32 + l] =
-                sg[c * per_chunk + ql.lane_group[cls][l]];
-          }
+        for (int64_t l = 0; l < n32; ++l) {
+          sx[t * ldsx + c * n32 + l] = sg[c * per_chunk + ql.lane_group[l]];
         }
       }
     }
@@ -1005,7 +999,7 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
 // rows[0, NR): out[i * ldo + j] (+)= the partial dot products. sw[j] holds row j's weight scales
 // from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last), zw[j]
 // its zero points (int4-zp, the same groups, 16 bytes past the last).
-template <Nib K, bool kLanes, int kClasses, int MR, int NR>
+template <Nib K, bool kLanes, int MR, int NR>
 void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const float* const* sw,
            const uint8_t* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
            bool accumulate) {
@@ -1020,12 +1014,9 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
   const int64_t per_flush = kLanes ? 1 : ql.group / chunk;
   const int64_t groups_per_chunk = kLanes ? chunk / ql.group : 0;
   using Idx = decltype(hn::IndicesFromVec(dqf, hn::Zero(hn::RebindToSigned<DQF>())));
-  Idx lane_table[kClasses];
+  Idx lane_table{};
   if constexpr (kLanes) {
-    for (int c = 0; c < kClasses; ++c) {
-      lane_table[c] =
-          hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group[c]));
-    }
+    lane_table = hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
   }
   const auto byte_group = hn::LoadU(d8, ql.byte_group);
   hn::Vec<DQF> total[MR][NR];
@@ -1037,14 +1028,11 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
   const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
   int64_t since = 0;
   for (int64_t f = 0; f < nc; f += per_flush) {
-    V32 s0[kClasses][MR][NR], s1[kClasses][MR][NR];
+    V32 s0[MR][NR], s1[MR][NR];
 #pragma GCC unroll 16
-    for (int c = 0; c < kClasses; ++c) {
+    for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) s0[c][i][j] = s1[c][i][j] = hn::Zero(d32);
-      }
+      for (int j = 0; j < NR; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
     }
     for (int64_t ci = f; ci < f + per_flush; ++ci) {
       const int64_t c = (c0 + ci) * chunk;
@@ -1081,36 +1069,30 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
           const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
 #pragma GCC unroll 4
           for (int v = 0; v < 4; ++v) {
-            const int cls = kClasses == 1 ? 0 : ql.class_of[v];
-            s0[cls][i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
-                                                          s0[cls][i][j], s1[cls][i][j]);
+            s0[i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
+                                                     s0[i][j], s1[i][j]);
           }
         }
       }
     }
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-#pragma GCC unroll 2
-      for (int cls = 0; cls < kClasses; ++cls) {
-        hn::Vec<DQF> wscale;
-        float wscalar = 0.0f;
-        if constexpr (kLanes) {
-          wscale =
-              hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table[cls]);
-        } else {
-          wscalar = sw[j][f / per_flush];
-        }
+      hn::Vec<DQF> wscale;
+      float wscalar = 0.0f;
+      if constexpr (kLanes) {
+        wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
+      } else {
+        wscalar = sw[j][f / per_flush];
+      }
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          const auto sum =
-              hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[cls][i][j], s1[cls][i][j]));
-          if constexpr (kLanes) {
-            const float* sx = xq.sx + (t0 + i) * xq.ldsx + ((c0 + f) * kClasses + cls) * n32;
-            total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
-          } else {
-            const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
-            total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
-          }
+      for (int i = 0; i < MR; ++i) {
+        const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
+        if constexpr (kLanes) {
+          const float* sx = xq.sx + (t0 + i) * xq.ldsx + (c0 + f) * n32;
+          total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
+        } else {
+          const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
+          total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
         }
       }
     }
@@ -1129,7 +1111,7 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
 constexpr int64_t kQMaxBlockGroups = 256;
 
-template <Nib K, bool kLanes, int kClasses, int NR>
+template <Nib K, bool kLanes, int NR>
 void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql,
                  const QInputs& xq, const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[NR];
@@ -1157,22 +1139,19 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
       }
     }
     int64_t t = 0;
-    // Two tokens share each decoded chunk (eight integer sums beside the decoded codes); with
-    // two classes of sums, one.
-    if constexpr (kClasses == 1) {
-      for (; t + 2 <= a.num_tokens; t += 2) {
-        QTile<K, kLanes, kClasses, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams,
-                                          kStreams, c0 > 0);
-      }
+    // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
+    for (; t + 2 <= a.num_tokens; t += 2) {
+      QTile<K, kLanes, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
+                              c0 > 0);
     }
     for (; t < a.num_tokens; ++t) {
-      QTile<K, kLanes, kClasses, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams,
-                                        kStreams, c0 > 0);
+      QTile<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
+                              c0 > 0);
     }
   }
 }
 
-template <Nib K, bool kLanes, int kClasses>
+template <Nib K, bool kLanes>
 void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql) {
   // 1/256 for the decoded codes' placement in the int16's high byte, 1/2 for E2M1 x 2.
   const float code_scale = NibbleDec<K>::kE2M1 ? 1.0f / 512.0f : 1.0f / 256.0f;
@@ -1191,10 +1170,10 @@ void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
     for (int q = 0; q < kStreams && q * per + s < a.num_rows; ++q) col[nr++] = q * per + s;
     for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[col[j]];
     switch (nr) {
-      case 4: QDecodeStep<K, kLanes, kClasses, 4>(dec, a, ql, xq, rows, cc, tile); break;
-      case 3: QDecodeStep<K, kLanes, kClasses, 3>(dec, a, ql, xq, rows, cc, tile); break;
-      case 2: QDecodeStep<K, kLanes, kClasses, 2>(dec, a, ql, xq, rows, cc, tile); break;
-      default: QDecodeStep<K, kLanes, kClasses, 1>(dec, a, ql, xq, rows, cc, tile); break;
+      case 4: QDecodeStep<K, kLanes, 4>(dec, a, ql, xq, rows, cc, tile); break;
+      case 3: QDecodeStep<K, kLanes, 3>(dec, a, ql, xq, rows, cc, tile); break;
+      case 2: QDecodeStep<K, kLanes, 2>(dec, a, ql, xq, rows, cc, tile); break;
+      default: QDecodeStep<K, kLanes, 1>(dec, a, ql, xq, rows, cc, tile); break;
     }
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       for (int j = 0; j < nr; ++j) a.out[t * a.ldo + col[j]] = tile[t * kStreams + j];
@@ -1215,16 +1194,12 @@ bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
     return false;
   }
   if (ql.group % ql.chunk == 0) {
-    QDecodeRows<K, false, 1>(dec, a, ql);
+    QDecodeRows<K, false>(dec, a, ql);
     return true;
   }
   if (ql.chunk % ql.group != 0 || !QLaneGroups(&ql)) return false;
   ql.lanes = true;
-  if (ql.classes == 1) {
-    QDecodeRows<K, true, 1>(dec, a, ql);
-  } else {
-    QDecodeRows<K, true, 2>(dec, a, ql);
-  }
+  QDecodeRows<K, true>(dec, a, ql);
   return true;
 }
 
