@@ -798,7 +798,7 @@ TEST(GroupedGemm, DecodeEveryTokenCountGroupAndInputRange) {
                         {WeightFormat::kInt4, 128, 256, 128},
                         {WeightFormat::kBf16, 0, 200, 72},
                         {WeightFormat::kFp8Block, 0, 256, 128},
-                        // AWQ/GPTQ groups, NVFP4's 16 (four groups per AVX2 chunk: scales per lane).
+                        // AWQ/GPTQ groups, NVFP4's 16 (scales per 32-bit lane on AVX2).
                         {WeightFormat::kInt4Zp, 32, 96, 160},
                         {WeightFormat::kInt4Zp, 64, 192, 128},
                         {WeightFormat::kInt4Zp, 128, 256, 128},
