@@ -251,6 +251,30 @@ TEST(EngineLogTest, VllmDeepSeekV2Lite_TP2PP2_L4) {
   }
 }
 
+// vLLM on L40S GPUs (compute capability 8.9: native FP8, the block-fp8 kernels) with TP x EP and
+// `--max-model-len 32K`: the memory plan of the fp8 config at tests/engine_logs/`config`, after
+// checking the backend and the EP size the logs show.
+MemoryPlan VllmFp8TpEpOnL40s(const char* config, int64_t tp, double utilization) {
+  const Result<ModelConfig> model =
+      LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) + "/tests/engine_logs/" + config);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status().message();
+    return {};  // fits is false
+  }
+  PlanOptions o = Opts(tp, 1, true);
+  o.native_fp8 = FindGpu("l40s")->NativeFp8();
+  const ShardPlan p = PlanOrDie(*model, o);
+  EXPECT_EQ(p.backend.name, "block-fp8");
+  EXPECT_EQ(p.topology.moe_ep, tp);
+  MemoryOptions mo;
+  mo.gpu = *FindGpu("l40s");
+  mo.gpu_memory_utilization = utilization;
+  mo.max_model_len = 32768;
+  MemoryPlan mp = PlanMemory(p, mo);
+  EXPECT_TRUE(mp.fits) << mp.failure;
+  return mp;
+}
+
 // vLLM 0.10.2, Qwen3-235B-A22B-Instruct-2507-FP8 (128 x 128 fp8 blocks), `--tensor-parallel-size 8
 // --enable-expert-parallel --gpu-memory-utilization 0.90 --swap-space 0 --max-model-len 32K` on
 // eight L40S (compute capability 8.9: native FP8, the block-fp8 kernels), PyTorch-native
@@ -259,20 +283,8 @@ TEST(EngineLogTest, VllmDeepSeekV2Lite_TP2PP2_L4) {
 // num_gpu_blocks 14834 = 237,344 tokens (docs/engine-memory.md row 7). The TP4-8 non-torch row
 // is taken from this log; the weights and the activation peak are not.
 TEST(EngineLogTest, VllmQwen3_235B_Fp8_TP8EP_L40S) {
-  const Result<ModelConfig> model = LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
-                                                    "/tests/engine_logs/qwen3-235b-a22b-fp8.json");
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  PlanOptions o = Opts(8, 1, true);
-  o.native_fp8 = FindGpu("l40s")->NativeFp8();
-  const ShardPlan p = PlanOrDie(*model, o);
-  EXPECT_EQ(p.backend.name, "block-fp8");
-  EXPECT_EQ(p.topology.moe_ep, 8);
-  MemoryOptions mo;
-  mo.gpu = *FindGpu("l40s");
-  mo.gpu_memory_utilization = 0.9;
-  mo.max_model_len = 32768;
-  const MemoryPlan mp = PlanMemory(p, mo);
-  ASSERT_TRUE(mp.fits) << mp.failure;
+  const MemoryPlan mp = VllmFp8TpEpOnL40s("qwen3-235b-a22b-fp8.json", 8, 0.9);
+  ASSERT_TRUE(mp.fits);
   EXPECT_EQ(mp.options.max_num_batched_tokens, 2048);  // 44.42 GiB < 70: the small defaults
   const RankMemory& r = mp.ranks[0];
   EXPECT_LE(std::fabs(static_cast<double>(r.weights) / (27.7183 * kGiB) - 1), 0.005);
@@ -289,21 +301,8 @@ TEST(EngineLogTest, VllmQwen3_235B_Fp8_TP8EP_L40S) {
 // (tim-roethig/ai-platform @8fc2c9be platform/docs/ollama_vs_vllm.md; docs/engine-memory.md row
 // 20). Independent: the TP2 non-torch row is vllm issue 13061's, the L40S total row 7's.
 TEST(EngineLogTest, VllmQwen3_30B_Fp8_TP2EP2_L40S) {
-  const Result<ModelConfig> model =
-      LoadModelConfig(std::string(MOESHARD_SOURCE_DIR) +
-                      "/tests/engine_logs/qwen3-coder-30b-a3b-instruct-fp8.json");
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  PlanOptions o = Opts(2, 1, true);
-  o.native_fp8 = FindGpu("l40s")->NativeFp8();
-  const ShardPlan p = PlanOrDie(*model, o);
-  EXPECT_EQ(p.backend.name, "block-fp8");
-  EXPECT_EQ(p.topology.moe_ep, 2);
-  MemoryOptions mo;
-  mo.gpu = *FindGpu("l40s");
-  mo.gpu_memory_utilization = 0.95;
-  mo.max_model_len = 32768;
-  const MemoryPlan mp = PlanMemory(p, mo);
-  ASSERT_TRUE(mp.fits) << mp.failure;
+  const MemoryPlan mp = VllmFp8TpEpOnL40s("qwen3-coder-30b-a3b-instruct-fp8.json", 2, 0.95);
+  ASSERT_TRUE(mp.fits);
   ExpectWithin5Percent(mp.engine_kv_tokens, 566'016, "Qwen3-30B-A3B-FP8 TP2 EP2 2xL40S");
   const double kv_err = static_cast<double>(mp.ranks[0].kv_cache) / (25.91 * kGiB) - 1;
   EXPECT_LE(std::fabs(kv_err), 0.05) << "KV memory " << mp.ranks[0].kv_cache / kGiB << " GiB";
