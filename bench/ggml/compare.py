@@ -113,7 +113,7 @@ def parse_args(argv):
     for f in a.formats:
         f = FORMAT_ALIASES.get(f, f)
         if f not in FORMAT_PAIRS:
-            p.error("--formats: expected bf16, bf16-rg, mxfp4, int4 or fp8-block, got '%s'" % f)
+            p.error("--formats: expected one of %s, got '%s'" % (", ".join(FORMAT_PAIRS), f))
         if f not in formats:
             formats.append(f)
     a.formats = formats

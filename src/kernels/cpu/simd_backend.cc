@@ -723,9 +723,8 @@ constexpr int kQMaxLanes32 = 16;
 int64_t QChunk() { return 2 * static_cast<int64_t>(hn::Lanes(D8())); }
 
 // A vector of bytes as two int16 vectors holding each byte times 256 (in the high byte of its
-// 16-bit lane): the even bytes shifted up, the odd bytes with the low byte cleared. Element-wise
-// (no byte shuffle): a shift and an and, which run on more ports than the interleaves they
-// replace.
+// 16-bit lane): the even bytes shifted up, the odd bytes with the low byte cleared. Element-wise,
+// so every vector's 32-bit lanes hold the same columns of each 128-bit block (QLayout).
 HWY_INLINE void SpreadBytes(hn::Vec<D8> b, V16* out) {
   const D16 d16;
   const hn::Repartition<uint16_t, D8> du16;
