@@ -536,6 +536,7 @@ struct GemmRun {
   bf16_t* h = nullptr;           // [num_rows, I] dot-path activations
   bf16_t* x_bf16 = nullptr;      // [num_rows, H] (copy_rows) or null
   const bf16_t* x = nullptr;     // the dot path's bf16 input rows
+  bool int8_inputs = false;      // KernelContext::int8_activations for this scheme
 
   // A packed task's unpacked remainder tokens (its expert's last ones, in its last block).
   int64_t TaskRem(const GemmTask& t) const {
@@ -616,6 +617,7 @@ void RunDot(const GemmRun& run, int tid, const internal::MatrixRef& m, const bf1
   a.out = out;
   a.ldo = ldo;
   a.work = run.s->per_thread[static_cast<size_t>(tid)].work.data();
+  a.int8_inputs = run.int8_inputs;
   run.be->dot_rows(a);
 }
 
@@ -851,9 +853,15 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params) {
   const GroupedGemmParams p = params.weights->w13_input_perm == nullptr
                                   ? params
                                   : InputsInExpertOrder(ctx, params, ctx.scratch());
-  // Act-order weights look up each column's group: only the portable dot path does.
-  const internal::CpuBackend& be = p.weights->scheme.act_order ? internal::PortableBackend()
-                                                               : internal::CpuBackendFor(ctx.isa());
+  // Act-order weights look up each column's group: only the portable dot path does. Int8
+  // inputs run on the SIMD kernels (on AVX-512 BF16 CPUs the avx512 ones: the native kernels
+  // take bf16 inputs).
+  const bool int8 = ctx.int8_activations() && Int8ActivationScheme(p.weights->scheme);
+  const internal::CpuBackend& be =
+      p.weights->scheme.act_order ? internal::PortableBackend()
+      : int8 && ctx.isa() == CpuIsa::kAvx512Bf16
+          ? *internal::SimdBackendFor(CpuIsa::kAvx512)
+          : internal::CpuBackendFor(ctx.isa());
   KernelScratch& s = ctx.scratch();
   const GemmSchedule g = BuildGemmSchedule(p, be, ctx.pool().num_threads(), s);
   GemmRun run;
@@ -861,6 +869,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params) {
   run.p = &p;
   run.be = &be;
   run.s = &s;
+  run.int8_inputs = int8;
   run.x_packed = KernelScratch::Grow(s.x_packed, g.total_groups * g.x_group_stride);
   run.h_packed = KernelScratch::Grow(s.h_packed, g.total_groups * g.h_group_stride);
   run.h = KernelScratch::Grow(s.h, g.num_rows * g.inter);

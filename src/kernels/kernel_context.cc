@@ -91,6 +91,12 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
         "auto)",
         CpuIsaName(isa), ok));
   }
+  if (options.int8_activations && isa == CpuIsa::kPortable) {
+    return FailedPreconditionError(
+        "kernel context: 'int8_activations': the portable kernels have no int8 inputs (the SIMD "
+        "kernels do: avx2, avx512, avx512-bf16, neon, sve); drop int8 activations or pick one of "
+        "those instruction sets");
+  }
   if (options.num_threads < 0) {
     return InvalidArgumentError(
         fmt::format("kernel context: 'num_threads': expected >= 0, got {}", options.num_threads));
@@ -101,13 +107,22 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
     owned = std::make_unique<ThreadPool>(options.num_threads, -1, options.cpus);
     pool = owned.get();
   }
-  return KernelContext(std::move(owned), pool, isa);
+  return KernelContext(std::move(owned), pool, isa, options.int8_activations);
 }
 
-KernelContext::KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool* pool, CpuIsa isa)
+bool Int8ActivationScheme(const WeightScheme& scheme) {
+  const bool format = scheme.format == WeightFormat::kMxfp4 ||
+                      scheme.format == WeightFormat::kInt4 || scheme.format == WeightFormat::kNvfp4;
+  const int64_t g = scheme.group;
+  return format && (g == 16 || g == 32 || g == 64 || g == 128);
+}
+
+KernelContext::KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool* pool, CpuIsa isa,
+                             bool int8_activations)
     : owned_pool_(std::move(owned_pool)),
       pool_(pool),
       isa_(isa),
+      int8_activations_(int8_activations),
       scratch_(std::make_unique<internal::KernelScratch>(pool->num_threads())) {}
 
 KernelContext::KernelContext(KernelContext&&) noexcept = default;

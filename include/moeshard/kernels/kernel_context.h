@@ -17,6 +17,7 @@
 
 #include "moeshard/base/status.h"
 #include "moeshard/base/thread_pool.h"
+#include "moeshard/base/weight_format.h"
 
 namespace moeshard {
 
@@ -53,7 +54,19 @@ struct KernelContextOptions {
   // The owned pool's threads pinned to these CPUs, thread i to cpus[i % size] (the caller is
   // thread 0); empty: not pinned. Ignored with `pool`.
   std::vector<int> cpus = {};
+  // Opt-in: the experts of the schemes Int8ActivationScheme takes multiply int8 inputs, each
+  // token's inputs quantized per scale group with the scale max|x| / 127 (as llama.cpp's q8_0),
+  // for twice the byte products per instruction where the decode is instruction-bound (AVX2).
+  // Each input then carries an error of up to half its group's scale (max|x| / 254) instead of
+  // none; reference::Int8Inputs is its oracle. Run by the SIMD kernels (avx2, avx512, neon,
+  // sve; avx512-bf16 runs these experts on its avx512 SIMD kernels), at every token count;
+  // --isa portable has no int8 kernels and is refused.
+  bool int8_activations = false;
 };
+
+// Whether KernelContextOptions::int8_activations applies to experts of `scheme`: MXFP4, int4
+// and NVFP4 with groups of 16, 32, 64 or 128 columns. Other experts keep their bf16 inputs.
+bool Int8ActivationScheme(const WeightScheme& scheme);
 
 namespace internal {
 struct KernelScratch;  // defined in src/kernels/kernel_scratch.h
@@ -74,17 +87,20 @@ class KernelContext {
   int num_threads() const { return pool_->num_threads(); }
   // The resolved instruction set: never kAuto.
   CpuIsa isa() const { return isa_; }
+  bool int8_activations() const { return int8_activations_; }
 
   // Internal: scratch memory for the kernels of this context.
   internal::KernelScratch& scratch() { return *scratch_; }
   const internal::KernelScratch& scratch() const { return *scratch_; }
 
  private:
-  KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool* pool, CpuIsa isa);
+  KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool* pool, CpuIsa isa,
+                bool int8_activations);
 
   std::unique_ptr<ThreadPool> owned_pool_;
   ThreadPool* pool_ = nullptr;
   CpuIsa isa_ = CpuIsa::kPortable;
+  bool int8_activations_ = false;
   std::unique_ptr<internal::KernelScratch> scratch_;
 };
 

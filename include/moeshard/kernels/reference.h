@@ -41,12 +41,21 @@ void DequantizeMatrixRow(const WeightScheme& scheme, const void* data, const voi
 float DequantizeWeight(const ExpertWeights& w, Projection proj, int64_t expert, int64_t row,
                        int64_t col);
 
-// Same contract as moeshard::GroupedExpertGemm.
-Status GroupedExpertGemm(const GroupedGemmParams& params);
+// The oracle of KernelContextOptions::int8_activations: x[0, n) (bf16 values) in groups of
+// `group`, each value replaced by q x d, d = max|x| / 127 of its group and q = round(x / d) to
+// nearest even, found with the same fp32 steps as the kernels (the group's largest magnitude
+// scaled by a power of two into [0.5, 1) first); d x q is exact here. A group holding an
+// infinity or a NaN gives NaNs, a group of zeros zeros.
+void Int8Inputs(const float* x, int64_t n, int64_t group, double* out);
+
+// Same contract as moeshard::GroupedExpertGemm; with `int8_activations` the oracle of a
+// KernelContext that has them: for experts Int8ActivationScheme takes, each token's inputs and
+// its bf16-rounded activations pass through Int8Inputs before the two projections.
+Status GroupedExpertGemm(const GroupedGemmParams& params, bool int8_activations = false);
 
 // out[t] = sum over the token's local experts of weight * expert(x[t]), token by token, without
 // any permutation (so it also checks permute/unpermute).
-Status MoeExpertsForward(const MoeExpertsParams& params);
+Status MoeExpertsForward(const MoeExpertsParams& params, bool int8_activations = false);
 
 Status MoeForward(const MoeForwardParams& params);
 

@@ -80,6 +80,9 @@ struct DotRowsArgs {
   float* out = nullptr;  // [num_tokens, ldo] fp32; columns [0, num_rows) written
   int64_t ldo = 0;
   float* work = nullptr;  // backend work space of WorkFloats(...) floats
+  // Quantize each token's inputs to int8 per scale group (KernelContextOptions::
+  // int8_activations; only for schemes Int8InputScheme takes, on the SIMD backends).
+  bool int8_inputs = false;
 };
 
 // Tokens packed for packed_gemm: groups of kPackedGroup tokens; group g is [KP][16] uint32 at

@@ -844,22 +844,27 @@ HWY_INLINE hn::Vec<DI32> Bf16Bits(DI32 di32, const bf16_t* p) {
   return hn::BitCast(di32, hn::ShiftLeft<16>(wide));
 }
 
-// shifts[g] for each of one token's groups: the largest magnitude m < 2^e gives 14 - e, so
-// |q| < 2^14. The magnitudes are compared as fp32 bits (sign cleared), where every infinity and
-// NaN sorts above the finite values.
-void GroupShifts(const bf16_t* x, int64_t groups, int64_t group, int32_t* shifts) {
+// The largest magnitude of x[0, n) as fp32 bits (sign cleared), where every infinity and NaN
+// sorts above the finite values.
+int32_t MaxMagnitudeBits(const bf16_t* p, int64_t n) {
   const hn::CappedTag<int32_t, 16> di32;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(di32));
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(di32));
   const auto magnitude = hn::Set(di32, 0x7fff0000);
+  auto m = hn::Zero(di32);
+  int64_t c = 0;
+  for (; c + nl <= n; c += nl) m = hn::Max(m, hn::And(Bf16Bits(di32, p + c), magnitude));
+  int32_t bits = hn::GetLane(hn::MaxOfLanes(di32, m));
+  for (; c < n; ++c) {
+    bits = std::max(bits, static_cast<int32_t>((uint32_t{p[c].bits} << 16) & 0x7fff0000u));
+  }
+  return bits;
+}
+
+// shifts[g] for each of one token's groups: the largest magnitude m < 2^e gives 14 - e, so
+// |q| < 2^14.
+void GroupShifts(const bf16_t* x, int64_t groups, int64_t group, int32_t* shifts) {
   for (int64_t g = 0; g < groups; ++g) {
-    const bf16_t* p = x + g * group;
-    auto m = hn::Zero(di32);
-    int64_t c = 0;
-    for (; c + n <= group; c += n) m = hn::Max(m, hn::And(Bf16Bits(di32, p + c), magnitude));
-    int32_t bits = hn::GetLane(hn::MaxOfLanes(di32, m));
-    for (; c < group; ++c) {
-      bits = std::max(bits, static_cast<int32_t>((uint32_t{p[c].bits} << 16) & 0x7fff0000u));
-    }
+    const int32_t bits = MaxMagnitudeBits(x + g * group, group);
     if (bits >= 0x7f800000) {
       shifts[g] = kNaNShift;
     } else if (bits == 0) {
@@ -952,6 +957,115 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
     }
   }
   return {q, ldq, sx, ldsx};
+}
+
+// --- 4-bit decode on 8-bit inputs (KernelContextOptions::int8_activations) -----------------
+//
+// Opt-in: each token's inputs are quantized per scale group to int8 with the scale d = max|x| /
+// 127 (Int8Group below: the oracle is reference::Int8Inputs), and the weights are decoded to
+// unsigned bytes, code + an offset (E2M1 x 2 + 12, or the int4 code itself, 8 above its value),
+// so one byte multiply-add with 16-bit pair sums (vpmaddubsw on x86) takes a vector of byte
+// pairs, twice the products per instruction of the 16-bit path. The offset's share, offset x the
+// sum of a lane's quantized inputs, is folded into the per-lane scaling (`negc`), so it costs no
+// instruction in the tile. A 32-bit lane of a chunk's sums holds its columns 8L .. 8L + 7 (bytes
+// 4L .. 4L + 3 of the low and of the high nibbles), all in one group for groups of 8 or more.
+//
+// Numerics: the integer sums are exact (|code + offset| <= 24, |q| <= 127: a 16-bit pair sum of
+// the two nibble halves is at most 4 x 24 x 127 = 12192); the inputs' rounding to int8 is the
+// whole difference to the bf16 product (at most d / 2 per input), besides the fp32 additions.
+
+// One group of inputs as int8: q[c] = round(x[c] / d), |q| <= 127, rounded to nearest even;
+// returns d (0 for a group of zeros, NaN for one holding an infinity or a NaN, whose q are 0).
+// The group's largest magnitude a is scaled into [0.5, 1) by a power of two (exact) before the
+// reciprocal 127 / a, so tiny groups do not overflow it; reference::Int8Inputs does the same
+// fp32 operations.
+float Int8Group(const bf16_t* x, int64_t n, int8_t* q) {
+  const int32_t bits = MaxMagnitudeBits(x, n);
+  if (bits == 0 || bits >= 0x7f800000) {
+    std::fill(q, q + n, int8_t{0});
+    return bits == 0 ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  int e;
+  std::frexp(std::bit_cast<float>(bits), &e);  // a in [2^(e-1), 2^e), e in [-148, 128]
+  const float f1 = Pow2((-e) / 2), f2 = Pow2(-e - (-e) / 2);
+  const float m = std::bit_cast<float>(bits) * f1 * f2;  // in [0.5, 1)
+  const float inv = 127.0f / m;
+  const hn::CappedTag<int32_t, 16> di32;
+  const hn::Rebind<float, decltype(di32)> df;
+  const hn::Rebind<int8_t, decltype(di32)> di8;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(di32));
+  int64_t c = 0;
+  for (; c + nl <= n; c += nl) {
+    const auto v = hn::Mul(hn::Mul(hn::Mul(hn::BitCast(df, Bf16Bits(di32, x + c)), hn::Set(df, f1)),
+                                   hn::Set(df, f2)),
+                           hn::Set(df, inv));
+    hn::StoreU(hn::DemoteTo(di8, hn::NearestInt(v)), di8, q + c);
+  }
+  for (; c < n; ++c) {  // |v| <= 127: adding 1.5 x 2^23 rounds it to nearest even
+    const float v = Bf16ToFloat(x[c]) * f1 * f2 * inv;
+    q[c] = static_cast<int8_t>((v + 12582912.0f) - 12582912.0f);
+  }
+  return m / 127.0f * Pow2(e / 2) * Pow2(e - e / 2);
+}
+
+// The tokens' int8 inputs for the 8-bit decode: q[t * ldq + ...] per chunk its even columns then
+// its odd ones (the low and the high nibbles' order), and per token, flush unit (a chunk with
+// QLayout::lanes, else a group) and 32-bit lane: sx, the input scale times the codes' scale, and
+// negc = -offset x the lane's input sum x sx.
+struct Q8Inputs {
+  const int8_t* q;
+  int64_t ldq;
+  const float* sx;
+  const float* negc;
+  int64_t ldu;
+};
+
+Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_scale, int offset,
+                         void* work) {
+  const int64_t k = a.w->cols;
+  const int64_t group = ql.group;
+  const int64_t chunk = ql.chunk;
+  const int64_t half = chunk / 2;
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
+  const int64_t chunks = CeilDiv(k, chunk);
+  const int64_t ldq = chunks * chunk;
+  const int64_t units = ql.lanes ? chunks : k / group;
+  const int64_t ldu = units * n32;
+  int8_t* q = static_cast<int8_t*>(work);
+  float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{64}));
+  float* negc = sx + a.num_tokens * ldu;
+  float* d = negc + a.num_tokens * ldu;                               // per group, one token
+  int32_t* lane_sum = reinterpret_cast<int32_t*>(d + ldq / group);    // per unit and lane
+  int8_t* natural = reinterpret_cast<int8_t*>(lane_sum + ldu);        // one token, in order
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const bf16_t* x = a.x + t * a.ldx;
+    for (int64_t g = 0; g < k / group; ++g) d[g] = Int8Group(x + g * group, group, natural + g * group);
+    for (int64_t g = k / group; g < ldq / group; ++g) d[g] = 0.0f;
+    std::fill(natural + k, natural + ldq, int8_t{0});
+    std::fill(lane_sum, lane_sum + ldu, 0);
+    int8_t* dst = q + t * ldq;
+    for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
+      for (int64_t b = 0; b < half; ++b) {
+        dst[c0 + b] = natural[c0 + 2 * b];
+        dst[c0 + half + b] = natural[c0 + 2 * b + 1];
+      }
+      const int64_t u = ql.lanes ? c0 / chunk : c0 / group;
+      for (int64_t l = 0; l < n32; ++l) {
+        int32_t s = 0;
+        for (int64_t c = c0 + 8 * l; c < c0 + 8 * l + 8; ++c) s += natural[c];
+        lane_sum[u * n32 + l] += s;
+      }
+    }
+    for (int64_t u = 0; u < units; ++u) {
+      for (int64_t l = 0; l < n32; ++l) {
+        const int64_t g = ql.lanes ? (u * chunk + 8 * l) / group : u;
+        const float s = d[g] * code_scale;
+        sx[t * ldu + u * n32 + l] = s;
+        negc[t * ldu + u * n32 + l] = -static_cast<float>(offset * lane_sum[u * n32 + l]) * s;
+      }
+    }
+  }
+  return {q, ldq, sx, negc, ldu};
 }
 
 // The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
@@ -1107,12 +1221,164 @@ void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const f
   }
 }
 
+// E2M1 codes times 2 plus 12, unsigned (the 8-bit decode's offset lookup).
+alignas(16) constexpr uint8_t kE2M1x2Plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24,
+                                                   12, 11, 10, 9,  8,  6,  4,  0};
+
+// The 8-bit decode's offset: code + offset is what the lookup gives (int4: the code itself).
+template <Nib K>
+constexpr int Q8Offset() {
+  return K == Nib::kInt4 ? 8 : 12;
+}
+
+using DI8 = hn::Repartition<int8_t, D8>;
+
+// u[2i] * x[2i] + u[2i + 1] * x[2i + 1] in 16-bit lane i (u unsigned, x signed bytes; the sums
+// here never saturate): vpmaddubsw on x86, even and odd bytes widened elsewhere.
+HWY_INLINE V16 MulBytePairs(hn::Vec<D8> u, hn::Vec<DI8> x) {
+#if HWY_TARGET == HWY_AVX2
+  return V16{_mm256_maddubs_epi16(u.raw, x.raw)};
+#elif HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return V16{_mm512_maddubs_epi16(u.raw, x.raw)};
+#else
+  const D16 d16;
+  const hn::Repartition<uint16_t, D8> du16;
+  const auto uw = hn::BitCast(du16, u);
+  const auto xw = hn::BitCast(d16, x);
+  const auto u_even = hn::BitCast(d16, hn::And(uw, hn::Set(du16, uint16_t{0xFF})));
+  const auto u_odd = hn::BitCast(d16, hn::ShiftRight<8>(uw));
+  const auto x_even = hn::ShiftRight<8>(hn::ShiftLeft<8>(xw));
+  return hn::Add(hn::Mul(u_even, x_even), hn::Mul(u_odd, hn::ShiftRight<8>(xw)));
+#endif
+}
+
+// The chunk at byte p as unsigned bytes code + offset: its low nibbles (even columns) and its
+// high nibbles (odd columns).
+template <Nib K>
+HWY_INLINE void Q8DecodeChunk(const uint8_t* p, hn::Vec<D8>* lo, hn::Vec<D8>* hi) {
+  const D8 d8;
+  const hn::Repartition<uint16_t, D8> du16;
+  const auto mask = hn::Set(d8, 0x0F);
+  const auto bytes = hn::LoadU(d8, p);
+  *lo = hn::And(bytes, mask);
+  *hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, bytes))), mask);
+  if constexpr (K != Nib::kInt4) {
+    const auto table = hn::LoadDup128(d8, kE2M1x2Plus12);
+    *lo = hn::TableLookupBytes(table, *lo);
+    *hi = hn::TableLookupBytes(table, *hi);
+  }
+}
+
+// QTile on 8-bit inputs (same arguments; no zero points).
+template <Nib K, bool kLanes, int MR, int NR>
+void Q8Tile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const float* const* sw,
+            int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo, bool accumulate) {
+  const D8 d8;
+  const DI8 di8;
+  const D16 d16;
+  const D32 d32;
+  const DQF dqf;
+  const int64_t n8 = static_cast<int64_t>(hn::Lanes(d8));
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
+  const int64_t chunk = ql.chunk;
+  const int64_t per_flush = kLanes ? 1 : ql.group / chunk;
+  const int64_t groups_per_chunk = kLanes ? chunk / ql.group : 0;
+  using Idx = decltype(hn::IndicesFromVec(dqf, hn::Zero(hn::RebindToSigned<DQF>())));
+  Idx lane_table{};
+  if constexpr (kLanes) {
+    lane_table = hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
+  }
+  const auto ones = hn::Set(d16, int16_t{1});
+  hn::Vec<DQF> total[MR][NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) total[i][j] = hn::Zero(dqf);
+  }
+  const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
+  int64_t since = 0;
+  for (int64_t f = 0; f < nc; f += per_flush) {
+    V32 s0[MR][NR], s1[MR][NR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
+    }
+    for (int64_t ci = f; ci < f + per_flush; ++ci) {
+      const int64_t c = (c0 + ci) * chunk;
+      if (since-- == 0) {
+#pragma GCC unroll 16
+        for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + c / 2 + kPrefetchBytes);
+        since = per_line - 1;
+      }
+      const bool partial = c + chunk > ql.cols;  // decoded from a zero-padded copy
+      HWY_ALIGN uint8_t pad[NR][kQMaxBytes];
+      if (HWY_UNLIKELY(partial)) {
+        for (int j = 0; j < NR; ++j) {
+          std::memset(pad[j], 0, sizeof(pad[j]));
+          std::memcpy(pad[j], row_ptr[j].w + c / 2, static_cast<size_t>((ql.cols - c) / 2));
+        }
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) {
+        hn::Vec<D8> lo, hi;
+        Q8DecodeChunk<K>(HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2, &lo, &hi);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const int8_t* x = xq.q + (t0 + i) * xq.ldq + c;
+          const V16 m = hn::Add(MulBytePairs(lo, hn::LoadU(di8, x)),
+                                MulBytePairs(hi, hn::LoadU(di8, x + n8)));
+          s0[i][j] = hn::ReorderWidenMulAccumulate(d32, m, ones, s0[i][j], s1[i][j]);
+        }
+      }
+    }
+    const int64_t u = (c0 + f) / per_flush;  // the flush unit
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      hn::Vec<DQF> wscale;
+      if constexpr (kLanes) {
+        wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
+      } else {
+        wscale = hn::Set(dqf, sw[j][f / per_flush]);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
+        const int64_t at = (t0 + i) * xq.ldu + u * n32;
+        const auto scaled = hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
+        total[i][j] = hn::MulAdd(scaled, wscale, total[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const float s = hn::GetLane(hn::SumOfLanes(dqf, total[i][j]));
+      float& o = out[i * ldo + j];
+      o = accumulate ? o + s : s;
+    }
+  }
+}
+
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
 constexpr int64_t kQMaxBlockGroups = 256;
 
-template <Nib K, bool kLanes, int NR>
-void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql,
-                 const QInputs& xq, const int64_t* rows, int64_t cc, float* tile) {
+// One token tile of a decode step, on 16-bit (QInputs) or 8-bit (Q8Inputs) inputs.
+template <Nib K, bool kLanes, int MR, int NR, typename In>
+HWY_INLINE void QTileOf(const QLayout& ql, const In& xq, const RowPtrs* row_ptr,
+                        const float* const* sw, const uint8_t* const* zw, int64_t t0, int64_t c0,
+                        int64_t nc, float* out, bool accumulate) {
+  if constexpr (std::is_same_v<In, Q8Inputs>) {
+    Q8Tile<K, kLanes, MR, NR>(ql, xq, row_ptr, sw, t0, c0, nc, out, kStreams, accumulate);
+  } else {
+    QTile<K, kLanes, MR, NR>(ql, xq, row_ptr, sw, zw, t0, c0, nc, out, kStreams, accumulate);
+  }
+}
+
+template <Nib K, bool kLanes, int NR, typename In>
+void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, const In& xq,
+                 const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[NR];
   SetRowPtrs(dec, rows, NR, row_ptr);
   HWY_ALIGN float sw[NR][kQMaxBlockGroups + kQMaxLanes32];
@@ -1140,27 +1406,34 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
     int64_t t = 0;
     // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
     for (; t + 2 <= a.num_tokens; t += 2) {
-      QTile<K, kLanes, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
-                              c0 > 0);
+      QTileOf<K, kLanes, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, c0 > 0);
     }
     for (; t < a.num_tokens; ++t) {
-      QTile<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
-                              c0 > 0);
+      QTileOf<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, c0 > 0);
     }
   }
 }
 
-template <Nib K, bool kLanes>
+// The inputs quantized for the decode walk: int8 (k8) or int16.
+template <Nib K, bool k8>
+auto QuantizeFor(const DotRowsArgs& a, const QLayout& ql) {
+  if constexpr (k8) {
+    return QuantizeTokens8(a, ql, NibbleDec<K>::kE2M1 ? 0.5f : 1.0f, Q8Offset<K>(), a.work);
+  } else {
+    // 1/256 for the decoded codes' placement in the int16's high byte, 1/2 for E2M1 x 2.
+    return QuantizeTokens(a, ql, NibbleDec<K>::kE2M1 ? 1.0f / 512.0f : 1.0f / 256.0f, a.work);
+  }
+}
+
+template <Nib K, bool kLanes, bool k8>
 void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql) {
-  // 1/256 for the decoded codes' placement in the int16's high byte, 1/2 for E2M1 x 2.
-  const float code_scale = NibbleDec<K>::kE2M1 ? 1.0f / 512.0f : 1.0f / 256.0f;
-  const QInputs xq = QuantizeTokens(a, ql, code_scale, a.work);
+  const auto xq = QuantizeFor<K, k8>(a, ql);
   const int64_t per = CeilDiv(a.num_rows, int64_t{kStreams});
-  // K block in chunks: the tokens' int16 inputs within kDecodeXBytes of L1, and whole groups
+  // K block in chunks: the tokens' quantized inputs within kDecodeXBytes of L1, and whole groups
   // within the weight-scale buffers.
   const int64_t group_chunks = std::max<int64_t>(1, ql.group / ql.chunk);
   const int64_t max_chunks = kQMaxBlockGroups * ql.group / ql.chunk;
-  int64_t cc = kDecodeXBytes / (2 * a.num_tokens * ql.chunk);
+  int64_t cc = kDecodeXBytes / ((k8 ? 1 : 2) * a.num_tokens * ql.chunk);
   cc = std::max(group_chunks, std::min(cc, max_chunks) / group_chunks * group_chunks);
   float tile[kDecodeMaxTokens * kStreams];
   for (int64_t s = 0; s < per; ++s) {
@@ -1180,10 +1453,11 @@ void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
   }
 }
 
-// The integer decode walk (4 sequential row streams, as DecodeWalk), where it applies: up to
-// kDecodeMaxTokens tokens, groups of whole chunks or chunks of whole groups (each 32-bit lane
-// within one group), and groups whose sums cannot overflow. Returns false otherwise.
-template <Nib K>
+// The integer decode walk (4 sequential row streams, as DecodeWalk) on int16 or (k8) int8
+// inputs, where it applies: up to kDecodeMaxTokens tokens, groups of whole chunks or chunks of
+// whole groups (each 32-bit lane within one group), and groups whose sums cannot overflow.
+// Returns false otherwise.
+template <Nib K, bool k8>
 bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
   QLayout ql{};
   ql.cols = a.w->cols;
@@ -1193,13 +1467,41 @@ bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
     return false;
   }
   if (ql.group % ql.chunk == 0) {
-    QDecodeRows<K, false>(dec, a, ql);
+    QDecodeRows<K, false, k8>(dec, a, ql);
     return true;
   }
-  if (ql.chunk % ql.group != 0 || !QLaneGroups(&ql)) return false;
+  if (ql.chunk % ql.group != 0) return false;
+  if constexpr (k8) {  // lane L: columns 8L .. 8L + 7 of the chunk
+    if (ql.group % 8 != 0) return false;
+    for (size_t l = 0; l < hn::Lanes(D32()); ++l) {
+      ql.lane_group[l] = static_cast<int32_t>(8 * static_cast<int64_t>(l) / ql.group);
+    }
+  } else if (!QLaneGroups(&ql)) {
+    return false;
+  }
   ql.lanes = true;
-  QDecodeRows<K, true>(dec, a, ql);
+  QDecodeRows<K, true, k8>(dec, a, ql);
   return true;
+}
+
+// WidenTokens for int8 inputs (DotRowsArgs::int8_inputs; 4-bit chunk order): each group of
+// `group` (<= kQMaxGroup) columns quantized as the 8-bit decode quantizes it, then widened as
+// q x d, so the strips compute the same products as the 8-bit decode up to fp32 rounding.
+void WidenInt8Tokens(const DotRowsArgs& a, int64_t group, int64_t chunk, int64_t whole, float* xf) {
+  const int64_t k = a.w->cols;
+  const int64_t half = chunk / 2;
+  HWY_ALIGN int8_t q[kQMaxGroup];
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    float* dst = xf + t * k;
+    for (int64_t g0 = 0; g0 < k; g0 += group) {
+      const float d = Int8Group(a.x + t * a.ldx + g0, group, q);
+      for (int64_t c = g0; c < g0 + group; ++c) {
+        const int64_t w = c % chunk;
+        const int64_t at = c < whole ? c - w + (w % 2 == 0 ? w / 2 : half + w / 2) : c;
+        dst[at] = static_cast<float>(q[c - g0]) * d;
+      }
+    }
+  }
 }
 
 template <typename Dec>
@@ -1214,7 +1516,15 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   const int64_t whole = chunk > 0 ? k / chunk * chunk : 0;
   if (chunk == 0) chunk = 1;
   float* xf = a.work;
-  WidenTokens<Dec>(a, chunk, whole, xf);
+  if constexpr (Dec::kEvenOdd) {
+    if (a.int8_inputs) {
+      WidenInt8Tokens(a, dec.m.group, chunk, whole, xf);
+    } else {
+      WidenTokens<Dec>(a, chunk, whole, xf);
+    }
+  } else {
+    WidenTokens<Dec>(a, chunk, whole, xf);
+  }
   const DotSpan sp{chunk, whole, xf, k};
   if (a.num_tokens < Dec::kStripFrom) return DecodeWalk(dec, a, sp);
   PrefillStrips(dec, a, sp);
@@ -1222,7 +1532,13 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
 
 template <Nib K>
 void NibbleDotRows(const NibbleDec<K>& dec, const DotRowsArgs& a) {
-  if (QDecodeWalk(dec, a)) return;
+  if constexpr (K != Nib::kInt4Zp) {
+    if (a.int8_inputs) {
+      if (!QDecodeWalk<K, true>(dec, a)) DotRowsWith(dec, a);
+      return;
+    }
+  }
+  if (QDecodeWalk<K, false>(dec, a)) return;
   DotRowsWith(dec, a);
 }
 

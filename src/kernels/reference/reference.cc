@@ -11,6 +11,7 @@
 #include "moeshard/base/math.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/cpu_constraints.h"
+#include "moeshard/kernels/kernel_context.h"
 
 namespace moeshard::reference {
 namespace {
@@ -406,15 +407,18 @@ DenseExpert Dequantize(const ExpertWeights& w, int64_t e) {
   return d;
 }
 
-// y[o] = expert e applied to x (H values), fp64 sums.
+// y[o] = expert e applied to x (H values), fp64 sums; `int8`: through Int8Inputs (the caller
+// checked Int8ActivationScheme).
 void ExpertOutput(const ExpertWeights& w, const DenseExpert& d, const ActivationParams& act,
-                  int64_t e, const float* x, bool add_down_bias, double* y) {
+                  int64_t e, const float* x_in, bool add_down_bias, double* y, bool int8 = false) {
   const int64_t hidden = w.hidden;
   const int64_t inter = w.intermediate;
   std::vector<float> a(static_cast<size_t>(inter));
+  std::vector<double> x(x_in, x_in + hidden);
+  if (int8) Int8Inputs(x_in, hidden, w.scheme.group, x.data());
   auto row_dot = [&](int64_t row) {
     double acc = 0.0;
-    for (int64_t c = 0; c < hidden; ++c) acc += static_cast<double>(x[c]) * d.w13[row * hidden + c];
+    for (int64_t c = 0; c < hidden; ++c) acc += x[c] * d.w13[row * hidden + c];
     if (w.w13_bias != nullptr) acc += w.w13_bias[e * w.w13_rows() + row];
     return static_cast<float>(acc);
   };
@@ -427,9 +431,14 @@ void ExpertOutput(const ExpertWeights& w, const DenseExpert& d, const Activation
       a[j] = ApplyActivation(act, row_dot(j), row_dot(inter + j));
     }
   }
+  std::vector<double> h(a.begin(), a.end());
+  if (int8) {  // the kernels quantize the activations as they store them: bf16
+    for (float& v : a) v = Bf16ToFloat(FloatToBf16(v));
+    Int8Inputs(a.data(), inter, w.scheme.group, h.data());
+  }
   for (int64_t o = 0; o < hidden; ++o) {
     double acc = 0.0;
-    for (int64_t j = 0; j < inter; ++j) acc += static_cast<double>(a[j]) * d.w2[o * inter + j];
+    for (int64_t j = 0; j < inter; ++j) acc += h[j] * d.w2[o * inter + j];
     if (add_down_bias && w.w2_bias != nullptr) acc += w.w2_bias[e * hidden + o];
     y[o] = acc;
   }
@@ -456,13 +465,40 @@ Status RejectSortedView(const ExpertWeights& w) {
 
 }  // namespace
 
-Status GroupedExpertGemm(const GroupedGemmParams& p) {
+void Int8Inputs(const float* x, int64_t n, int64_t group, double* out) {
+  for (int64_t g0 = 0; g0 < n; g0 += group) {
+    const int64_t g1 = std::min(n, g0 + group);
+    float amax = 0.0f;
+    bool special = false;
+    for (int64_t c = g0; c < g1; ++c) {
+      special = special || !std::isfinite(x[c]);
+      amax = std::max(amax, std::fabs(x[c]));
+    }
+    if (special || amax == 0.0f) {
+      std::fill(out + g0, out + g1, special ? std::nan("") : 0.0);
+      continue;
+    }
+    int e;
+    std::frexp(amax, &e);
+    const float f1 = std::ldexp(1.0f, (-e) / 2), f2 = std::ldexp(1.0f, -e - (-e) / 2);
+    const float m = amax * f1 * f2;  // in [0.5, 1), exact
+    const float inv = 127.0f / m;
+    const double d = std::ldexp(static_cast<double>(m) / 127.0, e);
+    for (int64_t c = g0; c < g1; ++c) {
+      const float v = x[c] * f1 * f2 * inv;  // fp32 steps, as the kernels
+      out[c] = static_cast<double>(std::nearbyint(v)) * d;
+    }
+  }
+}
+
+Status GroupedExpertGemm(const GroupedGemmParams& p, bool int8_activations) {
   if (p.weights == nullptr || p.expert_offsets == nullptr) {
     return InvalidArgumentError("reference grouped gemm: 'weights/expert_offsets': null");
   }
   const ExpertWeights& w = *p.weights;
   MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
   MOESHARD_RETURN_IF_ERROR(RejectSortedView(w));
+  const bool int8 = int8_activations && Int8ActivationScheme(w.scheme);
   std::vector<double> y(static_cast<size_t>(w.hidden));
   for (int64_t e = 0; e < w.num_experts_local; ++e) {
     if (p.expert_offsets[e + 1] == p.expert_offsets[e]) continue;
@@ -470,7 +506,7 @@ Status GroupedExpertGemm(const GroupedGemmParams& p) {
     for (int64_t r = p.expert_offsets[e]; r < p.expert_offsets[e + 1]; ++r) {
       const int64_t src = p.x_rows == nullptr ? r : p.x_rows[r];
       const std::vector<float> x = RowAsFloat(p.x_sorted, p.x_dtype, src, w.hidden);
-      ExpertOutput(w, d, p.activation, e, x.data(), p.add_down_bias, y.data());
+      ExpertOutput(w, d, p.activation, e, x.data(), p.add_down_bias, y.data(), int8);
       for (int64_t o = 0; o < w.hidden; ++o)
         p.y_sorted[r * w.hidden + o] = static_cast<float>(y[o]);
     }
@@ -478,9 +514,10 @@ Status GroupedExpertGemm(const GroupedGemmParams& p) {
   return Status::Ok();
 }
 
-Status MoeExpertsForward(const MoeExpertsParams& p) {
+Status MoeExpertsForward(const MoeExpertsParams& p, bool int8_activations) {
   if (p.weights == nullptr) return InvalidArgumentError("reference moe: 'weights': null");
   const ExpertWeights& w = *p.weights;
+  const bool int8 = int8_activations && Int8ActivationScheme(w.scheme);
   MOESHARD_RETURN_IF_ERROR(ValidateExpertWeights(w, p.activation));
   MOESHARD_RETURN_IF_ERROR(RejectSortedView(w));
   std::vector<DenseExpert> dense(static_cast<size_t>(w.num_experts_local));
@@ -500,7 +537,7 @@ Status MoeExpertsForward(const MoeExpertsParams& p) {
         dense[l] = Dequantize(w, l);
         have[l] = true;
       }
-      ExpertOutput(w, dense[l], p.activation, l, x.data(), p.add_down_bias, y.data());
+      ExpertOutput(w, dense[l], p.activation, l, x.data(), p.add_down_bias, y.data(), int8);
       for (int64_t o = 0; o < w.hidden; ++o) sum[o] += p.topk_weights[t * p.top_k + s] * y[o];
     }
     for (int64_t o = 0; o < w.hidden; ++o) p.out[t * w.hidden + o] = static_cast<float>(sum[o]);
