@@ -107,6 +107,9 @@ def parse_args(argv):
     p.add_argument("--isa", default=None,
                    help="moeshard --isa (e.g. avx2, to match an AVX2-only ggml build); default: "
                         "moeshard's auto")
+    p.add_argument("--int8-activations", action="store_true",
+                   help="moeshard --int8-activations: MXFP4 and int4 inputs quantized to int8 per "
+                        "group, as ggml's q8_0 activations are (like-for-like numerics)")
     add_run_args(p, min_time=0.5, rounds=3)
     a = p.parse_args(argv)
     formats = []
@@ -132,6 +135,8 @@ def moeshard_cmd(a, shape, fmt, tokens, json_path):
            "--tokens", str(tokens), "--threads", str(a.threads), "--min-time", str(a.min_time)]
     if a.isa:
         cmd += ["--isa", a.isa]
+    if a.int8_activations:
+        cmd.append("--int8-activations")
     return cmd + ["--json", json_path]
 
 
@@ -259,8 +264,10 @@ def main(argv):
     out.append("# moeshard vs ggml (CPU backend): routed experts of one MoE layer")
     out.append("")
     out.append("- CPU: %s; threads: %d (each process, caller included)" % (machine["cpu"], a.threads))
-    out.append("- moeshard --isa: %s (ran: %s)" % (a.isa or "auto (not passed)",
-                                                  machine.get("moeshard_isa", "unknown")))
+    out.append("- moeshard --isa: %s (ran: %s)%s" % (a.isa or "auto (not passed)",
+                                                    machine.get("moeshard_isa", "unknown"),
+                                                    "; int8 activations" if a.int8_activations
+                                                    else ""))
     out.append("- ggml commit: %s; ggml CPU features as built: %s; threads: %s"
                % (machine.get("ggml_commit", "unknown"),
                   " ".join(machine.get("ggml_cpu_features", [])) or "none of AVX2/AVX512",
@@ -320,7 +327,8 @@ def main(argv):
         write_json_atomic(a.json, {
             "machine": machine,
             "settings": {"shapes": a.shapes, "formats": a.formats, "tokens": a.tokens,
-                         "isa": a.isa, "threads": a.threads, "min_time": a.min_time,
+                         "isa": a.isa, "int8_activations": a.int8_activations,
+                         "threads": a.threads, "min_time": a.min_time,
                          "rounds": a.rounds, "moeshard": os.path.abspath(a.moeshard),
                          "ggml": os.path.abspath(a.ggml)},
             "notes": NOTES, "results": results})

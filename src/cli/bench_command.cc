@@ -35,6 +35,7 @@ struct KernelsFlags {
   int threads = 0;
   std::string isa = "auto";
   std::string versus;  // A/B: a second variant, run alternately on every case
+  bool int8_activations = false;  // KernelContextOptions::int8_activations (both variants)
   std::string json;
   bool quick = false;
   double min_time = 0.5;
@@ -173,6 +174,7 @@ Status WriteKernelJson(const std::string& path, const KernelRun& run, const Kern
   nlohmann::json j;
   j["machine"] = {
       {"cpu", CpuModel()},        {"threads", ctx.num_threads()},  {"isa", CpuIsaName(ctx.isa())},
+      {"int8_activations", ctx.int8_activations()},
       {"peak_instruction", peak}, {"loadavg_before", load_before}, {"loadavg_after", load_after}};
   j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
                    {"peak_flops_per_s", roof.peak_flops_per_s},
@@ -226,6 +228,7 @@ Status RunKernels(const KernelsFlags& f) {
   KernelContextOptions co;
   co.num_threads = f.threads;
   MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseCpuIsa(f.isa));
+  co.int8_activations = f.int8_activations;
   MOESHARD_ASSIGN_OR_RETURN(KernelContext ctx, KernelContext::Create(co));
   std::optional<KernelContext> versus;
   if (!f.versus.empty()) {
@@ -240,8 +243,9 @@ Status RunKernels(const KernelsFlags& f) {
 
   const std::string load_before = ReadFirstLine("/proc/loadavg");
   const char* peak = ComputePeakInstruction(ctx);
-  fmt::print("machine: {}, {} threads, kernel variant {} (peak instruction {}), load average {}\n",
-             CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()), peak, load_before);
+  fmt::print("machine: {}, {} threads, kernel variant {}{} (peak instruction {}), load average {}\n",
+             CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()),
+             ctx.int8_activations() ? " with int8 activations" : "", peak, load_before);
   // One read buffer for every roofline measurement of the run.
   MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
   MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, read, 3));
@@ -301,6 +305,9 @@ CommandRunner SetupKernels(CLI::App* bench) {
   sub->add_option("--versus", f->versus,
                   "A/B mode: also run every case on this variant, alternately, and report the "
                   "median of the per-pair time ratios");
+  sub->add_flag("--int8-activations", f->int8_activations,
+                "quantize the inputs of MXFP4, int4 and NVFP4 experts to int8 per scale group "
+                "(llama.cpp's q8_0 scale; opt-in, error up to max|x| / 254 per input)");
   sub->add_option("--min-time", f->min_time, "seconds per case (at least 3 repetitions)");
   sub->add_option("--json", f->json, "also write the results as JSON to this file");
   sub->add_flag("--quick", f->quick, "tokens 1, 8, 512 and short timing (a smoke run)");
