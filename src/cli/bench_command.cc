@@ -34,7 +34,7 @@ struct KernelsFlags {
   std::vector<std::string> formats = {"bf16", "bf16-rg", "mxfp4"};
   int threads = 0;
   std::string isa = "auto";
-  std::string versus;  // A/B: a second variant, run alternately on every case
+  std::string versus;             // A/B: a second variant, run alternately on every case
   bool int8_activations = false;  // KernelContextOptions::int8_activations (both variants)
   std::string json;
   bool quick = false;
@@ -172,10 +172,13 @@ Status WriteKernelJson(const std::string& path, const KernelRun& run, const Kern
   const Roofline& roof = run.roof;
   const std::vector<KernelBenchResult>& results = run.results;
   nlohmann::json j;
-  j["machine"] = {
-      {"cpu", CpuModel()},        {"threads", ctx.num_threads()},  {"isa", CpuIsaName(ctx.isa())},
-      {"int8_activations", ctx.int8_activations()},
-      {"peak_instruction", peak}, {"loadavg_before", load_before}, {"loadavg_after", load_after}};
+  j["machine"] = {{"cpu", CpuModel()},
+                  {"threads", ctx.num_threads()},
+                  {"isa", CpuIsaName(ctx.isa())},
+                  {"int8_activations", ctx.int8_activations()},
+                  {"peak_instruction", peak},
+                  {"loadavg_before", load_before},
+                  {"loadavg_after", load_after}};
   j["roofline"] = {{"read_bytes_per_s", roof.read_bytes_per_s},
                    {"peak_flops_per_s", roof.peak_flops_per_s},
                    {"before",
@@ -243,9 +246,10 @@ Status RunKernels(const KernelsFlags& f) {
 
   const std::string load_before = ReadFirstLine("/proc/loadavg");
   const char* peak = ComputePeakInstruction(ctx);
-  fmt::print("machine: {}, {} threads, kernel variant {}{} (peak instruction {}), load average {}\n",
-             CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()),
-             ctx.int8_activations() ? " with int8 activations" : "", peak, load_before);
+  fmt::print(
+      "machine: {}, {} threads, kernel variant {}{} (peak instruction {}), load average {}\n",
+      CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()),
+      ctx.int8_activations() ? " with int8 activations" : "", peak, load_before);
   // One read buffer for every roofline measurement of the run.
   MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
   MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, read, 3));

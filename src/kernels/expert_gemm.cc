@@ -845,6 +845,16 @@ GroupedGemmParams InputsInExpertOrder(KernelContext& ctx, const GroupedGemmParam
   return q;
 }
 
+// Act-order weights look up each column's group: only the portable dot path does. Int8 inputs
+// run on the SIMD kernels: on AVX-512 BF16 CPUs the avx512 ones (the native kernels take bf16
+// inputs; KernelContext::Create checked that this build has them).
+const internal::CpuBackend& GemmBackend(const KernelContext& ctx, const WeightScheme& q,
+                                        bool int8) {
+  if (q.act_order) return internal::PortableBackend();
+  if (int8 && ctx.isa() == CpuIsa::kAvx512Bf16) return *internal::SimdBackendFor(CpuIsa::kAvx512);
+  return internal::CpuBackendFor(ctx.isa());
+}
+
 }  // namespace
 
 Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params) {
@@ -853,15 +863,8 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params) {
   const GroupedGemmParams p = params.weights->w13_input_perm == nullptr
                                   ? params
                                   : InputsInExpertOrder(ctx, params, ctx.scratch());
-  // Act-order weights look up each column's group: only the portable dot path does. Int8
-  // inputs run on the SIMD kernels (on AVX-512 BF16 CPUs the avx512 ones: the native kernels
-  // take bf16 inputs).
   const bool int8 = ctx.int8_activations() && Int8ActivationScheme(p.weights->scheme);
-  const internal::CpuBackend& be =
-      p.weights->scheme.act_order ? internal::PortableBackend()
-      : int8 && ctx.isa() == CpuIsa::kAvx512Bf16
-          ? *internal::SimdBackendFor(CpuIsa::kAvx512)
-          : internal::CpuBackendFor(ctx.isa());
+  const internal::CpuBackend& be = GemmBackend(ctx, p.weights->scheme, int8);
   KernelScratch& s = ctx.scratch();
   const GemmSchedule g = BuildGemmSchedule(p, be, ctx.pool().num_threads(), s);
   GemmRun run;

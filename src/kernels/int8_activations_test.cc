@@ -40,11 +40,8 @@ WeightScheme SchemeOf(WeightFormat format, int64_t group) {
 
 // One expert, ungated: w13 is [inter, hidden] of randn / 10.
 OwnedExpertWeights OneExpert(const WeightScheme& q, int64_t hidden, int64_t inter, uint64_t seed) {
-  const ExpertWeightsShape s{.scheme = q,
-                             .num_experts_local = 1,
-                             .hidden = hidden,
-                             .intermediate = inter,
-                             .gated = false};
+  const ExpertWeightsShape s{
+      .scheme = q, .num_experts_local = 1, .hidden = hidden, .intermediate = inter, .gated = false};
   const std::vector<float> w13 = Randn(inter * hidden, seed, 0.1f);
   const std::vector<float> w2 = Randn(hidden * inter, seed + 1, 0.1f);
   return EncodeExpertWeights(s, w13.data(), w2.data(), nullptr, nullptr);
@@ -91,7 +88,8 @@ TEST(Int8Activations, DotRowsMatchTheOracleOnEverySimdVariant) {
       std::vector<std::vector<double>> w(rows.size(), std::vector<double>(cols));
       for (size_t j = 0; j < rows.size(); ++j) {
         for (int64_t c = 0; c < cols; ++c) {
-          w[j][c] = reference::DequantizeWeight(ow.view, reference::Projection::kW13, 0, rows[j], c);
+          w[j][c] =
+              reference::DequantizeWeight(ow.view, reference::Projection::kW13, 0, rows[j], c);
         }
       }
       for (int64_t tokens : {1, 2, 3, 5, 8, 16, 17, 40}) {

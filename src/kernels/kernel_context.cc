@@ -91,11 +91,14 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
         "auto)",
         CpuIsaName(isa), ok));
   }
-  if (options.int8_activations && isa == CpuIsa::kPortable) {
+  const bool simd_int8 = isa != CpuIsa::kPortable &&
+                         (isa != CpuIsa::kAvx512Bf16 || internal::CpuSupportsSimd(CpuIsa::kAvx512));
+  if (options.int8_activations && !simd_int8) {
     return FailedPreconditionError(
-        "kernel context: 'int8_activations': the portable kernels have no int8 inputs (the SIMD "
-        "kernels do: avx2, avx512, avx512-bf16, neon, sve); drop int8 activations or pick one of "
-        "those instruction sets");
+        fmt::format("kernel context: 'int8_activations': the {} kernels of this build have no "
+                    "int8 inputs (the SIMD kernels do: avx2, avx512, avx512-bf16, neon, sve); "
+                    "drop int8 activations or pick one of those instruction sets",
+                    CpuIsaName(isa)));
   }
   if (options.num_threads < 0) {
     return InvalidArgumentError(

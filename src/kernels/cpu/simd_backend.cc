@@ -996,9 +996,9 @@ float Int8Group(const bf16_t* x, int64_t n, int8_t* q) {
   const int64_t nl = static_cast<int64_t>(hn::Lanes(di32));
   int64_t c = 0;
   for (; c + nl <= n; c += nl) {
-    const auto v = hn::Mul(hn::Mul(hn::Mul(hn::BitCast(df, Bf16Bits(di32, x + c)), hn::Set(df, f1)),
-                                   hn::Set(df, f2)),
-                           hn::Set(df, inv));
+    const auto v = hn::Mul(
+        hn::Mul(hn::Mul(hn::BitCast(df, Bf16Bits(di32, x + c)), hn::Set(df, f1)), hn::Set(df, f2)),
+        hn::Set(df, inv));
     hn::StoreU(hn::DemoteTo(di8, hn::NearestInt(v)), di8, q + c);
   }
   for (; c < n; ++c) {  // |v| <= 127: adding 1.5 x 2^23 rounds it to nearest even
@@ -1034,12 +1034,13 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
   int8_t* q = static_cast<int8_t*>(work);
   float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{64}));
   float* negc = sx + a.num_tokens * ldu;
-  float* d = negc + a.num_tokens * ldu;                               // per group, one token
-  int32_t* lane_sum = reinterpret_cast<int32_t*>(d + ldq / group);    // per unit and lane
-  int8_t* natural = reinterpret_cast<int8_t*>(lane_sum + ldu);        // one token, in order
+  float* d = negc + a.num_tokens * ldu;                             // per group, one token
+  int32_t* lane_sum = reinterpret_cast<int32_t*>(d + ldq / group);  // per unit and lane
+  int8_t* natural = reinterpret_cast<int8_t*>(lane_sum + ldu);      // one token, in order
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const bf16_t* x = a.x + t * a.ldx;
-    for (int64_t g = 0; g < k / group; ++g) d[g] = Int8Group(x + g * group, group, natural + g * group);
+    for (int64_t g = 0; g < k / group; ++g)
+      d[g] = Int8Group(x + g * group, group, natural + g * group);
     for (int64_t g = k / group; g < ldq / group; ++g) d[g] = 0.0f;
     std::fill(natural + k, natural + ldq, int8_t{0});
     std::fill(lane_sum, lane_sum + ldu, 0);
@@ -1345,7 +1346,8 @@ void Q8Tile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const
       for (int i = 0; i < MR; ++i) {
         const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
         const int64_t at = (t0 + i) * xq.ldu + u * n32;
-        const auto scaled = hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
+        const auto scaled =
+            hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
         total[i][j] = hn::MulAdd(scaled, wscale, total[i][j]);
       }
     }
