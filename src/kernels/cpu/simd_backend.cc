@@ -1109,119 +1109,6 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
   }
 }
 
-// Chunks [c0, c0 + nc) (their column index / chunk) of tokens [t0, t0 + MR) times
-// rows[0, NR): out[i * ldo + j] (+)= the partial dot products. sw[j] holds row j's weight scales
-// from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last), zw[j]
-// its zero points (int4-zp, the same groups, 16 bytes past the last).
-template <Nib K, bool kLanes, int MR, int NR>
-void QTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const float* const* sw,
-           const uint8_t* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
-           bool accumulate) {
-  const D8 d8;
-  const D16 d16;
-  const D32 d32;
-  const DQF dqf;
-  const int64_t n16 = static_cast<int64_t>(hn::Lanes(d16));
-  const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
-  const int64_t chunk = ql.chunk;
-  // Chunks per flush: one (kLanes), or a group's.
-  const int64_t per_flush = kLanes ? 1 : ql.group / chunk;
-  const int64_t groups_per_chunk = kLanes ? chunk / ql.group : 0;
-  using Idx = decltype(hn::IndicesFromVec(dqf, hn::Zero(hn::RebindToSigned<DQF>())));
-  Idx lane_table{};
-  if constexpr (kLanes) {
-    lane_table = hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
-  }
-  const auto byte_group = hn::LoadU(d8, ql.byte_group);
-  hn::Vec<DQF> total[MR][NR];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) total[i][j] = hn::Zero(dqf);
-  }
-  const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
-  int64_t since = 0;
-  for (int64_t f = 0; f < nc; f += per_flush) {
-    V32 s0[MR][NR], s1[MR][NR];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
-    }
-    for (int64_t ci = f; ci < f + per_flush; ++ci) {
-      const int64_t c = (c0 + ci) * chunk;
-      if (since-- == 0) {
-#pragma GCC unroll 16
-        for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + c / 2 + kPrefetchBytes);
-        since = per_line - 1;
-      }
-      // A last partial chunk is decoded from a zero-padded copy (its padded columns meet zero
-      // inputs).
-      const bool partial = c + chunk > ql.cols;
-      HWY_ALIGN uint8_t pad[NR][kQMaxBytes];
-      if (HWY_UNLIKELY(partial)) {
-        for (int j = 0; j < NR; ++j) {
-          std::memset(pad[j], 0, sizeof(pad[j]));
-          std::memcpy(pad[j], row_ptr[j].w + c / 2, static_cast<size_t>((ql.cols - c) / 2));
-        }
-      }
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) {
-        hn::Vec<D8> zeros = hn::Zero(d8);
-        if constexpr (K == Nib::kInt4Zp) {
-          if constexpr (kLanes) {  // each byte's group's zero point
-            zeros =
-                hn::TableLookupBytes(hn::LoadDup128(d8, zw[j] + ci * groups_per_chunk), byte_group);
-          } else {
-            zeros = hn::Set(d8, zw[j][ci / per_flush]);
-          }
-        }
-        V16 w[4];
-        QDecodeChunk<K>(HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2, zeros, w);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
-#pragma GCC unroll 4
-          for (int v = 0; v < 4; ++v) {
-            s0[i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
-                                                     s0[i][j], s1[i][j]);
-          }
-        }
-      }
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      hn::Vec<DQF> wscale;
-      float wscalar = 0.0f;
-      if constexpr (kLanes) {
-        wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
-      } else {
-        wscalar = sw[j][f / per_flush];
-      }
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
-        if constexpr (kLanes) {
-          const float* sx = xq.sx + (t0 + i) * xq.ldsx + (c0 + f) * n32;
-          total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
-        } else {
-          const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
-          total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
-        }
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      const float s = hn::GetLane(hn::SumOfLanes(dqf, total[i][j]));
-      float& o = out[i * ldo + j];
-      o = accumulate ? o + s : s;
-    }
-  }
-}
-
 // E2M1 codes times 2 plus 12, unsigned (the 8-bit decode's offset lookup).
 alignas(16) constexpr uint8_t kE2M1x2Plus12[16] = {12, 13, 14, 15, 16, 18, 20, 24,
                                                    12, 11, 10, 9,  8,  6,  4,  0};
@@ -1270,18 +1157,48 @@ HWY_INLINE void Q8DecodeChunk(const uint8_t* p, hn::Vec<D8>* lo, hn::Vec<D8>* hi
   }
 }
 
-// QTile on 8-bit inputs (same arguments; no zero points).
-template <Nib K, bool kLanes, int MR, int NR>
-void Q8Tile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const float* const* sw,
-            int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo, bool accumulate) {
+// The last, partial chunk (from column c of `cols`) of each of nr rows, zero-padded into pad.
+inline void PadLastChunk(const RowPtrs* row_ptr, int nr, int64_t c, int64_t cols,
+                         uint8_t (*pad)[kQMaxBytes]) {
+  for (int j = 0; j < nr; ++j) {
+    std::memset(pad[j], 0, kQMaxBytes);
+    std::memcpy(pad[j], row_ptr[j].w + c / 2, static_cast<size_t>((cols - c) / 2));
+  }
+}
+
+// out[i * ldo + j] (+)= the sum of total[i][j]'s lanes.
+template <int MR, int NR>
+HWY_INLINE void StoreTotals(const hn::Vec<DQF> (&total)[MR][NR], float* out, int64_t ldo,
+                            bool accumulate) {
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      const float s = hn::GetLane(hn::SumOfLanes(DQF(), total[i][j]));
+      float& o = out[i * ldo + j];
+      o = accumulate ? o + s : s;
+    }
+  }
+}
+
+// Chunks [c0, c0 + nc) (their column index / chunk) of tokens [t0, t0 + MR) times
+// rows[0, NR): out[i * ldo + j] (+)= the partial dot products. sw[j] holds row j's weight scales
+// from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last), zw[j]
+// its zero points (int4-zp, the same groups, 16 bytes past the last). On 16-bit inputs
+// (QInputs) or 8-bit ones (Q8Inputs: no zero points).
+template <Nib K, bool kLanes, int MR, int NR, typename In>
+void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float* const* sw,
+           const uint8_t* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
+           bool accumulate) {
+  constexpr bool k8 = std::is_same_v<In, Q8Inputs>;
   const D8 d8;
-  const DI8 di8;
   const D16 d16;
   const D32 d32;
   const DQF dqf;
-  const int64_t n8 = static_cast<int64_t>(hn::Lanes(d8));
+  const int64_t n16 = static_cast<int64_t>(hn::Lanes(d16));
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
   const int64_t chunk = ql.chunk;
+  // Chunks per flush: one (kLanes), or a group's.
   const int64_t per_flush = kLanes ? 1 : ql.group / chunk;
   const int64_t groups_per_chunk = kLanes ? chunk / ql.group : 0;
   using Idx = decltype(hn::IndicesFromVec(dqf, hn::Zero(hn::RebindToSigned<DQF>())));
@@ -1289,7 +1206,7 @@ void Q8Tile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const
   if constexpr (kLanes) {
     lane_table = hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
   }
-  const auto ones = hn::Set(d16, int16_t{1});
+  const auto byte_group = hn::LoadU(d8, ql.byte_group);
   hn::Vec<DQF> total[MR][NR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
@@ -1312,71 +1229,85 @@ void Q8Tile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const
         for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + c / 2 + kPrefetchBytes);
         since = per_line - 1;
       }
-      const bool partial = c + chunk > ql.cols;  // decoded from a zero-padded copy
+      // A last partial chunk is decoded from a zero-padded copy (its padded columns meet zero
+      // inputs).
+      const bool partial = c + chunk > ql.cols;
       HWY_ALIGN uint8_t pad[NR][kQMaxBytes];
-      if (HWY_UNLIKELY(partial)) {
-        for (int j = 0; j < NR; ++j) {
-          std::memset(pad[j], 0, sizeof(pad[j]));
-          std::memcpy(pad[j], row_ptr[j].w + c / 2, static_cast<size_t>((ql.cols - c) / 2));
-        }
-      }
+      if (HWY_UNLIKELY(partial)) PadLastChunk(row_ptr, NR, c, ql.cols, pad);
 #pragma GCC unroll 16
       for (int j = 0; j < NR; ++j) {
-        hn::Vec<D8> lo, hi;
-        Q8DecodeChunk<K>(HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2, &lo, &hi);
+        const uint8_t* wp = HWY_UNLIKELY(partial) ? pad[j] : row_ptr[j].w + c / 2;
+        if constexpr (k8) {
+          hn::Vec<D8> lo, hi;
+          Q8DecodeChunk<K>(wp, &lo, &hi);
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          const int8_t* x = xq.q + (t0 + i) * xq.ldq + c;
-          const V16 m = hn::Add(MulBytePairs(lo, hn::LoadU(di8, x)),
-                                MulBytePairs(hi, hn::LoadU(di8, x + n8)));
-          s0[i][j] = hn::ReorderWidenMulAccumulate(d32, m, ones, s0[i][j], s1[i][j]);
+          for (int i = 0; i < MR; ++i) {
+            const int8_t* x = xq.q + (t0 + i) * xq.ldq + c;
+            const V16 m = hn::Add(MulBytePairs(lo, hn::LoadU(DI8(), x)),
+                                  MulBytePairs(hi, hn::LoadU(DI8(), x + 2 * n16)));
+            s0[i][j] =
+                hn::ReorderWidenMulAccumulate(d32, m, hn::Set(d16, int16_t{1}), s0[i][j], s1[i][j]);
+          }
+        } else {
+          hn::Vec<D8> zeros = hn::Zero(d8);
+          if constexpr (K == Nib::kInt4Zp) {
+            if constexpr (kLanes) {  // each byte's group's zero point
+              zeros = hn::TableLookupBytes(hn::LoadDup128(d8, zw[j] + ci * groups_per_chunk),
+                                           byte_group);
+            } else {
+              zeros = hn::Set(d8, zw[j][ci / per_flush]);
+            }
+          }
+          V16 w[4];
+          QDecodeChunk<K>(wp, zeros, w);
+#pragma GCC unroll 16
+          for (int i = 0; i < MR; ++i) {
+            const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
+#pragma GCC unroll 4
+            for (int v = 0; v < 4; ++v) {
+              s0[i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
+                                                       s0[i][j], s1[i][j]);
+            }
+          }
         }
       }
     }
-    const int64_t u = (c0 + f) / per_flush;  // the flush unit
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       hn::Vec<DQF> wscale;
+      float wscalar = 0.0f;
       if constexpr (kLanes) {
         wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
       } else {
-        wscale = hn::Set(dqf, sw[j][f / per_flush]);
+        wscalar = sw[j][f / per_flush];
       }
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
-        const int64_t at = (t0 + i) * xq.ldu + u * n32;
-        const auto scaled =
-            hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
-        total[i][j] = hn::MulAdd(scaled, wscale, total[i][j]);
+        if constexpr (k8) {  // per flush unit and lane: the input scale, the offset's share
+          const int64_t at = (t0 + i) * xq.ldu + (c0 + f) / per_flush * n32;
+          const auto scaled =
+              hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
+          if constexpr (kLanes) {
+            total[i][j] = hn::MulAdd(scaled, wscale, total[i][j]);
+          } else {
+            total[i][j] = hn::MulAdd(scaled, hn::Set(dqf, wscalar), total[i][j]);
+          }
+        } else if constexpr (kLanes) {
+          const float* sx = xq.sx + (t0 + i) * xq.ldsx + (c0 + f) * n32;
+          total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
+        } else {
+          const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
+          total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
+        }
       }
     }
   }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      const float s = hn::GetLane(hn::SumOfLanes(dqf, total[i][j]));
-      float& o = out[i * ldo + j];
-      o = accumulate ? o + s : s;
-    }
-  }
+  StoreTotals(total, out, ldo, accumulate);
 }
 
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
 constexpr int64_t kQMaxBlockGroups = 256;
-
-// One token tile of a decode step, on 16-bit (QInputs) or 8-bit (Q8Inputs) inputs.
-template <Nib K, bool kLanes, int MR, int NR, typename In>
-HWY_INLINE void QTileOf(const QLayout& ql, const In& xq, const RowPtrs* row_ptr,
-                        const float* const* sw, const uint8_t* const* zw, int64_t t0, int64_t c0,
-                        int64_t nc, float* out, bool accumulate) {
-  if constexpr (std::is_same_v<In, Q8Inputs>) {
-    Q8Tile<K, kLanes, MR, NR>(ql, xq, row_ptr, sw, t0, c0, nc, out, kStreams, accumulate);
-  } else {
-    QTile<K, kLanes, MR, NR>(ql, xq, row_ptr, sw, zw, t0, c0, nc, out, kStreams, accumulate);
-  }
-}
 
 template <Nib K, bool kLanes, int NR, typename In>
 void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, const In& xq,
@@ -1408,10 +1339,12 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
     int64_t t = 0;
     // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
     for (; t + 2 <= a.num_tokens; t += 2) {
-      QTileOf<K, kLanes, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, c0 > 0);
+      QTile<K, kLanes, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
+                              c0 > 0);
     }
     for (; t < a.num_tokens; ++t) {
-      QTileOf<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, c0 > 0);
+      QTile<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
+                              c0 > 0);
     }
   }
 }
