@@ -48,6 +48,7 @@ struct RunFlags {
   std::string kernel_backend = "cpu";
   std::string isa;            // cpu backend setting; empty: its default (auto)
   std::string expert_layout;  // cpu backend setting; empty: its default (auto)
+  std::string activations;    // kernel backend setting; empty: its default (bf16)
   int threads = 0;
   bool no_pin = false;
   double atol = Tolerance{}.atol;
@@ -350,6 +351,7 @@ int RunRun(const RunFlags& f) {
   spec.kernels.name = f.kernel_backend;
   if (!f.isa.empty()) spec.kernels.settings["isa"] = f.isa;
   if (!f.expert_layout.empty()) spec.kernels.settings["expert-layout"] = f.expert_layout;
+  if (!f.activations.empty()) spec.kernels.settings["activations"] = f.activations;
   {
     // The backend's options checked once here (a backend of one thread), not on every rank.
     KernelBackendOptions check = spec.kernels;
@@ -681,6 +683,10 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--expert-layout", f->expert_layout,
                                "cpu backend: bf16 routed experts auto (default; the row-group "
                                "layout on AVX-512 BF16 CPUs) or row-major");
+               sub->add_option("--activations", f->activations,
+                               "routed experts' inputs: bf16 (default) or int8 (MXFP4, int4 and "
+                               "NVFP4 experts quantize them per scale group, as llama.cpp's "
+                               "q8_0; faster on AVX2, error up to max|x| / 254 per input)");
                sub->add_option("--threads", f->threads,
                                "kernel threads per rank (default: cores / ranks, at least 1)");
                sub->add_flag("--no-pin", f->no_pin,

@@ -74,6 +74,16 @@ KernelBuffer AllocateHostBuffer(int64_t bytes) {
   return KernelBuffer(p, bytes, ReleaseHost);
 }
 
+Result<bool> Int8ActivationsSetting(const KernelBackendOptions& options) {
+  const auto it = options.settings.find("activations");
+  if (it == options.settings.end() || it->second == "bf16") return false;
+  if (it->second == "int8") return true;
+  return InvalidArgumentError(fmt::format(
+      "kernel backend '{}': '--activations {}': expected bf16 (the default: inputs as they are) "
+      "or int8 (MXFP4, int4 and NVFP4 experts quantize their inputs per scale group)",
+      options.name, it->second));
+}
+
 Status CheckSettingNames(const KernelBackendOptions& options,
                          const std::vector<std::string>& known) {
   for (const auto& [key, value] : options.settings) {

@@ -27,6 +27,10 @@ Result<std::unique_ptr<KernelBackend>> CreateCudaKernelBackend(const KernelBacke
 // Zero-filled host memory, 64-byte aligned (the "cpu" and "reference" backends' Allocate).
 KernelBuffer AllocateHostBuffer(int64_t bytes);
 
+// The "activations" setting: bf16 (default; false) or int8 (true: KernelContextOptions::
+// int8_activations and its oracle); InvalidArgument for any other value.
+Result<bool> Int8ActivationsSetting(const KernelBackendOptions& options);
+
 // InvalidArgument when `options.settings` has a name outside `known`, naming the backend, the
 // setting and the known ones.
 Status CheckSettingNames(const KernelBackendOptions& options,

@@ -95,7 +95,8 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
                          (isa != CpuIsa::kAvx512Bf16 || internal::CpuSupportsSimd(CpuIsa::kAvx512));
   if (options.int8_activations && !simd_int8) {
     return FailedPreconditionError(
-        fmt::format("kernel context: 'int8_activations': the {} kernels of this build have no "
+        fmt::format("kernel context: 'int8_activations' (run --activations int8): the {} kernels "
+                    "of this build have no "
                     "int8 inputs (the SIMD kernels do: avx2, avx512, avx512-bf16, neon, sve); "
                     "drop int8 activations or pick one of those instruction sets",
                     CpuIsaName(isa)));

@@ -175,8 +175,10 @@ class KernelBackend {
 //   "cpu":        isa = auto | avx512-bf16 | avx512 | avx2 | neon | sve | portable (auto also
 //                 reads MOESHARD_CPU_ISA); expert-layout = auto (bf16 experts in row groups
 //                 on avx512-bf16 when they fit) | row-groups (on any instruction set) |
-//                 row-major.
-//   "reference":  none (the scalar oracle of kernels/reference.h; serial; for tests).
+//                 row-major; activations = bf16 | int8 (KernelContextOptions::
+//                 int8_activations).
+//   "reference":  activations = bf16 | int8 (the scalar oracle of kernels/reference.h, with
+//                 its int8 inputs; serial; for tests).
 struct KernelBackendOptions {
   std::string name = "cpu";
   int num_threads = 0;         // 0: the hardware's (serial backends ignore it)

@@ -10,13 +10,14 @@
 namespace moeshard::internal {
 
 Result<std::unique_ptr<CpuKernelBackend>> CpuKernelBackend::Create(const KernelBackendOptions& o) {
-  MOESHARD_RETURN_IF_ERROR(CheckSettingNames(o, {"isa", "expert-layout"}));
+  MOESHARD_RETURN_IF_ERROR(CheckSettingNames(o, {"isa", "expert-layout", "activations"}));
   KernelContextOptions co;
   co.num_threads = o.num_threads;
   co.cpus = o.cpus;
   if (auto it = o.settings.find("isa"); it != o.settings.end()) {
     MOESHARD_ASSIGN_OR_RETURN(co.isa, ParseCpuIsa(it->second));
   }
+  MOESHARD_ASSIGN_OR_RETURN(co.int8_activations, Int8ActivationsSetting(o));
   ExpertLayout layout = ExpertLayout::kAuto;
   if (auto it = o.settings.find("expert-layout"); it != o.settings.end()) {
     if (it->second == "row-major") {
@@ -39,11 +40,12 @@ Result<std::unique_ptr<CpuKernelBackend>> CpuKernelBackend::Create(const KernelB
 }
 
 std::string CpuKernelBackend::Describe() const {
-  return fmt::format("cpu: {}, {} thread{}, expert layout {}", CpuIsaName(ctx_.isa()),
+  return fmt::format("cpu: {}, {} thread{}, expert layout {}{}", CpuIsaName(ctx_.isa()),
                      ctx_.num_threads(), ctx_.num_threads() == 1 ? "" : "s",
                      layout_ == ExpertLayout::kAuto        ? "auto"
                      : layout_ == ExpertLayout::kRowGroups ? "row-groups"
-                                                           : "row-major");
+                                                           : "row-major",
+                     ctx_.int8_activations() ? ", int8 activations" : "");
 }
 
 Result<KernelBuffer> CpuKernelBackend::Allocate(int64_t bytes) {

@@ -25,7 +25,11 @@ namespace {
 class ReferenceKernelBackend final : public KernelBackend {
  public:
   const std::string& name() const override { return name_; }
-  std::string Describe() const override { return "reference: scalar oracle, 1 thread"; }
+  explicit ReferenceKernelBackend(bool int8_activations) : int8_(int8_activations) {}
+  std::string Describe() const override {
+    return int8_ ? "reference: scalar oracle, 1 thread, int8 activations"
+                 : "reference: scalar oracle, 1 thread";
+  }
   int num_threads() const override { return 1; }
   Result<KernelBuffer> Allocate(int64_t bytes) override {
     if (bytes < 0) {
@@ -48,7 +52,7 @@ class ReferenceKernelBackend final : public KernelBackend {
   }
   Status Gather(const TokenPermutation& perm, const GatherParams& params) override;
   Status ExpertGemm(const GroupedGemmParams& params) override {
-    return reference::GroupedExpertGemm(params);
+    return reference::GroupedExpertGemm(params, int8_);
   }
   Status Unpermute(const TokenPermutation& perm, const UnpermuteParams& params) override;
   Status MoeExperts(const MoeExpertsParams& params) override;
@@ -64,6 +68,7 @@ class ReferenceKernelBackend final : public KernelBackend {
 
  private:
   std::string name_ = "reference";
+  bool int8_ = false;       // the "activations" setting: int8
   std::vector<float> row_;  // one dequantised weight row
   TokenPermutation perm_;
   std::vector<float> y_sorted_;
@@ -211,8 +216,9 @@ void ReferenceKernelBackend::GatedMlp(const GatedMlpArgs& a) {
 
 Result<std::unique_ptr<KernelBackend>> CreateReferenceKernelBackend(
     const KernelBackendOptions& options) {
-  MOESHARD_RETURN_IF_ERROR(CheckSettingNames(options, {}));
-  return std::unique_ptr<KernelBackend>(new ReferenceKernelBackend());
+  MOESHARD_RETURN_IF_ERROR(CheckSettingNames(options, {"activations"}));
+  MOESHARD_ASSIGN_OR_RETURN(const bool int8, Int8ActivationsSetting(options));
+  return std::unique_ptr<KernelBackend>(new ReferenceKernelBackend(int8));
 }
 
 }  // namespace moeshard::internal
