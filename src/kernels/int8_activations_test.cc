@@ -14,6 +14,7 @@
 #include "kernels/kernels_test_util.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/kernels/expert_gemm.h"
+#include "moeshard/kernels/moe_forward.h"
 #include "moeshard/kernels/quantize.h"
 #include "moeshard/kernels/reference.h"
 
@@ -201,6 +202,54 @@ TEST(Int8Activations, GroupedGemmMatchesTheOracle) {
       EXPECT_LT(to_oracle, 2e-4) << what;
       EXPECT_GT(to_exact, 5 * to_oracle) << what;
     }
+  }
+}
+
+// The routed experts of a layer (top-2 of 4 experts, weighted), as `moeshard run` calls them:
+// the kernels with int8 activations against reference::MoeExpertsForward with them.
+TEST(Int8Activations, MoeExpertsForwardMatchesTheOracle) {
+  constexpr int64_t kTokens = 24, kHidden = 256, kInter = 128, kTopK = 2;
+  const ExpertWeightsShape s{.scheme = SchemeOf(WeightFormat::kMxfp4, 32),
+                             .num_experts_local = 4,
+                             .hidden = kHidden,
+                             .intermediate = kInter,
+                             .gated = true};
+  const std::vector<float> w13 = Randn(4 * 2 * kInter * kHidden, 41, 0.1f);
+  const std::vector<float> w2 = Randn(4 * kHidden * kInter, 42, 0.1f);
+  const OwnedExpertWeights ow = EncodeExpertWeights(s, w13.data(), w2.data(), nullptr, nullptr);
+  const std::vector<bf16_t> x = Inputs(kTokens, kHidden, 43);
+  std::vector<int32_t> ids(kTokens * kTopK);
+  std::vector<float> weights(ids.size());
+  for (int64_t t = 0; t < kTokens; ++t) {
+    ids[t * kTopK] = static_cast<int32_t>(t % 4);
+    ids[t * kTopK + 1] = static_cast<int32_t>((t / 4 + 1 + t % 4) % 4);
+    weights[t * kTopK] = 0.75f;
+    weights[t * kTopK + 1] = 0.25f;
+  }
+  MoeExpertsParams p;
+  p.topk_ids = ids.data();
+  p.topk_weights = weights.data();
+  p.num_tokens = kTokens;
+  p.top_k = kTopK;
+  p.num_experts_global = 4;
+  p.x = x.data();
+  p.x_dtype = DType::kBF16;
+  p.weights = &ow.view;
+  std::vector<float> want(kTokens * kHidden), exact(want.size());
+  p.out = want.data();
+  ASSERT_TRUE(reference::MoeExpertsForward(p, true).ok());
+  p.out = exact.data();
+  ASSERT_TRUE(reference::MoeExpertsForward(p).ok());
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    if (isa == CpuIsa::kPortable) continue;
+    Result<KernelContext> ctx = KernelContext::Create({.isa = isa, .int8_activations = true});
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    std::vector<float> got(want.size(), -7.0f);
+    p.out = got.data();
+    ASSERT_TRUE(MoeExpertsForward(*ctx, p).ok());
+    const double scale = testing::MeanAbs(want);
+    EXPECT_LT(MeanAbsDiff(got, want) / scale, 2e-4) << CpuIsaName(isa);
+    EXPECT_GT(MeanAbsDiff(got, exact), 5 * MeanAbsDiff(got, want)) << CpuIsaName(isa);
   }
 }
 
