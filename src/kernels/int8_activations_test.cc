@@ -136,6 +136,42 @@ TEST(Int8Activations, DotRowsMatchTheOracleOnEverySimdVariant) {
   }
 }
 
+// An infinity in a token's inputs makes that token's outputs NaN (its group's scale is NaN, as
+// the oracle's), and leaves the other tokens finite, at decode-walk and strip token counts.
+TEST(Int8Activations, NonFiniteInputsPropagate) {
+  const WeightScheme q = SchemeOf(WeightFormat::kMxfp4, 32);
+  const OwnedExpertWeights ow = OneExpert(q, 256, 64, 90);
+  const internal::MatrixRef m = internal::ExpertMatrix(ow.view, true, 0);
+  std::vector<int32_t> rows(8);
+  std::iota(rows.begin(), rows.end(), 0);
+  for (int64_t tokens : {3, 20}) {
+    std::vector<bf16_t> x = Inputs(tokens, 256, 91);
+    x[1 * 256 + 40] = FloatToBf16(INFINITY);  // token 1, group 1
+    for (CpuIsa isa : Int8Isas()) {
+      const internal::CpuBackend& b = *internal::SimdBackendFor(isa);
+      std::vector<float> out(tokens * rows.size());
+      std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, 256)));
+      b.dot_rows({.w = &m,
+                  .x = x.data(),
+                  .ldx = 256,
+                  .num_tokens = tokens,
+                  .row_idx = rows.data(),
+                  .num_rows = static_cast<int64_t>(rows.size()),
+                  .out = out.data(),
+                  .ldo = static_cast<int64_t>(rows.size()),
+                  .work = work.data(),
+                  .int8_inputs = true});
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (size_t j = 0; j < rows.size(); ++j) {
+          const float v = out[t * rows.size() + j];
+          EXPECT_EQ(std::isnan(v), t == 1) << CpuIsaName(isa) << " tokens " << tokens << " token "
+                                           << t << " row " << j << ": " << v;
+        }
+      }
+    }
+  }
+}
+
 struct GemmRun {
   std::vector<float> y, want, exact;
 };

@@ -1244,7 +1244,7 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
           for (int i = 0; i < MR; ++i) {
             const int8_t* x = xq.q + (t0 + i) * xq.ldq + c;
             const V16 m = hn::Add(MulBytePairs(lo, hn::LoadU(DI8(), x)),
-                                  MulBytePairs(hi, hn::LoadU(DI8(), x + 2 * n16)));
+                                  MulBytePairs(hi, hn::LoadU(DI8(), x + hn::Lanes(d8))));
             s0[i][j] =
                 hn::ReorderWidenMulAccumulate(d32, m, hn::Set(d16, int16_t{1}), s0[i][j], s1[i][j]);
           }
