@@ -683,10 +683,12 @@ MOESHARD_REGISTER_COMMAND(
                sub->add_option("--expert-layout", f->expert_layout,
                                "cpu backend: bf16 routed experts auto (default; the row-group "
                                "layout on AVX-512 BF16 CPUs) or row-major");
-               sub->add_option("--activations", f->activations,
-                               "routed experts' inputs: bf16 (default) or int8 (MXFP4, int4 and "
-                               "NVFP4 experts quantize them per scale group, as llama.cpp's "
-                               "q8_0; faster on AVX2, error up to max|x| / 254 per input)");
+               sub->add_option(
+                   "--activations", f->activations,
+                   "routed experts' inputs: bf16 (default) or int8 (MXFP4, int4 and "
+                   "NVFP4 experts quantize them per scale group, as llama.cpp's "
+                   "q8_0; for CPUs without AVX-512 BF16, where it is faster; error up to "
+                   "max|x| / 254 per input)");
                sub->add_option("--threads", f->threads,
                                "kernel threads per rank (default: cores / ranks, at least 1)");
                sub->add_flag("--no-pin", f->no_pin,
