@@ -985,8 +985,12 @@ float Int8Group(const bf16_t* x, int64_t n, int8_t* q) {
     std::fill(q, q + n, int8_t{0});
     return bits == 0 ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
-  int e;
-  std::frexp(std::bit_cast<float>(bits), &e);  // a in [2^(e-1), 2^e), e in [-148, 128]
+  int e;  // a in [2^(e-1), 2^e), e in [-148, 128]
+  if (bits >= 0x00800000) {
+    e = (bits >> 23) - 126;  // normal: from the exponent field
+  } else {
+    std::frexp(std::bit_cast<float>(bits), &e);
+  }
   const float f1 = Pow2((-e) / 2), f2 = Pow2(-e - (-e) / 2);
   const float m = std::bit_cast<float>(bits) * f1 * f2;  // in [0.5, 1)
   const float inv = 127.0f / m;
@@ -1045,16 +1049,20 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
     std::fill(natural + k, natural + ldq, int8_t{0});
     std::fill(lane_sum, lane_sum + ldu, 0);
     int8_t* dst = q + t * ldq;
+    const D8 d8;
+    const hn::Repartition<uint64_t, D8> du64;
+    const auto bias = hn::Set(d8, uint8_t{0x80});  // q + 128: the sums of 8 as unsigned bytes
     for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
-      for (int64_t b = 0; b < half; ++b) {
-        dst[c0 + b] = natural[c0 + 2 * b];
-        dst[c0 + half + b] = natural[c0 + 2 * b + 1];
-      }
+      const auto v0 = hn::LoadU(d8, reinterpret_cast<const uint8_t*>(natural + c0));
+      const auto v1 = hn::LoadU(d8, reinterpret_cast<const uint8_t*>(natural + c0 + half));
+      hn::StoreU(hn::ConcatEven(d8, v1, v0), d8, reinterpret_cast<uint8_t*>(dst + c0));
+      hn::StoreU(hn::ConcatOdd(d8, v1, v0), d8, reinterpret_cast<uint8_t*>(dst + c0 + half));
+      HWY_ALIGN uint64_t sums[2 * kQMaxBytes / 8];  // lane l: columns 8l .. 8l + 7
+      hn::Store(hn::SumsOf8(hn::Xor(v0, bias)), du64, sums);
+      hn::Store(hn::SumsOf8(hn::Xor(v1, bias)), du64, sums + half / 8);
       const int64_t u = ql.lanes ? c0 / chunk : c0 / group;
       for (int64_t l = 0; l < n32; ++l) {
-        int32_t s = 0;
-        for (int64_t c = c0 + 8 * l; c < c0 + 8 * l + 8; ++c) s += natural[c];
-        lane_sum[u * n32 + l] += s;
+        lane_sum[u * n32 + l] += static_cast<int32_t>(sums[l]) - 8 * 128;
       }
     }
     for (int64_t u = 0; u < units; ++u) {
