@@ -96,9 +96,9 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
   if (options.int8_activations && !simd_int8) {
     return FailedPreconditionError(
         fmt::format("kernel context: 'int8_activations' (run --activations int8): the {} kernels "
-                    "of this build have no "
-                    "int8 inputs (the SIMD kernels do: avx2, avx512, avx512-bf16, neon, sve); "
-                    "drop int8 activations or pick one of those instruction sets",
+                    "of this build have no int8 inputs (the SIMD kernels do: avx2, avx512, "
+                    "avx512-bf16, neon, sve); drop int8 activations or pick one of those "
+                    "instruction sets",
                     CpuIsaName(isa)));
   }
   if (options.num_threads < 0) {

@@ -59,8 +59,9 @@ struct KernelContextOptions {
   // for twice the byte products per instruction where the decode is instruction-bound (AVX2).
   // Each input then carries an error of up to half its group's scale (max|x| / 254) instead of
   // none; reference::Int8Inputs is its oracle. Run by the SIMD kernels (avx2, avx512, neon,
-  // sve; avx512-bf16 runs these experts on its avx512 SIMD kernels), at every token count;
-  // --isa portable has no int8 kernels and is refused.
+  // sve), at every token count. avx512-bf16 runs these experts on its avx512 SIMD kernels,
+  // slower there than its native bf16 kernels (docs/PERFORMANCE.md): the mode is for CPUs
+  // without AVX-512 BF16. --isa portable has no int8 kernels and is refused.
   bool int8_activations = false;
 };
 
