@@ -30,6 +30,7 @@ namespace {
 using testing::Close;
 using testing::MakeContext;
 using testing::Randn;
+using testing::RunDotRows;
 using testing::TestIsas;
 using testing::Tolerance;
 
@@ -494,25 +495,6 @@ std::vector<bf16_t> RandnBf16(int64_t n, uint64_t seed, float scale) {
   std::vector<bf16_t> x(f.size());
   for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(f[i]);
   return x;
-}
-
-// out[t, r] = backend b's dot_rows of rows `rows` of m with `tokens` rows of x (m.cols apart).
-std::vector<float> RunDotRows(const internal::CpuBackend& b, const internal::MatrixRef& m,
-                              const std::vector<bf16_t>& x, int64_t tokens,
-                              const std::vector<int32_t>& rows) {
-  const auto nr = static_cast<int64_t>(rows.size());
-  std::vector<float> out(static_cast<size_t>(tokens * nr), -1.0f);
-  std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, m.cols)));
-  b.dot_rows({.w = &m,
-              .x = x.data(),
-              .ldx = m.cols,
-              .num_tokens = tokens,
-              .row_idx = rows.data(),
-              .num_rows = nr,
-              .out = out.data(),
-              .ldo = nr,
-              .work = work.data()});
-  return out;
 }
 
 // Row r of an MXFP4 matrix times row t of x in double: the sum and the sum of magnitudes.

@@ -96,19 +96,8 @@ TEST(Int8Activations, DotRowsMatchTheOracleOnEverySimdVariant) {
       for (int64_t tokens : {1, 2, 3, 5, 8, 16, 17, 40}) {
         const std::vector<bf16_t> x = Inputs(tokens, cols, 80 + tokens);
         for (CpuIsa isa : isas) {
-          const internal::CpuBackend& b = *internal::SimdBackendFor(isa);
-          std::vector<float> out(tokens * rows.size(), -1.0f);
-          std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, cols)));
-          b.dot_rows({.w = &m,
-                      .x = x.data(),
-                      .ldx = cols,
-                      .num_tokens = tokens,
-                      .row_idx = rows.data(),
-                      .num_rows = static_cast<int64_t>(rows.size()),
-                      .out = out.data(),
-                      .ldo = static_cast<int64_t>(rows.size()),
-                      .work = work.data(),
-                      .int8_inputs = true});
+          const std::vector<float> out =
+              testing::RunDotRows(*internal::SimdBackendFor(isa), m, x, tokens, rows, true);
           double worst_int8 = 0.0;  // the largest int8 rounding effect, in tolerances
           for (int64_t t = 0; t < tokens; ++t) {
             std::vector<float> xf(cols);
@@ -148,19 +137,8 @@ TEST(Int8Activations, NonFiniteInputsPropagate) {
     std::vector<bf16_t> x = Inputs(tokens, 256, 91);
     x[1 * 256 + 40] = FloatToBf16(INFINITY);  // token 1, group 1
     for (CpuIsa isa : Int8Isas()) {
-      const internal::CpuBackend& b = *internal::SimdBackendFor(isa);
-      std::vector<float> out(tokens * rows.size());
-      std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, 256)));
-      b.dot_rows({.w = &m,
-                  .x = x.data(),
-                  .ldx = 256,
-                  .num_tokens = tokens,
-                  .row_idx = rows.data(),
-                  .num_rows = static_cast<int64_t>(rows.size()),
-                  .out = out.data(),
-                  .ldo = static_cast<int64_t>(rows.size()),
-                  .work = work.data(),
-                  .int8_inputs = true});
+      const std::vector<float> out =
+          testing::RunDotRows(*internal::SimdBackendFor(isa), m, x, tokens, rows, true);
       for (int64_t t = 0; t < tokens; ++t) {
         for (size_t j = 0; j < rows.size(); ++j) {
           const float v = out[t * rows.size() + j];
@@ -172,6 +150,19 @@ TEST(Int8Activations, NonFiniteInputsPropagate) {
   }
 }
 
+// Four gated experts of [2 x 128, 256] and [256, 128], randn / 10 from `seed`.
+OwnedExpertWeights FourExperts(const WeightScheme& q, uint64_t seed) {
+  constexpr int64_t kHidden = 256, kInter = 128;
+  const ExpertWeightsShape s{.scheme = q,
+                             .num_experts_local = 4,
+                             .hidden = kHidden,
+                             .intermediate = kInter,
+                             .gated = true};
+  const std::vector<float> w13 = Randn(4 * 2 * kInter * kHidden, seed, 0.1f);
+  const std::vector<float> w2 = Randn(4 * kHidden * kInter, seed + 1, 0.1f);
+  return EncodeExpertWeights(s, w13.data(), w2.data(), nullptr, nullptr);
+}
+
 struct GemmRun {
   std::vector<float> y, want, exact;
 };
@@ -179,16 +170,9 @@ struct GemmRun {
 // A gated SwiGLU grouped GEMM (4 experts with 1, 3, 16 and 40 tokens) on `isa` with int8
 // activations, and the reference with and without them.
 GemmRun RunGemm(CpuIsa isa, const WeightScheme& q, bool int8) {
-  constexpr int64_t kHidden = 256, kInter = 128;
+  constexpr int64_t kHidden = 256;
   const std::vector<int64_t> offsets = {0, 1, 4, 20, 60};
-  const ExpertWeightsShape s{.scheme = q,
-                             .num_experts_local = 4,
-                             .hidden = kHidden,
-                             .intermediate = kInter,
-                             .gated = true};
-  const std::vector<float> w13 = Randn(4 * 2 * kInter * kHidden, 31, 0.1f);
-  const std::vector<float> w2 = Randn(4 * kHidden * kInter, 32, 0.1f);
-  const OwnedExpertWeights ow = EncodeExpertWeights(s, w13.data(), w2.data(), nullptr, nullptr);
+  const OwnedExpertWeights ow = FourExperts(q, 31);
   const std::vector<bf16_t> x = Inputs(offsets.back(), kHidden, 33);
   GemmRun r;
   r.y.assign(static_cast<size_t>(offsets.back() * kHidden), -7.0f);
@@ -244,15 +228,8 @@ TEST(Int8Activations, GroupedGemmMatchesTheOracle) {
 // The routed experts of a layer (top-2 of 4 experts, weighted), as `moeshard run` calls them:
 // the kernels with int8 activations against reference::MoeExpertsForward with them.
 TEST(Int8Activations, MoeExpertsForwardMatchesTheOracle) {
-  constexpr int64_t kTokens = 24, kHidden = 256, kInter = 128, kTopK = 2;
-  const ExpertWeightsShape s{.scheme = SchemeOf(WeightFormat::kMxfp4, 32),
-                             .num_experts_local = 4,
-                             .hidden = kHidden,
-                             .intermediate = kInter,
-                             .gated = true};
-  const std::vector<float> w13 = Randn(4 * 2 * kInter * kHidden, 41, 0.1f);
-  const std::vector<float> w2 = Randn(4 * kHidden * kInter, 42, 0.1f);
-  const OwnedExpertWeights ow = EncodeExpertWeights(s, w13.data(), w2.data(), nullptr, nullptr);
+  constexpr int64_t kTokens = 24, kHidden = 256, kTopK = 2;
+  const OwnedExpertWeights ow = FourExperts(SchemeOf(WeightFormat::kMxfp4, 32), 41);
   const std::vector<bf16_t> x = Inputs(kTokens, kHidden, 43);
   std::vector<int32_t> ids(kTokens * kTopK);
   std::vector<float> weights(ids.size());

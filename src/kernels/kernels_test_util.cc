@@ -68,4 +68,23 @@ double MeanAbs(const std::vector<float>& v) {
   return ::testing::AssertionSuccess();
 }
 
+std::vector<float> RunDotRows(const internal::CpuBackend& b, const internal::MatrixRef& m,
+                              const std::vector<bf16_t>& x, int64_t tokens,
+                              const std::vector<int32_t>& rows, bool int8) {
+  const auto nr = static_cast<int64_t>(rows.size());
+  std::vector<float> out(static_cast<size_t>(tokens * nr), -1.0f);
+  std::vector<float> work(static_cast<size_t>(b.work_floats(tokens, m.cols)));
+  b.dot_rows({.w = &m,
+              .x = x.data(),
+              .ldx = m.cols,
+              .num_tokens = tokens,
+              .row_idx = rows.data(),
+              .num_rows = nr,
+              .out = out.data(),
+              .ldo = nr,
+              .work = work.data(),
+              .int8_inputs = int8});
+  return out;
+}
+
 }  // namespace moeshard::testing

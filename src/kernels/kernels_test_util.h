@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
+#include "moeshard/base/numeric.h"
 #include "moeshard/kernels/kernel_context.h"
 
 namespace moeshard::testing {
@@ -31,5 +33,11 @@ struct Tolerance {
                                  const Tolerance& tol, const std::string& what, uint64_t seed);
 
 double MeanAbs(const std::vector<float>& v);
+
+// out[t * rows + r] = backend b's dot_rows of rows `rows` of m with `tokens` rows of x (m.cols
+// apart), on int8 inputs with `int8`.
+std::vector<float> RunDotRows(const internal::CpuBackend& b, const internal::MatrixRef& m,
+                              const std::vector<bf16_t>& x, int64_t tokens,
+                              const std::vector<int32_t>& rows, bool int8 = false);
 
 }  // namespace moeshard::testing
