@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -771,6 +772,7 @@ struct QLayout {
   int64_t group = 0;   // columns per scale group
   int64_t chunk = 0;   // columns per chunk (QChunk())
   bool lanes = false;  // several groups per chunk: scales per 32-bit lane (else a group >= a chunk)
+  bool rows4 = false;  // 8-bit inputs, four rows' sums per vector (Q8RowsTile)
   int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
   uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
 };
@@ -1015,7 +1017,9 @@ float Int8Group(const bf16_t* x, int64_t n, int8_t* q) {
 // The tokens' int8 inputs for the 8-bit decode: q[t * ldq + ...] per chunk its even columns then
 // its odd ones (the low and the high nibbles' order), and per token, flush unit (a chunk with
 // QLayout::lanes, else a group) and 32-bit lane: sx, the input scale times the codes' scale, and
-// negc = -offset x the lane's input sum x sx.
+// negc = -offset x the lane's input sum x sx. With QLayout::rows4 a lane stands for its 128-bit
+// block (Q8RowsTile: lane 4b + r holds row r's sum over block b's 32 columns), so its negc sums
+// the block's four lanes.
 struct Q8Inputs {
   const int8_t* q;
   int64_t ldq;
@@ -1065,17 +1069,28 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
         lane_sum[u * n32 + l] += static_cast<int32_t>(sums[l]) - 8 * 128;
       }
     }
-    for (int64_t u = 0; u < units; ++u) {
-      for (int64_t l = 0; l < n32; ++l) {
-        const int64_t g = ql.lanes ? (u * chunk + 8 * l) / group : u;
-        const float s = d[g] * code_scale;
-        sx[t * ldu + u * n32 + l] = s;
-        negc[t * ldu + u * n32 + l] = -static_cast<float>(offset * lane_sum[u * n32 + l]) * s;
+    const int64_t span = ql.rows4 ? 4 : 1;                 // the source lanes a lane stands for
+    const int64_t per_scale = ql.lanes ? group / 8 : n32;  // the lanes of one group
+    for (int64_t u = 0, g = 0; u < units; ++u) {           // g: the next group (lanes)
+      for (int64_t l1 = 0; l1 < n32; l1 += per_scale) {
+        const float s = d[ql.lanes ? g++ : u] * code_scale;
+        for (int64_t l0 = l1; l0 < l1 + per_scale; l0 += span) {
+          const int32_t* from = lane_sum + u * n32 + l0;
+          const float c = -static_cast<float>(offset * std::accumulate(from, from + span, 0)) * s;
+          for (int64_t l = l0; l < l0 + span; ++l) {
+            sx[t * ldu + u * n32 + l] = s;
+            negc[t * ldu + u * n32 + l] = c;
+          }
+        }
       }
     }
   }
   return {q, ldq, sx, negc, ldu};
 }
+
+// Most scale groups of one K block of a decode step (the weight-scale buffers).
+constexpr int64_t kQMaxBlockGroups = 256;
+using RowScaleBuf = float[kQMaxBlockGroups + kQMaxLanes32];
 
 // The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
 // NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
@@ -1314,15 +1329,12 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
   StoreTotals(total, out, ldo, accumulate);
 }
 
-// Most scale groups of one K block of a decode step (the weight-scale buffers).
-constexpr int64_t kQMaxBlockGroups = 256;
-
 template <Nib K, bool kLanes, int NR, typename In>
 void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, const In& xq,
                  const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[NR];
   SetRowPtrs(dec, rows, NR, row_ptr);
-  HWY_ALIGN float sw[NR][kQMaxBlockGroups + kQMaxLanes32];
+  HWY_ALIGN RowScaleBuf sw[NR];
   HWY_ALIGN uint8_t zw[K == Nib::kInt4Zp ? NR : 1][kQMaxBlockGroups + 16];
   const float* swp[NR];
   const uint8_t* zwp[NR];
@@ -1357,6 +1369,201 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
   }
 }
 
+// --- 8-bit decode, four rows per vector ------------------------------------------------------
+//
+// Where each 32 columns of a chunk lie in one scale group (groups of 32 within a chunk, or groups
+// of whole chunks), the four row streams' integer sums are added into one vector before they are
+// converted and scaled: lane 4b + r of a 128-bit block b holds row r's sum over the block's 32
+// columns. One transpose-add per block (blockwise interleaves, the same on every target) takes 9
+// instructions where the four rows' own conversions, scalings and scale lookups took about 30.
+// The weight scales come transposed to match (TransposedScales), the input scales and the offset's
+// share per block (QLayout::rows4 in QuantizeTokens8).
+
+// Lane 4b + r: the sum of vector r's four lanes of block b (r = 0 .. 3 for a, b, c, d).
+HWY_INLINE V32 SumRowsPerBlock(V32 a, V32 b, V32 c, V32 d) {
+  const D32 d32;
+  const hn::Repartition<int64_t, D32> d64;
+  // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] per block, and the same for c and d.
+  const auto ab = hn::Add(hn::InterleaveLower(d32, a, b), hn::InterleaveUpper(d32, a, b));
+  const auto cd = hn::Add(hn::InterleaveLower(d32, c, d), hn::InterleaveUpper(d32, c, d));
+  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, ab), hn::BitCast(d64, cd));
+  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, ab), hn::BitCast(d64, cd));
+  return hn::Add(hn::BitCast(d32, lo), hn::BitCast(d32, hi));
+}
+
+// Whether this target's vectors are whole 128-bit blocks of 32-bit sums (SumRowsPerBlock).
+bool RowsPerBlock() { return hn::Lanes(D32()) % 4 == 0; }
+
+// The formats Q8RowsTile takes: those whose groups can be 32 or more (NVFP4's are 16).
+template <Nib K>
+constexpr bool Rows4Format() {
+  return K == Nib::kMx || K == Nib::kInt4;
+}
+
+// raw[4g + r] = s[r][g] for g < ng: four rows' scales (bytes or 16-bit) transposed, 16 bytes of
+// each row per step (two interleaves: of single scales, then of pairs).
+template <typename T>
+void TransposeRawScales(const T* const* s, int64_t ng, T* raw) {
+  const hn::Full128<T> d;
+  const hn::Repartition<hwy::MakeWide<T>, decltype(d)> d2;
+  constexpr int64_t kStep = 16 / sizeof(T);
+  int64_t g = 0;
+  if constexpr (HWY_TARGET != HWY_SCALAR) {
+    for (; g + kStep <= ng; g += kStep) {
+      const auto r0 = hn::LoadU(d, s[0] + g), r1 = hn::LoadU(d, s[1] + g);
+      const auto r2 = hn::LoadU(d, s[2] + g), r3 = hn::LoadU(d, s[3] + g);
+      const auto a = hn::BitCast(d2, hn::InterleaveLower(d, r0, r1));  // (r0, r1) pairs
+      const auto b = hn::BitCast(d2, hn::InterleaveUpper(d, r0, r1));
+      const auto c = hn::BitCast(d2, hn::InterleaveLower(d, r2, r3));  // (r2, r3) pairs
+      const auto e = hn::BitCast(d2, hn::InterleaveUpper(d, r2, r3));
+      T* out = raw + 4 * g;
+      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d2, a, c)), d, out);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d2, a, c)), d, out + kStep);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d2, b, e)), d, out + 2 * kStep);
+      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d2, b, e)), d, out + 3 * kStep);
+    }
+  }
+  for (; g < ng; ++g) {
+    for (int r = 0; r < 4; ++r) raw[4 * g + r] = s[r][g];
+  }
+}
+
+// ws[4g + r] = row r's weight scale of group g0 + g as a float for g < ng, then kQMaxLanes32
+// zeros (the formats whose groups can be 32 or more: MXFP4's bytes, int4's bf16).
+template <Nib K>
+void TransposedScales(const RowPtrs* row, int64_t g0, int64_t ng, float* ws) {
+  static_assert(K == Nib::kMx || K == Nib::kInt4);
+  using T = std::conditional_t<K == Nib::kMx, uint8_t, uint16_t>;
+  HWY_ALIGN T raw[4 * kQMaxBlockGroups];
+  const T* s[4];
+  for (int j = 0; j < 4; ++j) s[j] = reinterpret_cast<const T*>(row[j].s) + g0;
+  TransposeRawScales(s, ng, raw);
+  RowPtrs all{};
+  all.s = reinterpret_cast<const uint8_t*>(raw);
+  RowScales<K>(all, 0, 4 * ng, ws);
+  std::fill(ws + 4 * ng, ws + 4 * ng + kQMaxLanes32, 0.0f);
+}
+
+// QTile on 8-bit inputs for four rows (QLayout::rows4): chunks [c0, c0 + nc) of tokens
+// [t0, t0 + MR); out[i * kStreams + r] (+)= the partial dot products; ws the four rows' weight
+// scales from group c0 * chunk / group on, transposed (TransposeScales).
+template <Nib K, bool kLanes, int MR>
+void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const float* ws,
+                int64_t t0, int64_t c0, int64_t nc, float* out, bool accumulate) {
+  const D8 d8;
+  const DI8 di8;
+  const D16 d16;
+  const D32 d32;
+  const DQF dqf;
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
+  const int64_t chunk = ql.chunk;
+  const int64_t per_flush = kLanes ? 1 : ql.group / chunk;  // chunks per flush
+  const auto ones = hn::Set(d16, int16_t{1});
+  const int64_t ldq = xq.ldq, ldu = xq.ldu;
+  const int8_t* q = xq.q + t0 * ldq;  // token t0's inputs
+  const float* sx = xq.sx + t0 * ldu;
+  const float* negc = xq.negc + t0 * ldu;
+  hn::Vec<DQF> total[MR];
+  for (int i = 0; i < MR; ++i) total[i] = hn::Zero(dqf);
+  const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
+  // The rows' bytes and the tokens' inputs of the next chunk, in registers (row_ptr may alias the
+  // padded copy).
+  const uint8_t* w[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) w[j] = row_ptr[j].w + c0 * chunk / 2;
+  const int8_t* xc = q + c0 * chunk;
+  // A last partial chunk is decoded from a zero-padded copy (its padded columns meet zero
+  // inputs).
+  const int64_t partial = c0 * chunk + nc * chunk > ql.cols ? nc - 1 : nc;
+  int64_t since = 0;
+  for (int64_t f = 0; f < nc; f += per_flush) {
+    V32 s0[MR][4], s1[MR][4];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
+    }
+    for (int64_t ci = f; ci < f + per_flush; ++ci, xc += chunk) {
+      if (since-- == 0) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) hwy::Prefetch(w[j] + kPrefetchBytes);
+        since = per_line - 1;
+      }
+      const uint8_t* p[4] = {w[0], w[1], w[2], w[3]};
+      HWY_ALIGN uint8_t pad[4][kQMaxBytes];
+      if (HWY_UNLIKELY(ci == partial)) {
+        PadLastChunk(row_ptr, 4, (c0 + ci) * chunk, ql.cols, pad);
+        for (int j = 0; j < 4; ++j) p[j] = pad[j];
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) w[j] += chunk / 2;
+      hn::Vec<DI8> x[MR][2];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        x[i][0] = hn::LoadU(di8, xc + i * ldq);
+        x[i][1] = hn::LoadU(di8, xc + i * ldq + hn::Lanes(d8));
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        hn::Vec<D8> lo, hi;
+        Q8DecodeChunk<K>(p[j], &lo, &hi);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const V16 m = hn::Add(MulBytePairs(lo, x[i][0]), MulBytePairs(hi, x[i][1]));
+          s0[i][j] = hn::ReorderWidenMulAccumulate(d32, m, ones, s0[i][j], s1[i][j]);
+        }
+      }
+    }
+    const int64_t unit = (c0 + f) / per_flush;
+    const auto wscale =
+        kLanes ? hn::LoadU(dqf, ws + f * n32) : hn::LoadDup128(dqf, ws + 4 * (f / per_flush));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      V32 rows[4];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) rows[j] = hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]);
+      const auto sum = hn::ConvertTo(dqf, SumRowsPerBlock(rows[0], rows[1], rows[2], rows[3]));
+      const int64_t at = i * ldu + unit * n32;
+      const auto scaled = hn::MulAdd(sum, hn::LoadU(dqf, sx + at), hn::LoadU(dqf, negc + at));
+      total[i] = hn::MulAdd(scaled, wscale, total[i]);
+    }
+  }
+  HWY_ALIGN float lanes[kQMaxLanes32];
+  for (int i = 0; i < MR; ++i) {
+    hn::Store(total[i], dqf, lanes);
+    for (int r = 0; r < 4; ++r) {
+      float s = 0.0f;
+      for (int64_t l = r; l < n32; l += 4) s += lanes[l];
+      float& o = out[i * kStreams + r];
+      o = accumulate ? o + s : s;
+    }
+  }
+}
+
+// QDecodeStep for Q8RowsTile: four rows (a step of fewer repeats its first row).
+template <Nib K, bool kLanes>
+void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql,
+                const Q8Inputs& xq, const int64_t* rows, int64_t cc, float* tile) {
+  RowPtrs row_ptr[4];
+  SetRowPtrs(dec, rows, 4, row_ptr);
+  HWY_ALIGN float ws[4 * kQMaxBlockGroups + kQMaxLanes32];
+  const int64_t chunks = CeilDiv(a.w->cols, ql.chunk);
+  const int64_t groups = a.w->cols / ql.group;
+  for (int64_t c0 = 0; c0 < chunks; c0 += cc) {
+    const int64_t nc = std::min(cc, chunks - c0);
+    const int64_t g0 = c0 * ql.chunk / ql.group;
+    const int64_t ng = std::min(nc * ql.chunk / ql.group, groups - g0);
+    TransposedScales<K>(row_ptr, g0, ng, ws);
+    int64_t t = 0;
+    for (; t + 2 <= a.num_tokens; t += 2) {
+      Q8RowsTile<K, kLanes, 2>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
+    }
+    for (; t < a.num_tokens; ++t) {
+      Q8RowsTile<K, kLanes, 1>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
+    }
+  }
+}
+
 // The inputs quantized for the decode walk: int8 (k8) or int16.
 template <Nib K, bool k8>
 auto QuantizeFor(const DotRowsArgs& a, const QLayout& ql) {
@@ -1384,11 +1591,21 @@ void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
     int nr = 0;
     for (int q = 0; q < kStreams && q * per + s < a.num_rows; ++q) col[nr++] = q * per + s;
     for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[col[j]];
-    switch (nr) {
-      case 4: QDecodeStep<K, kLanes, 4>(dec, a, ql, xq, rows, cc, tile); break;
-      case 3: QDecodeStep<K, kLanes, 3>(dec, a, ql, xq, rows, cc, tile); break;
-      case 2: QDecodeStep<K, kLanes, 2>(dec, a, ql, xq, rows, cc, tile); break;
-      default: QDecodeStep<K, kLanes, 1>(dec, a, ql, xq, rows, cc, tile); break;
+    bool rows4 = false;
+    if constexpr (k8 && Rows4Format<K>()) {
+      if (ql.rows4) {
+        for (int j = nr; j < kStreams; ++j) rows[j] = rows[0];
+        Q8RowsStep<K, kLanes>(dec, a, ql, xq, rows, cc, tile);
+        rows4 = true;
+      }
+    }
+    if (!rows4) {
+      switch (nr) {
+        case 4: QDecodeStep<K, kLanes, 4>(dec, a, ql, xq, rows, cc, tile); break;
+        case 3: QDecodeStep<K, kLanes, 3>(dec, a, ql, xq, rows, cc, tile); break;
+        case 2: QDecodeStep<K, kLanes, 2>(dec, a, ql, xq, rows, cc, tile); break;
+        default: QDecodeStep<K, kLanes, 1>(dec, a, ql, xq, rows, cc, tile); break;
+      }
     }
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       for (int j = 0; j < nr; ++j) a.out[t * a.ldo + col[j]] = tile[t * kStreams + j];
@@ -1410,12 +1627,14 @@ bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
     return false;
   }
   if (ql.group % ql.chunk == 0) {
+    ql.rows4 = k8 && Rows4Format<K>() && RowsPerBlock();
     QDecodeRows<K, false, k8>(dec, a, ql);
     return true;
   }
   if (ql.chunk % ql.group != 0) return false;
   if constexpr (k8) {  // lane L: columns 8L .. 8L + 7 of the chunk
     if (ql.group % 8 != 0) return false;
+    ql.rows4 = Rows4Format<K>() && ql.group == 32 && RowsPerBlock();
     for (size_t l = 0; l < hn::Lanes(D32()); ++l) {
       ql.lane_group[l] = static_cast<int32_t>(8 * static_cast<int64_t>(l) / ql.group);
     }
