@@ -1446,7 +1446,7 @@ void TransposedScales(const RowPtrs* row, int64_t g0, int64_t ng, float* ws) {
 
 // QTile on 8-bit inputs for four rows (QLayout::rows4): chunks [c0, c0 + nc) of tokens
 // [t0, t0 + MR); out[i * kStreams + r] (+)= the partial dot products; ws the four rows' weight
-// scales from group c0 * chunk / group on, transposed (TransposeScales).
+// scales from group c0 * chunk / group on, transposed (TransposedScales).
 template <Nib K, bool kLanes, int MR>
 void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const float* ws,
                 int64_t t0, int64_t c0, int64_t nc, float* out, bool accumulate) {
