@@ -1329,6 +1329,19 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
   StoreTotals(total, out, ldo, accumulate);
 }
 
+// fn(c0, nc, g0, ng) for each K block of a decode step: chunks [c0, c0 + nc) of at most cc,
+// and their whole scale groups [g0, g0 + ng).
+template <typename Fn>
+HWY_INLINE void ForEachKBlock(const DotRowsArgs& a, const QLayout& ql, int64_t cc, const Fn& fn) {
+  const int64_t chunks = CeilDiv(a.w->cols, ql.chunk);
+  const int64_t groups = a.w->cols / ql.group;
+  for (int64_t c0 = 0; c0 < chunks; c0 += cc) {
+    const int64_t nc = std::min(cc, chunks - c0);
+    const int64_t g0 = c0 * ql.chunk / ql.group;
+    fn(c0, nc, g0, std::min(nc * ql.chunk / ql.group, groups - g0));
+  }
+}
+
 template <Nib K, bool kLanes, int NR, typename In>
 void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, const In& xq,
                  const int64_t* rows, int64_t cc, float* tile) {
@@ -1342,12 +1355,7 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
     swp[j] = sw[j];
     zwp[j] = zw[K == Nib::kInt4Zp ? j : 0];
   }
-  const int64_t chunks = CeilDiv(a.w->cols, ql.chunk);
-  const int64_t groups = a.w->cols / ql.group;
-  for (int64_t c0 = 0; c0 < chunks; c0 += cc) {
-    const int64_t nc = std::min(cc, chunks - c0);
-    const int64_t g0 = c0 * ql.chunk / ql.group;
-    const int64_t ng = std::min(nc * ql.chunk / ql.group, groups - g0);
+  ForEachKBlock(a, ql, cc, [&](int64_t c0, int64_t nc, int64_t g0, int64_t ng) {
     for (int j = 0; j < NR; ++j) {
       RowScales<K>(row_ptr[j], g0, ng, sw[j]);
       std::fill(sw[j] + ng, sw[j] + ng + kQMaxLanes32, 0.0f);
@@ -1366,7 +1374,7 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
       QTile<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
                               c0 > 0);
     }
-  }
+  });
 }
 
 // --- 8-bit decode, four rows per vector ------------------------------------------------------
@@ -1547,12 +1555,7 @@ void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql
   RowPtrs row_ptr[4];
   SetRowPtrs(dec, rows, 4, row_ptr);
   HWY_ALIGN float ws[4 * kQMaxBlockGroups + kQMaxLanes32];
-  const int64_t chunks = CeilDiv(a.w->cols, ql.chunk);
-  const int64_t groups = a.w->cols / ql.group;
-  for (int64_t c0 = 0; c0 < chunks; c0 += cc) {
-    const int64_t nc = std::min(cc, chunks - c0);
-    const int64_t g0 = c0 * ql.chunk / ql.group;
-    const int64_t ng = std::min(nc * ql.chunk / ql.group, groups - g0);
+  ForEachKBlock(a, ql, cc, [&](int64_t c0, int64_t nc, int64_t g0, int64_t ng) {
     TransposedScales<K>(row_ptr, g0, ng, ws);
     int64_t t = 0;
     for (; t + 2 <= a.num_tokens; t += 2) {
@@ -1561,7 +1564,7 @@ void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql
     for (; t < a.num_tokens; ++t) {
       Q8RowsTile<K, kLanes, 1>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
     }
-  }
+  });
 }
 
 // The inputs quantized for the decode walk: int8 (k8) or int16.
