@@ -21,8 +21,12 @@
 
 // clang-format off
 // Targets below AVX2 add build time and no use: CPUs without AVX2 take the portable backend.
+// SVE is not built: the tiles keep arrays of vectors, which SVE's sizeless vector types do not
+// allow, so a build whose baseline has SVE (-march=...+sve) failed here; Arm CPUs take NEON.
+// (Highway 1.0.3 has no runtime dispatch on Arm, so stock flags never compiled SVE anyway.)
 #ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#define HWY_DISABLED_TARGETS \
+  (HWY_SSSE3 | HWY_SSE4 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
 #endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd_backend.cc"
