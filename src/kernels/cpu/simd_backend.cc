@@ -1094,7 +1094,6 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
 
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
 constexpr int64_t kQMaxBlockGroups = 256;
-using RowScaleBuf = float[kQMaxBlockGroups + kQMaxLanes32];
 
 // The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
 // NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
@@ -1351,7 +1350,7 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
                  const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[NR];
   SetRowPtrs(dec, rows, NR, row_ptr);
-  HWY_ALIGN RowScaleBuf sw[NR];
+  HWY_ALIGN float sw[NR][kQMaxBlockGroups + kQMaxLanes32];
   HWY_ALIGN uint8_t zw[K == Nib::kInt4Zp ? NR : 1][kQMaxBlockGroups + 16];
   const float* swp[NR];
   const uint8_t* zwp[NR];
