@@ -150,6 +150,68 @@ TEST(Int8Activations, NonFiniteInputsPropagate) {
   }
 }
 
+// MXFP4 scale codes 0 (2^-127) and 255 (NaN) with int8 inputs: the four-row decode takes the
+// scales as raw bytes only where a step's four rows hold neither (else floats). Its transpose
+// takes 16 groups, then 8, then single groups, so K is 16, 8, 3 and 27 groups, with row 0 at
+// 2^-127 throughout (its inputs x 2^90 keep its dot products normal floats), row 1 NaN in the
+// last group and row 2 in the first, each in a step of its own (rows r, r + 4, ...), and row 3's
+// step with neither. NaN rows stay NaN, the others match the oracle.
+TEST(Int8Activations, Mxfp4EveryScaleCode) {
+  constexpr int64_t kRows = 16;
+  for (int64_t groups : {16, 8, 3, 27}) {
+    const int64_t cols = 32 * groups;
+    std::vector<uint8_t> codes(kRows * cols / 2), scales(kRows * groups);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 2654435761u >> 7);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(110 + i % 23);
+    std::fill(scales.begin(), scales.begin() + groups, uint8_t{0});
+    scales[1 * groups + groups - 1] = 255;
+    scales[2 * groups] = 255;
+    internal::MatrixRef m;
+    m.format = WeightFormat::kMxfp4;
+    m.data = codes.data();
+    m.scales = scales.data();
+    m.rows = kRows;
+    m.cols = cols;
+    m.group = 32;
+    m.row_bytes = cols / 2;
+    std::vector<int32_t> rows(kRows);
+    std::iota(rows.begin(), rows.end(), 0);
+    for (int64_t tokens : {1, 3, 8}) {
+      std::vector<bf16_t> x = Inputs(tokens, cols, 95 + tokens);
+      for (bf16_t& v : x) v = FloatToBf16(Bf16ToFloat(v) * 0x1p90f);
+      for (CpuIsa isa : Int8Isas()) {
+        const std::vector<float> out =
+            testing::RunDotRows(*internal::SimdBackendFor(isa), m, x, tokens, rows, true);
+        for (int64_t t = 0; t < tokens; ++t) {
+          std::vector<float> xf(cols);
+          for (int64_t c = 0; c < cols; ++c) xf[c] = Bf16ToFloat(x[t * cols + c]);
+          std::vector<double> xq(cols);
+          reference::Int8Inputs(xf.data(), cols, 32, xq.data());
+          for (int64_t r = 0; r < kRows; ++r) {
+            double want = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const uint8_t byte = codes[r * cols / 2 + c / 2];
+              const double w = static_cast<double>(Fp4E2M1ToFloat(c % 2 ? byte >> 4 : byte)) *
+                               E8M0ToFloat(scales[r * groups + c / 32]);
+              want += xq[c] * w;
+              mag += std::abs(xq[c] * w);
+            }
+            const float got = out[t * kRows + r];
+            const std::string what = fmt::format("{} K {} groups, tokens {} token {} row {}",
+                                                 CpuIsaName(isa), groups, tokens, t, r);
+            if (r == 1 || r == 2) {
+              EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+            } else {
+              ASSERT_GT(std::abs(want), 0x1p-60) << what;  // row 0 too: a normal float
+              EXPECT_NEAR(got, want, 1e-5 * mag) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Four gated experts of [2 x 128, 256] and [256, 128], randn / 10 from `seed`.
 OwnedExpertWeights FourExperts(const WeightScheme& q, uint64_t seed) {
   constexpr int64_t kHidden = 256, kInter = 128;

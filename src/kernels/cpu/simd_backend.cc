@@ -1097,6 +1097,23 @@ constexpr int64_t kQMaxBlockGroups = 256;
 
 // The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
 // NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
+// Whether any of the n E8M0 scales at s is 0 (2^-127, a subnormal float) or 255 (NaN), the codes
+// that are not their bits shifted into a float's exponent.
+inline bool HasSpecialE8M0(const uint8_t* s, int64_t n) {
+  const D8 d8;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(d8));
+  auto any = hn::Zero(d8);
+  int64_t g = 0;
+  for (; g + nl <= n; g += nl) {
+    const auto v = hn::LoadU(d8, s + g);
+    any = hn::Or(
+        any, hn::VecFromMask(d8, hn::Or(hn::Eq(v, hn::Zero(d8)), hn::Eq(v, hn::Set(d8, 0xFF)))));
+  }
+  bool special = !hn::AllFalse(d8, hn::Ne(any, hn::Zero(d8)));
+  for (; g < n; ++g) special |= s[g] == 0 || s[g] == 0xFF;
+  return special;
+}
+
 template <Nib K>
 void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
   const hn::ScalableTag<uint32_t> du32;
@@ -1105,6 +1122,13 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
   int64_t g = 0;
   if constexpr (K == Nib::kMx) {
     const hn::Rebind<uint8_t, decltype(du32)> du8;
+    if (!HasSpecialE8M0(row.s + g0, n)) {  // the usual case: each scale's bits are e << 23
+      for (; g + nl <= n; g += nl) {
+        hn::StoreU(
+            hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du32, hn::LoadU(du8, row.s + g0 + g)))),
+            df, out + g);
+      }
+    }
     for (; g + nl <= n; g += nl) {
       const auto e = hn::PromoteTo(du32, hn::LoadU(du8, row.s + g0 + g));
       const auto special = hn::Or(hn::Eq(e, hn::Zero(du32)), hn::Eq(e, hn::Set(du32, 255)));
@@ -1412,54 +1436,127 @@ constexpr bool Rows4Format() {
 }
 
 // raw[4g + r] = s[r][g] for g < ng: four rows' scales (bytes or 16-bit) transposed, 16 bytes of
-// each row per step (two interleaves: of single scales, then of pairs).
+// each row per step, then 8 (two interleaves: of single scales, then of pairs). Returns, for
+// bytes, whether any is 0 or 0xFF (E8M0's special codes, HasSpecialE8M0), looked for in the
+// loaded rows (a vector load of the transposed bytes just stored would span two stores, which
+// store-to-load forwarding cannot serve).
 template <typename T>
-void TransposeRawScales(const T* const* s, int64_t ng, T* raw) {
-  const hn::Full128<T> d;
-  const hn::Repartition<hwy::MakeWide<T>, decltype(d)> d2;
-  constexpr int64_t kStep = 16 / sizeof(T);
+bool TransposeRawScales(const T* const* s, int64_t ng, T* raw) {
   int64_t g = 0;
+  bool special = false;
   if constexpr (HWY_TARGET != HWY_SCALAR) {
-    for (; g + kStep <= ng; g += kStep) {
-      const auto r0 = hn::LoadU(d, s[0] + g), r1 = hn::LoadU(d, s[1] + g);
-      const auto r2 = hn::LoadU(d, s[2] + g), r3 = hn::LoadU(d, s[3] + g);
-      const auto a = hn::BitCast(d2, hn::InterleaveLower(d, r0, r1));  // (r0, r1) pairs
-      const auto b = hn::BitCast(d2, hn::InterleaveUpper(d, r0, r1));
-      const auto c = hn::BitCast(d2, hn::InterleaveLower(d, r2, r3));  // (r2, r3) pairs
-      const auto e = hn::BitCast(d2, hn::InterleaveUpper(d, r2, r3));
-      T* out = raw + 4 * g;
-      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d2, a, c)), d, out);
-      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d2, a, c)), d, out + kStep);
-      hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d2, b, e)), d, out + 2 * kStep);
-      hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d2, b, e)), d, out + 3 * kStep);
-    }
+    const auto step = [&](auto d) {
+      const hn::Repartition<hwy::MakeWide<T>, decltype(d)> d2;
+      const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+      auto lo = hn::Set(d, T{1}), hi = hn::Zero(d);  // min(1, codes), max(0, codes)
+      for (; g + n <= ng; g += n) {
+        const auto r0 = hn::LoadU(d, s[0] + g), r1 = hn::LoadU(d, s[1] + g);
+        const auto r2 = hn::LoadU(d, s[2] + g), r3 = hn::LoadU(d, s[3] + g);
+        if constexpr (sizeof(T) == 1) {
+          lo = hn::Min(lo, hn::Min(hn::Min(r0, r1), hn::Min(r2, r3)));
+          hi = hn::Max(hi, hn::Max(hn::Max(r0, r1), hn::Max(r2, r3)));
+        }
+        const auto a = hn::BitCast(d2, hn::InterleaveLower(d, r0, r1));  // (r0, r1) pairs
+        const auto b = hn::BitCast(d2, hn::InterleaveUpper(d, r0, r1));
+        const auto c = hn::BitCast(d2, hn::InterleaveLower(d, r2, r3));  // (r2, r3) pairs
+        const auto e = hn::BitCast(d2, hn::InterleaveUpper(d, r2, r3));
+        T* out = raw + 4 * g;
+        hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d2, a, c)), d, out);
+        hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d2, a, c)), d, out + n);
+        hn::StoreU(hn::BitCast(d, hn::InterleaveLower(d2, b, e)), d, out + 2 * n);
+        hn::StoreU(hn::BitCast(d, hn::InterleaveUpper(d2, b, e)), d, out + 3 * n);
+      }
+      if constexpr (sizeof(T) == 1) {
+        special |=
+            !hn::AllFalse(d, hn::Or(hn::Eq(lo, hn::Zero(d)), hn::Eq(hi, hn::Set(d, T{0xFF}))));
+      }
+    };
+    step(hn::Full128<T>());
+    step(hn::Full64<T>());
   }
   for (; g < ng; ++g) {
-    for (int r = 0; r < 4; ++r) raw[4 * g + r] = s[r][g];
+    for (int r = 0; r < 4; ++r) {
+      raw[4 * g + r] = s[r][g];
+      if constexpr (sizeof(T) == 1) special |= s[r][g] == 0 || s[r][g] == 0xFF;
+    }
+  }
+  return special;
+}
+
+// The raw weight scale of the formats Q8RowsTile takes (MXFP4's E8M0 bytes, int4's bf16), and
+// the shift that makes it a float's bits (E8M0 into the exponent, bf16 on top), exact but for
+// E8M0's two special codes (RowScales).
+template <Nib K>
+using RawScale = std::conditional_t<K == Nib::kMx, uint8_t, uint16_t>;
+template <Nib K>
+constexpr int kRawScaleShift = K == Nib::kMx ? 23 : 16;
+
+// TransposedScales' output: floats, or raw scales of either kind (each read as it was written).
+union Rows4Scales {
+  float f[4 * kQMaxBlockGroups + kQMaxLanes32];
+  uint8_t u8[4 * kQMaxBlockGroups + kQMaxLanes32];
+  uint16_t u16[4 * kQMaxBlockGroups + kQMaxLanes32];
+};
+
+template <Nib K>
+RawScale<K>* RawScales(Rows4Scales& ws) {
+  if constexpr (K == Nib::kMx) {
+    return ws.u8;
+  } else {
+    return ws.u16;
   }
 }
 
-// ws[4g + r] = row r's weight scale of group g0 + g as a float for g < ng, then kQMaxLanes32
-// zeros (the formats whose groups can be 32 or more: MXFP4's bytes, int4's bf16).
+// The four rows' weight scales of groups [g0, g0 + ng), transposed (lane 4g + r: row r's scale of
+// group g0 + g), then kQMaxLanes32 zeros, into ws: as raw scales (RawScale<K>) when `raw_ok` and
+// they are all a float's high bits, which returns true; else as floats.
 template <Nib K>
-void TransposedScales(const RowPtrs* row, int64_t g0, int64_t ng, float* ws) {
-  static_assert(K == Nib::kMx || K == Nib::kInt4);
-  using T = std::conditional_t<K == Nib::kMx, uint8_t, uint16_t>;
-  HWY_ALIGN T raw[4 * kQMaxBlockGroups];
+bool TransposedScales(const RowPtrs* row, int64_t g0, int64_t ng, bool raw_ok, Rows4Scales& ws) {
+  static_assert(Rows4Format<K>());
+  using T = RawScale<K>;
   const T* s[4];
   for (int j = 0; j < 4; ++j) s[j] = reinterpret_cast<const T*>(row[j].s) + g0;
+  const int64_t n = 4 * ng;
+  if (raw_ok) {
+    T* raw = RawScales<K>(ws);
+    if (!TransposeRawScales(s, ng, raw)) {
+      std::fill(raw + n, raw + n + kQMaxLanes32, T{0});
+      return true;
+    }
+  }
+  HWY_ALIGN T raw[4 * kQMaxBlockGroups];
   TransposeRawScales(s, ng, raw);
   RowPtrs all{};
   all.s = reinterpret_cast<const uint8_t*>(raw);
-  RowScales<K>(all, 0, 4 * ng, ws);
-  std::fill(ws + 4 * ng, ws + 4 * ng + kQMaxLanes32, 0.0f);
+  RowScales<K>(all, 0, n, ws.f);
+  std::fill(ws.f + n, ws.f + n + kQMaxLanes32, 0.0f);
+  return false;
+}
+
+// The weight scales of Q8RowsTile's flush at chunk f (per_flush chunks a flush), from
+// TransposedScales' ws: with kRaw raw scales made floats here (QLayout::lanes only), else floats.
+template <Nib K, bool kLanes, bool kRaw>
+HWY_INLINE hn::Vec<DQF> FlushScales(const void* ws, int64_t f, int64_t per_flush) {
+  const DQF dqf;
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(dqf));
+  if constexpr (kRaw) {
+    static_assert(kLanes);
+    const hn::RebindToUnsigned<DQF> du32;
+    const hn::Rebind<RawScale<K>, decltype(du32)> dt;
+    const RawScale<K>* raw = static_cast<const RawScale<K>*>(ws) + f * n32;
+    return hn::BitCast(dqf,
+                       hn::ShiftLeft<kRawScaleShift<K> >(hn::PromoteTo(du32, hn::LoadU(dt, raw))));
+  } else {
+    const float* wf = static_cast<const float*>(ws);
+    return kLanes ? hn::LoadU(dqf, wf + f * n32) : hn::LoadDup128(dqf, wf + 4 * (f / per_flush));
+  }
 }
 
 // QTile on 8-bit inputs for four rows (QLayout::rows4): chunks [c0, c0 + nc) of tokens
 // [t0, t0 + MR); out[i * kStreams + r] (+)= the partial dot products; ws the four rows' weight
 // scales from group c0 * chunk / group on, transposed (TransposedScales).
-template <Nib K, bool kLanes, int MR>
-void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const float* ws,
+template <Nib K, bool kLanes, int MR, bool kRaw>
+void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const void* ws,
                 int64_t t0, int64_t c0, int64_t nc, float* out, bool accumulate) {
   const D8 d8;
   const DI8 di8;
@@ -1526,8 +1623,7 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
       }
     }
     const int64_t unit = (c0 + f) / per_flush;
-    const auto wscale =
-        kLanes ? hn::LoadU(dqf, ws + f * n32) : hn::LoadDup128(dqf, ws + 4 * (f / per_flush));
+    const auto wscale = FlushScales<K, kLanes, kRaw>(ws, f, per_flush);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       V32 rows[4];
@@ -1551,21 +1647,33 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
   }
 }
 
+// Q8RowsTile over every token, two at a time.
+template <Nib K, bool kLanes, bool kRaw>
+void Q8RowsTiles(const DotRowsArgs& a, const QLayout& ql, const Q8Inputs& xq,
+                 const RowPtrs* row_ptr, const void* ws, int64_t c0, int64_t nc, float* tile) {
+  int64_t t = 0;
+  for (; t + 2 <= a.num_tokens; t += 2) {
+    Q8RowsTile<K, kLanes, 2, kRaw>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
+  }
+  for (; t < a.num_tokens; ++t) {
+    Q8RowsTile<K, kLanes, 1, kRaw>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
+  }
+}
+
 // QDecodeStep for Q8RowsTile: four rows (a step of fewer repeats its first row).
 template <Nib K, bool kLanes>
 void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql,
                 const Q8Inputs& xq, const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[4];
   SetRowPtrs(dec, rows, 4, row_ptr);
-  HWY_ALIGN float ws[4 * kQMaxBlockGroups + kQMaxLanes32];
+  HWY_ALIGN Rows4Scales ws;
   ForEachKBlock(a, ql, cc, [&](int64_t c0, int64_t nc, int64_t g0, int64_t ng) {
-    TransposedScales<K>(row_ptr, g0, ng, ws);
-    int64_t t = 0;
-    for (; t + 2 <= a.num_tokens; t += 2) {
-      Q8RowsTile<K, kLanes, 2>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
-    }
-    for (; t < a.num_tokens; ++t) {
-      Q8RowsTile<K, kLanes, 1>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
+    // Raw scales, made floats in each tile, where a flush's lanes take them in order
+    // (QLayout::lanes) and at most two tiles use them; else floats made once.
+    if (TransposedScales<K>(row_ptr, g0, ng, kLanes && a.num_tokens <= 4, ws)) {
+      Q8RowsTiles<K, kLanes, kLanes>(a, ql, xq, row_ptr, RawScales<K>(ws), c0, nc, tile);
+    } else {
+      Q8RowsTiles<K, kLanes, false>(a, ql, xq, row_ptr, ws.f, c0, nc, tile);
     }
   });
 }
