@@ -1095,8 +1095,6 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
 constexpr int64_t kQMaxBlockGroups = 256;
 
-// The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
-// NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
 // Whether any of the n E8M0 scales at s is 0 (2^-127, a subnormal float) or 255 (NaN), the codes
 // that are not their bits shifted into a float's exponent.
 inline bool HasSpecialE8M0(const uint8_t* s, int64_t n) {
@@ -1114,6 +1112,8 @@ inline bool HasSpecialE8M0(const uint8_t* s, int64_t n) {
   return special;
 }
 
+// The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
+// NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
 template <Nib K>
 void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
   const hn::ScalableTag<uint32_t> du32;
