@@ -29,6 +29,7 @@ namespace {
 
 using testing::Close;
 using testing::MakeContext;
+using testing::Mxfp4Matrix;
 using testing::Randn;
 using testing::RunDotRows;
 using testing::TestIsas;
@@ -466,20 +467,6 @@ TEST(GroupedGemm, Mxfp4) {
         .format = WeightFormat::kMxfp4, .act = act, .num_experts = 8, .hidden = 96, .inter = 64};
     for (int64_t tokens : {1, 3, 33}) CheckCase(c, tokens, 2, 300 + tokens, {});
   }
-}
-
-// An MXFP4 matrix over caller-owned codes ([rows, cols / 2]) and E8M0 scales ([rows, cols / 32]).
-internal::MatrixRef Mxfp4Matrix(const std::vector<uint8_t>& codes,
-                                const std::vector<uint8_t>& scales, int64_t rows, int64_t cols) {
-  internal::MatrixRef m;
-  m.format = WeightFormat::kMxfp4;
-  m.data = codes.data();
-  m.scales = scales.data();
-  m.rows = rows;
-  m.cols = cols;
-  m.group = 32;
-  m.row_bytes = cols / 2;
-  return m;
 }
 
 // 0, 1, ..., n - 1.

@@ -166,14 +166,7 @@ TEST(Int8Activations, Mxfp4EveryScaleCode) {
     std::fill(scales.begin(), scales.begin() + groups, uint8_t{0});
     scales[1 * groups + groups - 1] = 255;
     scales[2 * groups] = 255;
-    internal::MatrixRef m;
-    m.format = WeightFormat::kMxfp4;
-    m.data = codes.data();
-    m.scales = scales.data();
-    m.rows = kRows;
-    m.cols = cols;
-    m.group = 32;
-    m.row_bytes = cols / 2;
+    const internal::MatrixRef m = testing::Mxfp4Matrix(codes, scales, kRows, cols);
     std::vector<int32_t> rows(kRows);
     std::iota(rows.begin(), rows.end(), 0);
     for (int64_t tokens : {1, 3, 8}) {

@@ -87,4 +87,17 @@ std::vector<float> RunDotRows(const internal::CpuBackend& b, const internal::Mat
   return out;
 }
 
+internal::MatrixRef Mxfp4Matrix(const std::vector<uint8_t>& codes,
+                                const std::vector<uint8_t>& scales, int64_t rows, int64_t cols) {
+  internal::MatrixRef m;
+  m.format = WeightFormat::kMxfp4;
+  m.data = codes.data();
+  m.scales = scales.data();
+  m.rows = rows;
+  m.cols = cols;
+  m.group = 32;
+  m.row_bytes = cols / 2;
+  return m;
+}
+
 }  // namespace moeshard::testing

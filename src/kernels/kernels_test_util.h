@@ -40,4 +40,8 @@ std::vector<float> RunDotRows(const internal::CpuBackend& b, const internal::Mat
                               const std::vector<bf16_t>& x, int64_t tokens,
                               const std::vector<int32_t>& rows, bool int8 = false);
 
+// An MXFP4 matrix over caller-owned codes ([rows, cols / 2]) and E8M0 scales ([rows, cols / 32]).
+internal::MatrixRef Mxfp4Matrix(const std::vector<uint8_t>& codes,
+                                const std::vector<uint8_t>& scales, int64_t rows, int64_t cols);
+
 }  // namespace moeshard::testing
