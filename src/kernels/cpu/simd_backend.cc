@@ -1666,7 +1666,9 @@ void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql
                 const Q8Inputs& xq, const int64_t* rows, int64_t cc, float* tile) {
   RowPtrs row_ptr[4];
   SetRowPtrs(dec, rows, 4, row_ptr);
-  HWY_ALIGN Rows4Scales ws;
+  // Written by TransposedScales before each K block's tiles read it; zeroing its 4 KiB per step
+  // would cost more than the step's scales.
+  HWY_ALIGN Rows4Scales ws;  // NOLINT(cppcoreguidelines-pro-type-member-init)
   ForEachKBlock(a, ql, cc, [&](int64_t c0, int64_t nc, int64_t g0, int64_t ng) {
     // Raw scales, made floats in each tile, where a flush's lanes take them in order
     // (QLayout::lanes) and at most two tiles use them; else floats made once.
