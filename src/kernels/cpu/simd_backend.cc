@@ -1112,6 +1112,42 @@ inline bool HasSpecialE8M0(const uint8_t* s, int64_t n) {
   return special;
 }
 
+// The raw weight scale of the formats Q8RowsTile takes (MXFP4's E8M0 bytes, int4's bf16), and
+// the shift that makes it a float's bits (E8M0 into the exponent, bf16 on top), exact but for
+// E8M0's two special codes (HasSpecialE8M0).
+template <Nib K>
+using RawScale = std::conditional_t<K == Nib::kMx, uint8_t, uint16_t>;
+template <Nib K>
+constexpr int kRawScaleShift = K == Nib::kMx ? 23 : 16;
+
+// n raw scales at s (RawScale<K>) as floats into out; `special`: some may be E8M0's codes 0 or
+// 255, which take a select per lane.
+template <Nib K>
+void RawScalesToFloats(const RawScale<K>* s, int64_t n, bool special, float* out) {
+  const hn::ScalableTag<uint32_t> du32;
+  const hn::Rebind<float, decltype(du32)> df;
+  const hn::Rebind<RawScale<K>, decltype(du32)> dt;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(du32));
+  int64_t g = 0;
+  if constexpr (K == Nib::kMx) {
+    for (; special && g + nl <= n; g += nl) {
+      const auto e = hn::PromoteTo(du32, hn::LoadU(dt, s + g));
+      const auto odd = hn::Or(hn::Eq(e, hn::Zero(du32)), hn::Eq(e, hn::Set(du32, 255)));
+      const auto bits =
+          hn::Or(hn::ShiftLeft<23>(e), hn::IfThenElseZero(odd, hn::Set(du32, 1u << 22)));
+      hn::StoreU(hn::BitCast(df, bits), df, out + g);
+    }
+  }
+  for (; g + nl <= n; g += nl) {
+    const auto bits = hn::ShiftLeft<kRawScaleShift<K> >(hn::PromoteTo(du32, hn::LoadU(dt, s + g)));
+    hn::StoreU(hn::BitCast(df, bits), df, out + g);
+  }
+  for (; g < n; ++g) {
+    out[g] = K == Nib::kMx ? E8M0ToFloat(static_cast<uint8_t>(s[g]))
+                           : std::bit_cast<float>(uint32_t{s[g]} << kRawScaleShift<K>);
+  }
+}
+
 // The weight scales of groups [g0, g0 + n) of a row as floats (E8M0 exactly: 0 is 2^-127, 255
 // NaN; int4: bf16; int4-zp: fp16; nvfp4: E4M3 times the row's global scale).
 template <Nib K>
@@ -1121,30 +1157,9 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
   const int64_t nl = static_cast<int64_t>(hn::Lanes(du32));
   int64_t g = 0;
   if constexpr (K == Nib::kMx) {
-    const hn::Rebind<uint8_t, decltype(du32)> du8;
-    if (!HasSpecialE8M0(row.s + g0, n)) {  // the usual case: each scale's bits are e << 23
-      for (; g + nl <= n; g += nl) {
-        hn::StoreU(
-            hn::BitCast(df, hn::ShiftLeft<23>(hn::PromoteTo(du32, hn::LoadU(du8, row.s + g0 + g)))),
-            df, out + g);
-      }
-    }
-    for (; g + nl <= n; g += nl) {
-      const auto e = hn::PromoteTo(du32, hn::LoadU(du8, row.s + g0 + g));
-      const auto special = hn::Or(hn::Eq(e, hn::Zero(du32)), hn::Eq(e, hn::Set(du32, 255)));
-      const auto bits =
-          hn::Or(hn::ShiftLeft<23>(e), hn::IfThenElseZero(special, hn::Set(du32, 1u << 22)));
-      hn::StoreU(hn::BitCast(df, bits), df, out + g);
-    }
-    for (; g < n; ++g) out[g] = E8M0ToFloat(row.s[g0 + g]);
+    RawScalesToFloats<K>(row.s + g0, n, HasSpecialE8M0(row.s + g0, n), out);
   } else if constexpr (K == Nib::kInt4) {
-    const hn::Rebind<uint16_t, decltype(du32)> du16;
-    const uint16_t* s = reinterpret_cast<const uint16_t*>(row.s) + g0;
-    for (; g + nl <= n; g += nl) {
-      hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, s + g)))),
-                 df, out + g);
-    }
-    for (; g < n; ++g) out[g] = Bf16ToFloat(reinterpret_cast<const bf16_t*>(row.s)[g0 + g]);
+    RawScalesToFloats<K>(reinterpret_cast<const uint16_t*>(row.s) + g0, n, false, out);
   } else if constexpr (K == Nib::kInt4Zp) {
     const hn::Rebind<hwy::float16_t, decltype(df)> df16;
     const hwy::float16_t* s = reinterpret_cast<const hwy::float16_t*>(row.s) + g0;
@@ -1483,14 +1498,6 @@ bool TransposeRawScales(const T* const* s, int64_t ng, T* raw) {
   return special;
 }
 
-// The raw weight scale of the formats Q8RowsTile takes (MXFP4's E8M0 bytes, int4's bf16), and
-// the shift that makes it a float's bits (E8M0 into the exponent, bf16 on top), exact but for
-// E8M0's two special codes (RowScales).
-template <Nib K>
-using RawScale = std::conditional_t<K == Nib::kMx, uint8_t, uint16_t>;
-template <Nib K>
-constexpr int kRawScaleShift = K == Nib::kMx ? 23 : 16;
-
 // TransposedScales' output: floats, or raw scales of either kind (each read as it was written).
 union Rows4Scales {
   float f[4 * kQMaxBlockGroups + kQMaxLanes32];
@@ -1517,18 +1524,17 @@ bool TransposedScales(const RowPtrs* row, int64_t g0, int64_t ng, bool raw_ok, R
   const T* s[4];
   for (int j = 0; j < 4; ++j) s[j] = reinterpret_cast<const T*>(row[j].s) + g0;
   const int64_t n = 4 * ng;
+  HWY_ALIGN T local[4 * kQMaxBlockGroups];
+  T* raw = raw_ok ? RawScales<K>(ws) : local;
+  const bool special = TransposeRawScales(s, ng, raw);
   if (raw_ok) {
-    T* raw = RawScales<K>(ws);
-    if (!TransposeRawScales(s, ng, raw)) {
+    if (!special) {
       std::fill(raw + n, raw + n + kQMaxLanes32, T{0});
       return true;
     }
+    TransposeRawScales(s, ng, local);  // rare: ws's bytes are about to hold floats
   }
-  HWY_ALIGN T raw[4 * kQMaxBlockGroups];
-  TransposeRawScales(s, ng, raw);
-  RowPtrs all{};
-  all.s = reinterpret_cast<const uint8_t*>(raw);
-  RowScales<K>(all, 0, n, ws.f);
+  RawScalesToFloats<K>(local, n, special, ws.f);
   std::fill(ws.f + n, ws.f + n + kQMaxLanes32, 0.0f);
   return false;
 }
