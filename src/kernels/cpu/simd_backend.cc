@@ -850,20 +850,28 @@ HWY_INLINE hn::Vec<DI32> Bf16Bits(DI32 di32, const bf16_t* p) {
   return hn::BitCast(di32, hn::ShiftLeft<16>(wide));
 }
 
+// The largest of the bf16 magnitudes (sign cleared, as int16) of p[*c, n) in vectors of tag d,
+// and m: *c advances past the whole vectors.
+template <class D16>
+HWY_INLINE int16_t MaxMagnitudeIn(D16 d16, const int16_t* p, int64_t n, int64_t* c, int16_t m) {
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(d16));
+  if (*c + nl > n) return m;
+  const auto magnitude = hn::Set(d16, int16_t{0x7fff});
+  auto v = hn::Set(d16, m);
+  for (; *c + nl <= n; *c += nl) v = hn::Max(v, hn::And(hn::LoadU(d16, p + *c), magnitude));
+  return hn::GetLane(hn::MaxOfLanes(d16, v));
+}
+
 // The largest magnitude of x[0, n) as fp32 bits (sign cleared), where every infinity and NaN
-// sorts above the finite values.
-int32_t MaxMagnitudeBits(const bf16_t* p, int64_t n) {
-  const hn::CappedTag<int32_t, 16> di32;
-  const int64_t nl = static_cast<int64_t>(hn::Lanes(di32));
-  const auto magnitude = hn::Set(di32, 0x7fff0000);
-  auto m = hn::Zero(di32);
+// sorts above the finite values: the maximum of the bf16 bits in 16-bit lanes (a group of 32 is
+// one or two vectors), shifted into place.
+HWY_INLINE int32_t MaxMagnitudeBits(const bf16_t* p, int64_t n) {
+  const int16_t* bits = reinterpret_cast<const int16_t*>(p);
   int64_t c = 0;
-  for (; c + nl <= n; c += nl) m = hn::Max(m, hn::And(Bf16Bits(di32, p + c), magnitude));
-  int32_t bits = hn::GetLane(hn::MaxOfLanes(di32, m));
-  for (; c < n; ++c) {
-    bits = std::max(bits, static_cast<int32_t>((uint32_t{p[c].bits} << 16) & 0x7fff0000u));
-  }
-  return bits;
+  int16_t m = MaxMagnitudeIn(hn::CappedTag<int16_t, 32>(), bits, n, &c, 0);
+  m = MaxMagnitudeIn(hn::CappedTag<int16_t, 8>(), bits, n, &c, m);
+  for (; c < n; ++c) m = std::max(m, static_cast<int16_t>(bits[c] & 0x7fff));
+  return int32_t{m} << 16;
 }
 
 // shifts[g] for each of one token's groups: the largest magnitude m < 2^e gives 14 - e, so
@@ -981,14 +989,16 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
 // whole difference to the bf16 product (at most d / 2 per input), besides the fp32 additions.
 
 // One group of inputs as int8: q[c] = round(x[c] / d), |q| <= 127, rounded to nearest even;
-// returns d (0 for a group of zeros, NaN for one holding an infinity or a NaN, whose q are 0).
+// returns d (0 for a group of zeros, NaN for one holding an infinity or a NaN, whose q are 0)
+// and, where `sum` is non-null, the sum of the q in *sum.
 // The group's largest magnitude a is scaled into [0.5, 1) by a power of two (exact) before the
 // reciprocal 127 / a, so tiny groups do not overflow it; reference::Int8Inputs does the same
 // fp32 operations.
-float Int8Group(const bf16_t* x, int64_t n, int8_t* q) {
+float Int8Group(const bf16_t* x, int64_t n, int8_t* q, int32_t* sum = nullptr) {
   const int32_t bits = MaxMagnitudeBits(x, n);
   if (bits == 0 || bits >= 0x7f800000) {
     std::fill(q, q + n, int8_t{0});
+    if (sum != nullptr) *sum = 0;
     return bits == 0 ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   int e;  // a in [2^(e-1), 2^e), e in [-148, 128]
@@ -1004,17 +1014,25 @@ float Int8Group(const bf16_t* x, int64_t n, int8_t* q) {
   const hn::Rebind<float, decltype(di32)> df;
   const hn::Rebind<int8_t, decltype(di32)> di8;
   const int64_t nl = static_cast<int64_t>(hn::Lanes(di32));
+  auto total = hn::Zero(di32);
   int64_t c = 0;
   for (; c + nl <= n; c += nl) {
     const auto v = hn::Mul(
         hn::Mul(hn::Mul(hn::BitCast(df, Bf16Bits(di32, x + c)), hn::Set(df, f1)), hn::Set(df, f2)),
         hn::Set(df, inv));
-    hn::StoreU(hn::DemoteTo(di8, hn::NearestInt(v)), di8, q + c);
+    const auto qi = hn::NearestInt(v);
+    total = hn::Add(total, qi);
+    hn::StoreU(hn::DemoteTo(di8, qi), di8, q + c);
   }
-  for (; c < n; ++c) {  // |v| <= 127: adding 1.5 x 2^23 rounds it to nearest even
+  int32_t s = c > 0 ? hn::GetLane(hn::SumOfLanes(di32, total)) : 0;
+  // The rest one at a time, rounded by nearbyint as reference::Int8Inputs (adding and
+  // subtracting 1.5 x 2^23 would be contracted into a fused multiply-add with the product).
+  for (; c < n; ++c) {
     const float v = Bf16ToFloat(x[c]) * f1 * f2 * inv;
-    q[c] = static_cast<int8_t>((v + 12582912.0f) - 12582912.0f);
+    q[c] = static_cast<int8_t>(std::nearbyint(v));
+    s += q[c];
   }
+  if (sum != nullptr) *sum = s;
   return m / 127.0f * Pow2(e / 2) * Pow2(e - e / 2);
 }
 
@@ -1032,17 +1050,46 @@ struct Q8Inputs {
   int64_t ldu;
 };
 
+// One token's int8 inputs (natural, in column order) into q's chunk order at dst: per chunk its
+// even columns, then its odd ones. With lane_sum non-null, adds each 32-bit lane's input sum
+// (columns 8l .. 8l + 7 of a chunk) into lane_sum[u * n32 + l] of its flush unit u.
+void ChunkOrder8(const QLayout& ql, const int8_t* natural, int64_t ldq, int8_t* dst,
+                 int32_t* lane_sum) {
+  const int64_t chunk = ql.chunk;
+  const int64_t half = chunk / 2;
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
+  const D8 d8;
+  const hn::Repartition<uint64_t, D8> du64;
+  const auto bias = hn::Set(d8, uint8_t{0x80});  // q + 128: the sums of 8 as unsigned bytes
+  for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
+    const auto v0 = hn::LoadU(d8, reinterpret_cast<const uint8_t*>(natural + c0));
+    const auto v1 = hn::LoadU(d8, reinterpret_cast<const uint8_t*>(natural + c0 + half));
+    hn::StoreU(hn::ConcatEven(d8, v1, v0), d8, reinterpret_cast<uint8_t*>(dst + c0));
+    hn::StoreU(hn::ConcatOdd(d8, v1, v0), d8, reinterpret_cast<uint8_t*>(dst + c0 + half));
+    if (lane_sum == nullptr) continue;
+    HWY_ALIGN uint64_t sums[2 * kQMaxBytes / 8];  // lane l: columns 8l .. 8l + 7
+    hn::Store(hn::SumsOf8(hn::Xor(v0, bias)), du64, sums);
+    hn::Store(hn::SumsOf8(hn::Xor(v1, bias)), du64, sums + half / 8);
+    const int64_t u = ql.lanes ? c0 / chunk : c0 / ql.group;
+    for (int64_t l = 0; l < n32; ++l) {
+      lane_sum[u * n32 + l] += static_cast<int32_t>(sums[l]) - 8 * 128;
+    }
+  }
+}
+
 Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_scale, int offset,
                          void* work) {
   const int64_t k = a.w->cols;
   const int64_t group = ql.group;
   const int64_t chunk = ql.chunk;
-  const int64_t half = chunk / 2;
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
   const int64_t chunks = CeilDiv(k, chunk);
   const int64_t ldq = chunks * chunk;
   const int64_t units = ql.lanes ? chunks : k / group;
   const int64_t ldu = units * n32;
+  // Groups of 32 with four rows per vector: a lane's 128-bit block is one group, so every lane
+  // of group g (4g .. 4g + 3) takes the group's scale and input sum, which Int8Group adds up.
+  const bool per_group = ql.rows4 && ql.lanes;
   int8_t* q = static_cast<int8_t*>(work);
   float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{64}));
   float* negc = sx + a.num_tokens * ldu;
@@ -1051,27 +1098,24 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
   int8_t* natural = reinterpret_cast<int8_t*>(lane_sum + ldu);      // one token, in order
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const bf16_t* x = a.x + t * a.ldx;
-    for (int64_t g = 0; g < k / group; ++g)
-      d[g] = Int8Group(x + g * group, group, natural + g * group);
+    std::fill(lane_sum, lane_sum + ldu, 0);  // per_group: the sum of group g at lane_sum[g]
+    for (int64_t g = 0; g < k / group; ++g) {
+      d[g] =
+          Int8Group(x + g * group, group, natural + g * group, per_group ? lane_sum + g : nullptr);
+    }
     for (int64_t g = k / group; g < ldq / group; ++g) d[g] = 0.0f;
     std::fill(natural + k, natural + ldq, int8_t{0});
-    std::fill(lane_sum, lane_sum + ldu, 0);
-    int8_t* dst = q + t * ldq;
-    const D8 d8;
-    const hn::Repartition<uint64_t, D8> du64;
-    const auto bias = hn::Set(d8, uint8_t{0x80});  // q + 128: the sums of 8 as unsigned bytes
-    for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
-      const auto v0 = hn::LoadU(d8, reinterpret_cast<const uint8_t*>(natural + c0));
-      const auto v1 = hn::LoadU(d8, reinterpret_cast<const uint8_t*>(natural + c0 + half));
-      hn::StoreU(hn::ConcatEven(d8, v1, v0), d8, reinterpret_cast<uint8_t*>(dst + c0));
-      hn::StoreU(hn::ConcatOdd(d8, v1, v0), d8, reinterpret_cast<uint8_t*>(dst + c0 + half));
-      HWY_ALIGN uint64_t sums[2 * kQMaxBytes / 8];  // lane l: columns 8l .. 8l + 7
-      hn::Store(hn::SumsOf8(hn::Xor(v0, bias)), du64, sums);
-      hn::Store(hn::SumsOf8(hn::Xor(v1, bias)), du64, sums + half / 8);
-      const int64_t u = ql.lanes ? c0 / chunk : c0 / group;
-      for (int64_t l = 0; l < n32; ++l) {
-        lane_sum[u * n32 + l] += static_cast<int32_t>(sums[l]) - 8 * 128;
+    ChunkOrder8(ql, natural, ldq, q + t * ldq, per_group ? nullptr : lane_sum);
+    float* tsx = sx + t * ldu;
+    float* tnegc = negc + t * ldu;
+    if (per_group) {
+      for (int64_t g = 0; g < ldq / group; ++g) {
+        const float s = d[g] * code_scale;
+        const float c = -static_cast<float>(offset * lane_sum[g]) * s;
+        std::fill(tsx + 4 * g, tsx + 4 * g + 4, s);
+        std::fill(tnegc + 4 * g, tnegc + 4 * g + 4, c);
       }
+      continue;
     }
     const int64_t span = ql.rows4 ? 4 : 1;                 // the source lanes a lane stands for
     const int64_t per_scale = ql.lanes ? group / 8 : n32;  // the lanes of one group
@@ -1081,10 +1125,8 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
         for (int64_t l0 = l1; l0 < l1 + per_scale; l0 += span) {
           const int32_t* from = lane_sum + u * n32 + l0;
           const float c = -static_cast<float>(offset * std::accumulate(from, from + span, 0)) * s;
-          for (int64_t l = l0; l < l0 + span; ++l) {
-            sx[t * ldu + u * n32 + l] = s;
-            negc[t * ldu + u * n32 + l] = c;
-          }
+          std::fill(tsx + u * n32 + l0, tsx + u * n32 + l0 + span, s);
+          std::fill(tnegc + u * n32 + l0, tnegc + u * n32 + l0 + span, c);
         }
       }
     }
