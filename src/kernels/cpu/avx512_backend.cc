@@ -1900,7 +1900,7 @@ const CpuBackend& Avx512Backend() {
   static const CpuBackend backend{"avx512-bf16", DotRows,     Activate,  ToBf16,
                                   WorkFloats,    PackedGemm,  PackGroup, StoreTransposed,
                                   WeightedSum,   "vdpbf16ps", PeakLoop,  ReadStreamAvx512,
-                                  kReadPatterns};
+                                  kReadPatterns, nullptr,     nullptr};
   return backend;
 }
 

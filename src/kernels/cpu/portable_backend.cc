@@ -188,7 +188,7 @@ const CpuBackend& PortableBackend() {
   static const CpuBackend backend{
       "portable", DotRows,    Activate, ToBf16,      WorkFloats,
       nullptr,    nullptr,    nullptr,  WeightedSum, "fp32 multiply-add (plain C++)",
-      PeakLoop,   ReadStream, 1};
+      PeakLoop,   ReadStream, 1,        nullptr,     nullptr};
   return backend;
 }
 

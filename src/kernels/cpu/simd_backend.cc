@@ -67,6 +67,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // kernels serve.
 #if HWY_TARGET == HWY_SCALAR
 void DotRowsT(const DotRowsArgs& a) { PortableBackend().dot_rows(a); }
+bool Int8RowsLayoutT(const MatrixRef&, int64_t, int64_t*, int64_t*, int64_t*) { return false; }
+void QuantizeInt8T(const MatrixRef&, const bf16_t*, int64_t, int64_t, const Int8Rows&, void*) {}
 void ToBf16T(const float* src, int64_t n, bf16_t* dst) { PortableBackend().to_bf16(src, n, dst); }
 void WeightedSumT(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
                   float* out, bool accumulate) {
@@ -1077,27 +1079,37 @@ void ChunkOrder8(const QLayout& ql, const int8_t* natural, int64_t ldq, int8_t* 
   }
 }
 
-Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_scale, int offset,
-                         void* work) {
-  const int64_t k = a.w->cols;
+// One token's row sizes in the layout of ql: int8 values (ldq) and flush-unit lanes (ldu).
+void Q8RowSizes(const QLayout& ql, int64_t* ldq, int64_t* ldu) {
+  const int64_t chunks = CeilDiv(ql.cols, ql.chunk);
+  *ldq = chunks * ql.chunk;
+  *ldu = (ql.lanes ? chunks : ql.cols / ql.group) * static_cast<int64_t>(hn::Lanes(D32()));
+}
+
+// Scratch bytes of QuantizeRows8 (one token's groups, lane sums and inputs in column order).
+int64_t Q8ScratchBytes(const QLayout& ql) {
+  int64_t ldq = 0, ldu = 0;
+  Q8RowSizes(ql, &ldq, &ldu);
+  return 4 * (ldq / ql.group) + 4 * ldu + ldq;
+}
+
+// num_tokens rows of x (ldx apart) quantized into the rows of out, in the layout of ql (out's
+// ldq and ldu from Q8RowSizes); scratch: Q8ScratchBytes, 4-byte aligned.
+void QuantizeRows8(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const QLayout& ql,
+                   float code_scale, int offset, const Int8Rows& out, void* scratch) {
+  const int64_t k = ql.cols;
   const int64_t group = ql.group;
-  const int64_t chunk = ql.chunk;
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
-  const int64_t chunks = CeilDiv(k, chunk);
-  const int64_t ldq = chunks * chunk;
-  const int64_t units = ql.lanes ? chunks : k / group;
-  const int64_t ldu = units * n32;
+  const int64_t ldq = out.ldq, ldu = out.ldu;
+  const int64_t units = ldu / n32;
   // Groups of 32 with four rows per vector: a lane's 128-bit block is one group, so every lane
   // of group g (4g .. 4g + 3) takes the group's scale and input sum, which Int8Group adds up.
   const bool per_group = ql.rows4 && ql.lanes;
-  int8_t* q = static_cast<int8_t*>(work);
-  float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{64}));
-  float* negc = sx + a.num_tokens * ldu;
-  float* d = negc + a.num_tokens * ldu;                             // per group, one token
+  float* d = static_cast<float*>(scratch);                          // per group, one token
   int32_t* lane_sum = reinterpret_cast<int32_t*>(d + ldq / group);  // per unit and lane
   int8_t* natural = reinterpret_cast<int8_t*>(lane_sum + ldu);      // one token, in order
-  for (int64_t t = 0; t < a.num_tokens; ++t) {
-    const bf16_t* x = a.x + t * a.ldx;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const bf16_t* x = x_rows + t * ldx;
     std::fill(lane_sum, lane_sum + ldu, 0);  // per_group: the sum of group g at lane_sum[g]
     for (int64_t g = 0; g < k / group; ++g) {
       d[g] =
@@ -1105,9 +1117,9 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
     }
     for (int64_t g = k / group; g < ldq / group; ++g) d[g] = 0.0f;
     std::fill(natural + k, natural + ldq, int8_t{0});
-    ChunkOrder8(ql, natural, ldq, q + t * ldq, per_group ? nullptr : lane_sum);
-    float* tsx = sx + t * ldu;
-    float* tnegc = negc + t * ldu;
+    ChunkOrder8(ql, natural, ldq, out.q + t * ldq, per_group ? nullptr : lane_sum);
+    float* tsx = out.sx + t * ldu;
+    float* tnegc = out.negc + t * ldu;
     if (per_group) {
       for (int64_t g = 0; g < ldq / group; ++g) {
         const float s = d[g] * code_scale;
@@ -1131,7 +1143,19 @@ Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_sca
       }
     }
   }
-  return {q, ldq, sx, negc, ldu};
+}
+
+// The tokens of a quantized into the work space a.work: their rows, then QuantizeRows8's
+// scratch.
+Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_scale, int offset,
+                         void* work) {
+  Int8Rows r;
+  Q8RowSizes(ql, &r.ldq, &r.ldu);
+  r.q = static_cast<int8_t*>(work);
+  r.sx = reinterpret_cast<float*>(r.q + RoundUp(a.num_tokens * r.ldq, int64_t{64}));
+  r.negc = r.sx + a.num_tokens * r.ldu;
+  QuantizeRows8(a.x, a.ldx, a.num_tokens, ql, code_scale, offset, r, r.negc + a.num_tokens * r.ldu);
+  return {r.q, r.ldq, r.sx, r.negc, r.ldu};
 }
 
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
@@ -1732,6 +1756,10 @@ void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql
 template <Nib K, bool k8>
 auto QuantizeFor(const DotRowsArgs& a, const QLayout& ql) {
   if constexpr (k8) {
+    if (a.int8_rows != nullptr) {  // quantized ahead, in this layout (Int8RowsLayoutT)
+      const Int8Rows& r = *a.int8_rows;
+      return Q8Inputs{r.q, r.ldq, r.sx, r.negc, r.ldu};
+    }
     return QuantizeTokens8(a, ql, NibbleDec<K>::kE2M1 ? 0.5f : 1.0f, Q8Offset<K>(), a.work);
   } else {
     // 1/256 for the decoded codes' placement in the int16's high byte, 1/2 for E2M1 x 2.
@@ -1777,22 +1805,22 @@ void QDecodeRows(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
   }
 }
 
-// The integer decode walk (4 sequential row streams, as DecodeWalk) on int16 or (k8) int8
-// inputs, where it applies: up to kDecodeMaxTokens tokens, groups of whole chunks or chunks of
-// whole groups (each 32-bit lane within one group), and groups whose sums cannot overflow.
+// The integer decode walk's layout for num_tokens tokens of matrix m on int16 or (k8) int8
+// inputs, where the walk applies: up to kDecodeMaxTokens tokens, groups of whole chunks or chunks
+// of whole groups (each 32-bit lane within one group), and groups whose sums cannot overflow.
 // Returns false otherwise.
 template <Nib K, bool k8>
-bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
-  QLayout ql{};
-  ql.cols = a.w->cols;
-  ql.group = dec.m.group;
+bool QLayoutFor(const MatrixRef& m, int64_t num_tokens, QLayout* out) {
+  QLayout& ql = *out;
+  ql = QLayout{};
+  ql.cols = m.cols;
+  ql.group = m.group;
   ql.chunk = QChunk();
-  if (a.num_tokens > kDecodeMaxTokens || ql.group > kQMaxGroup || a.w->cols % ql.group != 0) {
+  if (num_tokens > kDecodeMaxTokens || ql.group > kQMaxGroup || m.cols % ql.group != 0) {
     return false;
   }
   if (ql.group % ql.chunk == 0) {
     ql.rows4 = k8 && Rows4Format<K>() && RowsPerBlock();
-    QDecodeRows<K, false, k8>(dec, a, ql);
     return true;
   }
   if (ql.chunk % ql.group != 0) return false;
@@ -1806,7 +1834,20 @@ bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
     return false;
   }
   ql.lanes = true;
-  QDecodeRows<K, true, k8>(dec, a, ql);
+  return true;
+}
+
+// The integer decode walk (4 sequential row streams, as DecodeWalk) where it applies
+// (QLayoutFor); returns false otherwise.
+template <Nib K, bool k8>
+bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
+  QLayout ql;
+  if (!QLayoutFor<K, k8>(dec.m, a.num_tokens, &ql)) return false;
+  if (ql.lanes) {
+    QDecodeRows<K, true, k8>(dec, a, ql);
+  } else {
+    QDecodeRows<K, false, k8>(dec, a, ql);
+  }
   return true;
 }
 
@@ -1866,6 +1907,57 @@ void NibbleDotRows(const NibbleDec<K>& dec, const DotRowsArgs& a) {
   }
   if (QDecodeWalk<K, false>(dec, a)) return;
   DotRowsWith(dec, a);
+}
+
+// Int8RowsLayoutT for the format K (a 4-bit format the 8-bit decode takes).
+template <Nib K>
+bool Int8RowsLayoutFor(const MatrixRef& m, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
+                       int64_t* scratch_bytes) {
+  QLayout ql;
+  if (!QLayoutFor<K, true>(m, num_tokens, &ql)) return false;
+  Q8RowSizes(ql, ldq, ldu);
+  *scratch_bytes = Q8ScratchBytes(ql);
+  return true;
+}
+
+template <Nib K>
+void QuantizeInt8For(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                     const Int8Rows& out, void* scratch) {
+  QLayout ql;
+  const bool walk = QLayoutFor<K, true>(m, num_tokens, &ql);
+  HWY_DASSERT(walk);
+  (void)walk;
+  QuantizeRows8(x, ldx, num_tokens, ql, NibbleDec<K>::kE2M1 ? 0.5f : 1.0f, Q8Offset<K>(), out,
+                scratch);
+}
+
+// CpuBackend::int8_rows_layout: the formats whose 8-bit decode walk takes inputs quantized
+// ahead (those NibbleDotRows runs on 8-bit inputs).
+bool Int8RowsLayout(const MatrixRef& m, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
+                    int64_t* scratch_bytes) {
+  switch (m.format) {
+    case WeightFormat::kMxfp4:
+      return Int8RowsLayoutFor<Nib::kMx>(m, num_tokens, ldq, ldu, scratch_bytes);
+    case WeightFormat::kInt4:
+      return Int8RowsLayoutFor<Nib::kInt4>(m, num_tokens, ldq, ldu, scratch_bytes);
+    case WeightFormat::kNvfp4:
+      return Int8RowsLayoutFor<Nib::kNvfp4>(m, num_tokens, ldq, ldu, scratch_bytes);
+    default: return false;
+  }
+}
+
+// CpuBackend::quantize_int8 (REQUIRES: Int8RowsLayout(m, num_tokens) gave out's sizes).
+void QuantizeInt8(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                  const Int8Rows& out, void* scratch) {
+  switch (m.format) {
+    case WeightFormat::kMxfp4:
+      return QuantizeInt8For<Nib::kMx>(m, x, ldx, num_tokens, out, scratch);
+    case WeightFormat::kInt4:
+      return QuantizeInt8For<Nib::kInt4>(m, x, ldx, num_tokens, out, scratch);
+    case WeightFormat::kNvfp4:
+      return QuantizeInt8For<Nib::kNvfp4>(m, x, ldx, num_tokens, out, scratch);
+    default: HWY_DASSERT(false);
+  }
 }
 
 void DotRows(const DotRowsArgs& a) {
@@ -1991,6 +2083,14 @@ uint64_t ReadStream(const uint8_t* p, int64_t bytes, int pattern) {
 
 // The entry points of this target (referenced by name from the HWY_ONCE part below).
 void DotRowsT(const DotRowsArgs& a) { DotRows(a); }
+bool Int8RowsLayoutT(const MatrixRef& m, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
+                     int64_t* scratch_bytes) {
+  return Int8RowsLayout(m, num_tokens, ldq, ldu, scratch_bytes);
+}
+void QuantizeInt8T(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                   const Int8Rows& out, void* scratch) {
+  QuantizeInt8(m, x, ldx, num_tokens, out, scratch);
+}
 void ToBf16T(const float* src, int64_t n, bf16_t* dst) { ToBf16(src, n, dst); }
 void WeightedSumT(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
                   float* out, bool accumulate) {
@@ -2029,7 +2129,8 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
 #define MOESHARD_SIMD_BACKEND(NS, NAME)                                                        \
   CpuBackend {                                                                                 \
     NAME, NS::DotRowsT, PortableBackend().activate, NS::ToBf16T, WorkFloats, nullptr, nullptr, \
-        nullptr, NS::WeightedSumT, "fp32 FMA (" NAME ")", NS::PeakLoopT, NS::ReadStreamT, 3    \
+        nullptr, NS::WeightedSumT, "fp32 FMA (" NAME ")", NS::PeakLoopT, NS::ReadStreamT, 3,   \
+        NS::Int8RowsLayoutT, NS::QuantizeInt8T                                                 \
   }
 
 }  // namespace
