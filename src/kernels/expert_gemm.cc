@@ -402,15 +402,15 @@ struct GemmSchedule {
   // [E_local] gate_up tasks per expert not finished yet (one more for an expert whose
   // activations are quantized ahead: the last gate_up task quantizes them, then releases it).
   int32_t* gate_up_pending = nullptr;
-  // Int8 inputs quantized once per call (CpuBackend::int8_rows_layout) instead of in every task
-  // of an expert: per expert whether its gate_up tasks take the inputs so (q8_x; pass 0
-  // quantizes them) and its down tasks the activations (q8_h); null where no expert does. [0]
-  // for the inputs (w13's layout), [1] for the activations (w2's): the rows' sizes.
-  const uint8_t* q8_x = nullptr;
-  const uint8_t* q8_h = nullptr;
-  int64_t q8_ldq[2] = {0, 0};
-  int64_t q8_ldu[2] = {0, 0};
-  int64_t q8_scratch = 0;  // bytes of quantize_int8's scratch
+  // Inputs quantized once per call for the integer 4-bit decode (int8 or int16:
+  // CpuBackend::quantized_rows_layout) instead of in every task of an expert: per expert whether
+  // its gate_up tasks take the inputs so (qx; pass 0 quantizes them) and its down tasks the
+  // activations (qh); null where no expert does. The layouts' sizes: [0] the inputs' (w13's),
+  // [1] the activations' (w2's).
+  const uint8_t* qx = nullptr;
+  const uint8_t* qh = nullptr;
+  internal::QuantizedRows q_layout[2];
+  int64_t q_scratch = 0;  // bytes of quantize_rows's scratch
 };
 
 }  // namespace internal
@@ -464,7 +464,7 @@ void GrowPerThread(const GemmSchedule& g, const internal::CpuBackend& be, Kernel
                            (g.ptb1 + internal::kPackedMaxRem) * kPackedGateUpBlock * rows_per_j,
                            (g.ptb2 + internal::kPackedMaxRem) * kPackedDownBlock}));
     KernelScratch::Grow(pt.work, std::max({be.work_floats(g.tb1, g.hidden),
-                                           be.work_floats(g.tb2, g.inter), g.q8_scratch / 4 + 1}));
+                                           be.work_floats(g.tb2, g.inter), g.q_scratch / 4 + 1}));
     KernelScratch::Grow(pt.rows, std::max({g.gu_block * rows_per_j, g.down_block,
                                            kPackedGateUpBlock * rows_per_j, kPackedDownBlock}));
     KernelScratch::Grow(pt.act, 2 * g.ptb1);
@@ -475,18 +475,17 @@ void GrowPerThread(const GemmSchedule& g, const internal::CpuBackend& be, Kernel
   }
 }
 
-// Which dot-path experts take their int8 inputs quantized ahead (GemmSchedule::q8_x, q8_h):
-// those whose token blocks the backend's 8-bit decode takes so (`int8`: the call's
-// int8_activations).
-void PlanInt8Ahead(const GroupedGemmParams& p, const internal::CpuBackend& be, bool int8,
-                   KernelScratch& s, GemmSchedule* g) {
-  if (!int8 || be.int8_rows_layout == nullptr) return;
+// Which dot-path experts take their inputs quantized ahead (GemmSchedule::qx, qh): those whose
+// token blocks the backend's integer decode takes so (`int8`: the call's int8_activations).
+void PlanQuantizedAhead(const GroupedGemmParams& p, const internal::CpuBackend& be, bool int8,
+                        KernelScratch& s, GemmSchedule* g) {
+  if (be.quantized_rows_layout == nullptr) return;
   const ExpertWeights& w = *p.weights;
   const internal::MatrixRef m[2] = {internal::ExpertMatrix(w, /*w13=*/true, 0),
                                     internal::ExpertMatrix(w, /*w13=*/false, 0)};
   const int64_t tb[2] = {g->tb1, g->tb2};
   const int64_t ne = g->num_experts;
-  uint8_t* ahead = KernelScratch::Grow(s.q8_ahead, 2 * ne);
+  uint8_t* ahead = KernelScratch::Grow(s.q_ahead, 2 * ne);
   bool any[2] = {false, false};
   for (int i = 0; i < 2; ++i) {
     for (int64_t e = 0; e < ne; ++e) {
@@ -494,14 +493,14 @@ void PlanInt8Ahead(const GroupedGemmParams& p, const internal::CpuBackend& be, b
       int64_t scratch = 0;
       const bool take =
           g->packed_base[e] < 0 && n > 0 &&
-          be.int8_rows_layout(m[i], std::min(n, tb[i]), &g->q8_ldq[i], &g->q8_ldu[i], &scratch);
+          be.quantized_rows_layout(m[i], std::min(n, tb[i]), int8, &g->q_layout[i], &scratch);
       ahead[i * ne + e] = take ? 1 : 0;
       any[i] = any[i] || take;
-      g->q8_scratch = std::max(g->q8_scratch, scratch);
+      g->q_scratch = std::max(g->q_scratch, scratch);
     }
   }
-  g->q8_x = any[0] ? ahead : nullptr;
-  g->q8_h = any[1] ? ahead + ne : nullptr;
+  g->qx = any[0] ? ahead : nullptr;
+  g->qh = any[1] ? ahead + ne : nullptr;
 }
 
 // The schedule of one call (REQUIRES: validated params with at least one row). Grows the
@@ -535,15 +534,15 @@ GemmSchedule BuildGemmSchedule(const GroupedGemmParams& p, const internal::CpuBa
   g.packed_rem = packed_rem;
   g.tb1 = TokenBlock(g.hidden);
   g.tb2 = TokenBlock(g.inter);
-  PlanInt8Ahead(p, be, int8, s, &g);
+  PlanQuantizedAhead(p, be, int8, s, &g);
   // Pass 0: pack the packed experts' inputs (16 tokens per task) and give the other experts
   // contiguous bf16 rows (rounding fp32 inputs, gathering through x_rows): the dot kernels reuse
-  // each row for many weight rows; and quantize the inputs of q8_x's experts.
+  // each row for many weight rows; and quantize the inputs of qx's experts.
   g.copy_rows = p.x_dtype == DType::kF32 || p.x_rows != nullptr;
   s.pack_tasks.clear();
   for (int64_t e = 0; e < g.num_experts; ++e) {
-    const bool q8 = g.q8_x != nullptr && g.q8_x[e] != 0;
-    if (packed_base[e] < 0 && !g.copy_rows && !q8) continue;
+    const bool quantize = g.qx != nullptr && g.qx[e] != 0;
+    if (packed_base[e] < 0 && !g.copy_rows && !quantize) continue;
     const int64_t end = g.copy_rows ? offsets[e + 1] : offsets[e + 1] - packed_rem[e];
     for (int64_t r = offsets[e]; r < end; r += kPackedGroup) {
       s.pack_tasks.push_back({static_cast<int32_t>(e), r, std::min(r + kPackedGroup, end), 0, 0});
@@ -559,8 +558,8 @@ GemmSchedule BuildGemmSchedule(const GroupedGemmParams& p, const internal::CpuBa
   g.gate_up_pending = KernelScratch::Grow(s.gate_up_pending, g.num_experts);
   AppendPhaseTasks(g, offsets, g.tb1, g.ptb1, g.inter, g.gu_block, kPackedGateUpBlock, &s.tasks,
                    g.gate_up_pending);
-  for (int64_t e = 0; g.q8_h != nullptr && e < g.num_experts; ++e) {
-    g.gate_up_pending[e] += g.q8_h[e];
+  for (int64_t e = 0; g.qh != nullptr && e < g.num_experts; ++e) {
+    g.gate_up_pending[e] += g.qh[e];
   }
   g.num_gate_up = static_cast<int64_t>(s.tasks.size());
   AppendPhaseTasks(g, offsets, g.tb2, g.ptb2, g.hidden, g.down_block, kPackedDownBlock, &s.tasks,
@@ -576,22 +575,16 @@ struct GemmRun {
   const GroupedGemmParams* p = nullptr;
   const internal::CpuBackend* be = nullptr;
   KernelScratch* s = nullptr;
-  uint32_t* x_packed = nullptr;  // [total_groups, x_group_stride]
-  uint32_t* h_packed = nullptr;  // [total_groups, h_group_stride]
-  bf16_t* h = nullptr;           // [num_rows, I] dot-path activations
-  bf16_t* x_bf16 = nullptr;      // [num_rows, H] (copy_rows) or null
-  const bf16_t* x = nullptr;     // the dot path's bf16 input rows
-  bool int8_inputs = false;      // KernelContext::int8_activations for this scheme
-  internal::Int8Rows q8[2];      // GemmSchedule::q8_x / q8_h's rows: the inputs', activations'
+  uint32_t* x_packed = nullptr;      // [total_groups, x_group_stride]
+  uint32_t* h_packed = nullptr;      // [total_groups, h_group_stride]
+  bf16_t* h = nullptr;               // [num_rows, I] dot-path activations
+  bf16_t* x_bf16 = nullptr;          // [num_rows, H] (copy_rows) or null
+  const bf16_t* x = nullptr;         // the dot path's bf16 input rows
+  bool int8_inputs = false;          // KernelContext::int8_activations for this scheme
+  internal::QuantizedRows qrows[2];  // GemmSchedule::qx / qh's rows: inputs', activations'
 
-  // Rows of q8[which] from sorted row r on.
-  internal::Int8Rows Q8Rows(int which, int64_t r) const {
-    internal::Int8Rows q = q8[which];
-    q.q += r * q.ldq;
-    q.sx += r * q.ldu;
-    q.negc += r * q.ldu;
-    return q;
-  }
+  // Rows of qrows[which] from sorted row r on.
+  internal::QuantizedRows QRows(int which, int64_t r) const { return qrows[which].From(r); }
 
   // A packed task's unpacked remainder tokens (its expert's last ones, in its last block).
   int64_t TaskRem(const GemmTask& t) const {
@@ -605,7 +598,7 @@ struct GemmRun {
 };
 
 // Quantizes rows [r0, r1) of the inputs (which 0) or the activations (1) of `expert` into
-// run.q8[which] (GemmSchedule::q8_x / q8_h), at most 16 rows per call, on thread tid's scratch.
+// run.qrows[which] (GemmSchedule::qx / qh), at most 16 rows per call, on thread tid's scratch.
 void QuantizeAhead(const GemmRun& run, int tid, int which, int32_t expert, int64_t r0, int64_t r1) {
   const GemmSchedule& g = *run.g;
   const internal::MatrixRef m = internal::ExpertMatrix(*run.p->weights, which == 0, expert);
@@ -614,12 +607,12 @@ void QuantizeAhead(const GemmRun& run, int tid, int which, int32_t expert, int64
   float* scratch = run.s->per_thread[static_cast<size_t>(tid)].work.data();
   for (int64_t r = r0; r < r1; r += kPackedGroup) {
     const int64_t n = std::min(kPackedGroup, r1 - r);
-    run.be->quantize_int8(m, x + r * k, k, n, run.Q8Rows(which, r), scratch);
+    run.be->quantize_rows(m, run.int8_inputs, x + r * k, k, n, run.QRows(which, r), scratch);
   }
 }
 
 // Pass 0, one task: packs a group of inputs or converts/gathers rows into x_bf16, then
-// quantizes them for q8_x's experts.
+// quantizes them for qx's experts.
 void PackInputsTask(const GemmRun& run, int tid, const GemmTask& t) {
   const GroupedGemmParams& p = *run.p;
   const GemmSchedule& g = *run.g;
@@ -646,7 +639,7 @@ void PackInputsTask(const GemmRun& run, int tid, const GemmTask& t) {
       std::memcpy(run.x_bf16 + r * hidden, src, static_cast<size_t>(hidden) * 2);
     }
   }
-  if (g.q8_x != nullptr && g.q8_x[t.expert] != 0) {
+  if (g.qx != nullptr && g.qx[t.expert] != 0) {
     QuantizeAhead(run, tid, 0, t.expert, t.row_begin, t.row_end);
   }
 }
@@ -677,10 +670,10 @@ int64_t RunPacked(const GemmRun& run, int tid, const GemmTask& t, const internal
 }
 
 // A dot-path task's product: out[token * ldo + r] for `num_tokens` bf16 input rows of x.
-// `q8`: the tokens' int8 inputs quantized ahead, or null.
+// `quantized`: the tokens' inputs quantized ahead, or null.
 void RunDot(const GemmRun& run, int tid, const internal::MatrixRef& m, const bf16_t* x_rows,
             int64_t ldx, int64_t num_tokens, const int32_t* rows, int64_t num_rows, float* out,
-            int64_t ldo, const internal::Int8Rows* q8) {
+            int64_t ldo, const internal::QuantizedRows* quantized) {
   internal::DotRowsArgs a;
   a.w = &m;
   a.x = x_rows;
@@ -692,7 +685,7 @@ void RunDot(const GemmRun& run, int tid, const internal::MatrixRef& m, const bf1
   a.ldo = ldo;
   a.work = run.s->per_thread[static_cast<size_t>(tid)].work.data();
   a.int8_inputs = run.int8_inputs;
-  a.int8_rows = q8;
+  a.quantized = quantized;
   run.be->dot_rows(a);
 }
 
@@ -782,9 +775,9 @@ void GateUpTask(const GemmRun& run, int tid, const GemmTask& t) {
     return;
   }
   const int64_t ntok = t.row_end - t.row_begin;
-  const internal::Int8Rows q8 = run.Q8Rows(0, t.row_begin);
+  const internal::QuantizedRows xq = run.QRows(0, t.row_begin);
   RunDot(run, tid, m, run.x + t.row_begin * g.hidden, g.hidden, ntok, rows, nrows, tile, nrows,
-         g.q8_x != nullptr && g.q8_x[t.expert] != 0 ? &q8 : nullptr);
+         g.qx != nullptr && g.qx[t.expert] != 0 ? &xq : nullptr);
   for (int64_t m_i = 0; m_i < ntok; ++m_i) {
     float* o = tile + m_i * nrows;
     if (bias != nullptr) {
@@ -820,9 +813,9 @@ void DownTask(const GemmRun& run, int tid, const GemmTask& t) {
     run.be->store_transposed(pt.tile.data(), ldt, nr, ntok, bias, y, g.hidden);
     return;
   }
-  const internal::Int8Rows q8 = run.Q8Rows(1, t.row_begin);
+  const internal::QuantizedRows hq = run.QRows(1, t.row_begin);
   RunDot(run, tid, m, run.h + t.row_begin * g.inter, g.inter, ntok, rows, nr, y, g.hidden,
-         g.q8_h != nullptr && g.q8_h[t.expert] != 0 ? &q8 : nullptr);
+         g.qh != nullptr && g.qh[t.expert] != 0 ? &hq : nullptr);
   if (bias != nullptr) {
     for (int64_t m_i = 0; m_i < ntok; ++m_i) {
       float* o = y + m_i * g.hidden;
@@ -849,10 +842,10 @@ void RunGemmSchedule(ThreadPool& pool, const GemmRun& run) {
       std::atomic_ref<int32_t> pending(r->g->gate_up_pending[t.expert]);
       if (ti < r->g->num_gate_up) {
         GateUpTask(*r, tid, t);
-        // With q8_h the count started one higher: the expert's last gate_up task (the others'
+        // With qh the count started one higher: the expert's last gate_up task (the others'
         // activations acquired) quantizes them before the down tasks may start.
-        if (pending.fetch_sub(1, std::memory_order_acq_rel) == 2 && r->g->q8_h != nullptr &&
-            r->g->q8_h[t.expert] != 0) {
+        if (pending.fetch_sub(1, std::memory_order_acq_rel) == 2 && r->g->qh != nullptr &&
+            r->g->qh[t.expert] != 0) {
           const int64_t* offsets = r->p->expert_offsets;
           QuantizeAhead(*r, tid, 1, t.expert, offsets[t.expert], offsets[t.expert + 1]);
           pending.fetch_sub(1, std::memory_order_release);
@@ -931,20 +924,20 @@ GroupedGemmParams InputsInExpertOrder(KernelContext& ctx, const GroupedGemmParam
   return q;
 }
 
-// Sizes the rows of the int8 inputs and activations quantized ahead (GemmSchedule::q8_x, q8_h)
-// and points run->q8 at them.
-void GrowInt8Rows(const GemmSchedule& g, KernelScratch& s, GemmRun* run) {
-  const bool q8[2] = {g.q8_x != nullptr, g.q8_h != nullptr};
-  internal::LineVector<int8_t>* values[2] = {&s.x_q8, &s.h_q8};
-  internal::LineVector<float>* scales[2] = {&s.x_q8_scales, &s.h_q8_scales};
+// Sizes the rows of the inputs and activations quantized ahead (GemmSchedule::qx, qh) and
+// points run->qrows at them.
+void GrowQuantizedRows(const GemmSchedule& g, KernelScratch& s, GemmRun* run) {
+  const bool take[2] = {g.qx != nullptr, g.qh != nullptr};
+  internal::LineVector<uint8_t>* values[2] = {&s.x_q, &s.h_q};
+  internal::LineVector<float>* scales[2] = {&s.x_q_scales, &s.h_q_scales};
   for (int i = 0; i < 2; ++i) {
-    if (!q8[i]) continue;
-    internal::Int8Rows& r = run->q8[i];
-    r.ldq = g.q8_ldq[i];
-    r.ldu = g.q8_ldu[i];
-    r.q = KernelScratch::Grow(*values[i], g.num_rows * r.ldq);
-    r.sx = KernelScratch::Grow(*scales[i], 2 * g.num_rows * r.ldu);
-    r.negc = r.sx + g.num_rows * r.ldu;
+    if (!take[i]) continue;
+    internal::QuantizedRows& r = run->qrows[i];
+    r = g.q_layout[i];
+    r.q = KernelScratch::Grow(*values[i], g.num_rows * r.ldq * r.q_bytes);
+    const int64_t n = g.num_rows * r.ldu;
+    r.sx = KernelScratch::Grow(*scales[i], run->int8_inputs ? 2 * n : n);
+    r.negc = run->int8_inputs ? r.sx + n : nullptr;
   }
 }
 
@@ -981,7 +974,7 @@ Status GroupedExpertGemm(KernelContext& ctx, const GroupedGemmParams& params) {
   run.h = KernelScratch::Grow(s.h, g.num_rows * g.inter);
   run.x_bf16 = g.copy_rows ? KernelScratch::Grow(s.x_bf16, g.num_rows * g.hidden) : nullptr;
   run.x = g.copy_rows ? run.x_bf16 : static_cast<const bf16_t*>(p.x_sorted);
-  GrowInt8Rows(g, s, &run);
+  GrowQuantizedRows(g, s, &run);
   GrowPerThread(g, be, s);
   RunGemmSchedule(ctx.pool(), run);
   return Status::Ok();

@@ -70,14 +70,15 @@ struct KernelScratch {
   // Per expert: gate_up tasks not finished yet (atomically decremented; its down tasks wait).
   std::vector<int32_t> gate_up_pending;
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
-  // Int8 activations quantized once per call for the dot path (GemmSchedule::q8_x / q8_h): the
-  // inputs' and the activations' rows (Int8Rows in cpu/cpu_backend.h: values, then per row the
-  // scales sx and negc), and per expert whether its gate_up / down tasks take them.
-  LineVector<int8_t> x_q8;
-  LineVector<int8_t> h_q8;
-  LineVector<float> x_q8_scales;
-  LineVector<float> h_q8_scales;
-  std::vector<uint8_t> q8_ahead;  // [2 * E_local]: gate_up, then down
+  // Inputs quantized once per call for the dot path's integer decode (GemmSchedule::qx / qh):
+  // the inputs' and the activations' rows (QuantizedRows in cpu/cpu_backend.h: int8 or int16
+  // values; per row the scales sx, and with int8 negc), and per expert whether its gate_up / down
+  // tasks take them.
+  LineVector<uint8_t> x_q;
+  LineVector<uint8_t> h_q;
+  LineVector<float> x_q_scales;
+  LineVector<float> h_q_scales;
+  std::vector<uint8_t> q_ahead;  // [2 * E_local]: gate_up, then down
   struct PerThread {
     LineVector<float> tile;           // DotRows output tile
     LineVector<float> work;           // backend work space (portable: decoded rows), line-aligned
@@ -98,7 +99,7 @@ struct KernelScratch {
   int64_t Bytes() const {
     auto b = [](const auto& v) { return static_cast<int64_t>(v.capacity() * sizeof(*v.data())); };
     int64_t n = b(x_bf16) + b(x_perm) + b(h) + b(x_packed) + b(h_packed) + b(y_sorted) +
-                b(topk_ids) + b(topk_weights) + b(x_q8) + b(h_q8) + b(x_q8_scales) + b(h_q8_scales);
+                b(topk_ids) + b(topk_weights) + b(x_q) + b(h_q) + b(x_q_scales) + b(h_q_scales);
     for (const PerThread& t : per_thread) n += b(t.tile) + b(t.work) + b(t.act) + b(t.packed_work);
     return n;
   }

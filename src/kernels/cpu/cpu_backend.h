@@ -70,15 +70,26 @@ struct MatrixRef {
 // The matrix of `expert` in w13 (`w13` true) or w2.
 MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert);
 
-// Tokens' inputs quantized to int8 for the 8-bit decode (DotRowsArgs::int8_inputs), in the layout
-// a backend's kernels read for one matrix (CpuBackend::int8_rows_layout): token t's values at
-// q + t * ldq, its scales at sx + t * ldu and negc + t * ldu.
-struct Int8Rows {
-  int8_t* q = nullptr;
+// Tokens' inputs quantized for a backend's integer 4-bit decode, in the layout its kernels read
+// for one matrix (CpuBackend::quantized_rows_layout): token t's values (int8 with
+// DotRowsArgs::int8_inputs, else int16: q_bytes each) at q + t * ldq * q_bytes bytes, its scales
+// at sx + t * ldu and (int8) negc + t * ldu.
+struct QuantizedRows {
+  void* q = nullptr;
   float* sx = nullptr;
   float* negc = nullptr;
   int64_t ldq = 0;
   int64_t ldu = 0;
+  int64_t q_bytes = 1;
+
+  // The rows from token t on.
+  QuantizedRows From(int64_t t) const {
+    QuantizedRows r = *this;
+    if (q != nullptr) r.q = static_cast<uint8_t*>(q) + t * ldq * q_bytes;
+    if (sx != nullptr) r.sx = sx + t * ldu;
+    if (negc != nullptr) r.negc = negc + t * ldu;
+    return r;
+  }
 };
 
 struct DotRowsArgs {
@@ -94,10 +105,10 @@ struct DotRowsArgs {
   // Quantize each token's inputs to int8 per scale group (KernelContextOptions::
   // int8_activations; only for schemes Int8InputScheme takes, on the SIMD backends).
   bool int8_inputs = false;
-  // With int8_inputs, optional: the tokens' inputs quantized ahead by quantize_int8 (token 0's at
-  // row 0) in the layout int8_rows_layout gave for w and num_tokens; x is then not read by the
-  // 8-bit decode.
-  const Int8Rows* int8_rows = nullptr;
+  // Optional: the tokens' inputs quantized ahead by quantize_rows with the same int8_inputs
+  // (token 0's at row 0), in the layout quantized_rows_layout gave for w and num_tokens; the
+  // integer decode then does not quantize x.
+  const QuantizedRows* quantized = nullptr;
 };
 
 // Tokens packed for packed_gemm: groups of kPackedGroup tokens; group g is [KP][16] uint32 at
@@ -199,16 +210,17 @@ struct CpuBackend {
   //   2: the same streams prefetched 1 KiB ahead, like the decode kernels' row streams.
   uint64_t (*read_stream)(const uint8_t* p, int64_t bytes, int pattern);
   int read_patterns;
-  // Optional (null where dot_rows takes no 8-bit inputs): whether dot_rows on `num_tokens`
-  // tokens of `w` with int8_inputs can take them quantized ahead (DotRowsArgs::int8_rows), so a
-  // caller quantizes each token once for all its tasks; then the row sizes of the layout
-  // (Int8Rows::ldq, ldu) and the scratch bytes quantize_int8 needs.
-  bool (*int8_rows_layout)(const MatrixRef& w, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
-                           int64_t* scratch_bytes);
-  // Quantizes num_tokens rows of x (ldx apart; w.cols columns) into the rows of `out` (sized by
-  // int8_rows_layout for w and at least num_tokens); `scratch` 8-byte aligned.
-  void (*quantize_int8)(const MatrixRef& w, const bf16_t* x, int64_t ldx, int64_t num_tokens,
-                        const Int8Rows& out, void* scratch);
+  // Optional (null where dot_rows quantizes no inputs): whether dot_rows on `num_tokens` tokens
+  // of `w` (with DotRowsArgs::int8_inputs = int8) can take them quantized ahead
+  // (DotRowsArgs::quantized), so a caller quantizes each token once for all its tasks; then the
+  // layout's sizes (ldq, ldu, q_bytes of *layout; its pointers untouched) and the scratch bytes
+  // quantize_rows needs.
+  bool (*quantized_rows_layout)(const MatrixRef& w, int64_t num_tokens, bool int8,
+                                QuantizedRows* layout, int64_t* scratch_bytes);
+  // Quantizes num_tokens rows of x (ldx apart; w.cols columns) into the rows of `out` (its sizes
+  // from quantized_rows_layout for w, int8 and at least num_tokens); `scratch` 8-byte aligned.
+  void (*quantize_rows)(const MatrixRef& w, bool int8, const bf16_t* x, int64_t ldx,
+                        int64_t num_tokens, const QuantizedRows& out, void* scratch);
 };
 
 const CpuBackend& PortableBackend();

@@ -67,8 +67,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 // kernels serve.
 #if HWY_TARGET == HWY_SCALAR
 void DotRowsT(const DotRowsArgs& a) { PortableBackend().dot_rows(a); }
-bool Int8RowsLayoutT(const MatrixRef&, int64_t, int64_t*, int64_t*, int64_t*) { return false; }
-void QuantizeInt8T(const MatrixRef&, const bf16_t*, int64_t, int64_t, const Int8Rows&, void*) {}
+bool QuantizedRowsLayoutT(const MatrixRef&, int64_t, bool, QuantizedRows*, int64_t*) {
+  return false;
+}
+void QuantizeRowsT(const MatrixRef&, bool, const bf16_t*, int64_t, int64_t, const QuantizedRows&,
+                   void*) {}
 void ToBf16T(const float* src, int64_t n, bf16_t* dst) { PortableBackend().to_bf16(src, n, dst); }
 void WeightedSumT(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
                   float* out, bool accumulate) {
@@ -925,34 +928,53 @@ void QuantizeGroups(const bf16_t* x, int64_t groups, int64_t group, const int32_
   }
 }
 
-QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale, void* work) {
-  const int64_t k = a.w->cols;
+// One token's row sizes in the layout of ql for 8-bit (k8) or 16-bit inputs: values (ldq) and
+// scales (ldu: per flush unit and lane, or with 16-bit inputs, per group unless QLayout::lanes),
+// and the scratch bytes of QuantizeRows8 / QuantizeRows16.
+void QRowSizes(const QLayout& ql, bool k8, QuantizedRows* r, int64_t* scratch_bytes) {
+  const int64_t chunks = CeilDiv(ql.cols, ql.chunk);
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
+  r->ldq = chunks * ql.chunk;
+  r->q_bytes = k8 ? 1 : 2;
+  const int64_t groups = r->ldq / ql.group;
+  if (k8) {
+    r->ldu = (ql.lanes ? chunks : ql.cols / ql.group) * n32;
+    *scratch_bytes = 4 * groups + 4 * r->ldu + r->ldq;  // per group, lane sums, one token
+  } else {
+    r->ldu = ql.lanes ? chunks * n32 : ql.cols / ql.group;
+    *scratch_bytes = 8 * groups + 2 * r->ldq;  // per-group scales and shifts, one token
+  }
+}
+
+// num_tokens rows of x (ldx apart) quantized to int16 into the rows of out, in the layout of ql
+// (sizes from QRowSizes); scratch: QRowSizes' bytes, 4-byte aligned.
+void QuantizeRows16(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const QLayout& ql,
+                    float code_scale, const QuantizedRows& out, void* scratch) {
+  const int64_t k = ql.cols;
   const int64_t group = ql.group;
   const int64_t groups = k / group;
   const int64_t chunk = ql.chunk;
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
   // A last partial chunk (QLayout::lanes: K a multiple of the group, not of the chunk) is
   // padded with zero inputs of zero scale.
-  const int64_t chunks = CeilDiv(k, chunk);
-  const int64_t ldq = chunks * chunk;
-  const int64_t ldsx = ql.lanes ? chunks * n32 : groups;
+  const int64_t ldq = out.ldq, ldsx = out.ldu;
+  const int64_t chunks = ldq / chunk;
   const int16_t* order = QChunkOrder();
-  int16_t* q = static_cast<int16_t*>(work);
-  float* sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * ldq, int64_t{2}));
-  float* sg = sx + a.num_tokens * ldsx;  // per-group scales of one token (QLayout::lanes)
+  float* sg = static_cast<float*>(scratch);  // per-group scales of one token (QLayout::lanes)
   int32_t* shifts = reinterpret_cast<int32_t*>(sg + ldq / group);       // per group
   int16_t* natural = reinterpret_cast<int16_t*>(shifts + ldq / group);  // one token, in order
-  for (int64_t t = 0; t < a.num_tokens; ++t) {
-    const bf16_t* x = a.x + t * a.ldx;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const bf16_t* x = x_rows + t * ldx;
     GroupShifts(x, groups, group, shifts);
     for (int64_t g = groups; g < ldq / group; ++g) shifts[g] = kZeroShift;
     QuantizeGroups(x, groups, group, shifts, natural);
     std::fill(natural + k, natural + ldq, int16_t{0});
-    int16_t* dst = q + t * ldq;
+    int16_t* dst = static_cast<int16_t*>(out.q) + t * ldq;
     for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
       for (int64_t l = 0; l < chunk; ++l) dst[c0 + l] = natural[c0 + order[l]];
     }
-    float* scales = ql.lanes ? sg : sx + t * ldsx;
+    float* sx = out.sx + t * ldsx;
+    float* scales = ql.lanes ? sg : sx;
     for (int64_t g = 0; g < ldq / group; ++g) {
       const int32_t shift = shifts[g];
       if (shift == kZeroShift) {
@@ -966,13 +988,23 @@ QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale
     if (ql.lanes) {
       const int64_t per_chunk = chunk / group;
       for (int64_t c = 0; c < chunks; ++c) {
-        for (int64_t l = 0; l < n32; ++l) {
-          sx[t * ldsx + c * n32 + l] = sg[c * per_chunk + ql.lane_group[l]];
-        }
+        for (int64_t l = 0; l < n32; ++l) sx[c * n32 + l] = sg[c * per_chunk + ql.lane_group[l]];
       }
     }
   }
-  return {q, ldq, sx, ldsx};
+}
+
+// The tokens of a quantized to int16 into the work space a.work: their rows, then
+// QuantizeRows16's scratch.
+QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale, void* work) {
+  QuantizedRows r;
+  int64_t scratch_bytes = 0;
+  QRowSizes(ql, false, &r, &scratch_bytes);
+  int16_t* q = static_cast<int16_t*>(work);
+  r.q = q;
+  r.sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * r.ldq, int64_t{2}));
+  QuantizeRows16(a.x, a.ldx, a.num_tokens, ql, code_scale, r, r.sx + a.num_tokens * r.ldu);
+  return {q, r.ldq, r.sx, r.ldu};
 }
 
 // --- 4-bit decode on 8-bit inputs (KernelContextOptions::int8_activations) -----------------
@@ -1079,24 +1111,10 @@ void ChunkOrder8(const QLayout& ql, const int8_t* natural, int64_t ldq, int8_t* 
   }
 }
 
-// One token's row sizes in the layout of ql: int8 values (ldq) and flush-unit lanes (ldu).
-void Q8RowSizes(const QLayout& ql, int64_t* ldq, int64_t* ldu) {
-  const int64_t chunks = CeilDiv(ql.cols, ql.chunk);
-  *ldq = chunks * ql.chunk;
-  *ldu = (ql.lanes ? chunks : ql.cols / ql.group) * static_cast<int64_t>(hn::Lanes(D32()));
-}
-
-// Scratch bytes of QuantizeRows8 (one token's groups, lane sums and inputs in column order).
-int64_t Q8ScratchBytes(const QLayout& ql) {
-  int64_t ldq = 0, ldu = 0;
-  Q8RowSizes(ql, &ldq, &ldu);
-  return 4 * (ldq / ql.group) + 4 * ldu + ldq;
-}
-
-// num_tokens rows of x (ldx apart) quantized into the rows of out, in the layout of ql (out's
-// ldq and ldu from Q8RowSizes); scratch: Q8ScratchBytes, 4-byte aligned.
+// num_tokens rows of x (ldx apart) quantized to int8 into the rows of out, in the layout of ql
+// (sizes from QRowSizes); scratch: QRowSizes' bytes, 4-byte aligned.
 void QuantizeRows8(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const QLayout& ql,
-                   float code_scale, int offset, const Int8Rows& out, void* scratch) {
+                   float code_scale, int offset, const QuantizedRows& out, void* scratch) {
   const int64_t k = ql.cols;
   const int64_t group = ql.group;
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
@@ -1117,7 +1135,8 @@ void QuantizeRows8(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const 
     }
     for (int64_t g = k / group; g < ldq / group; ++g) d[g] = 0.0f;
     std::fill(natural + k, natural + ldq, int8_t{0});
-    ChunkOrder8(ql, natural, ldq, out.q + t * ldq, per_group ? nullptr : lane_sum);
+    ChunkOrder8(ql, natural, ldq, static_cast<int8_t*>(out.q) + t * ldq,
+                per_group ? nullptr : lane_sum);
     float* tsx = out.sx + t * ldu;
     float* tnegc = out.negc + t * ldu;
     if (per_group) {
@@ -1149,13 +1168,15 @@ void QuantizeRows8(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const 
 // scratch.
 Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_scale, int offset,
                          void* work) {
-  Int8Rows r;
-  Q8RowSizes(ql, &r.ldq, &r.ldu);
-  r.q = static_cast<int8_t*>(work);
-  r.sx = reinterpret_cast<float*>(r.q + RoundUp(a.num_tokens * r.ldq, int64_t{64}));
+  QuantizedRows r;
+  int64_t scratch_bytes = 0;
+  QRowSizes(ql, true, &r, &scratch_bytes);
+  int8_t* q = static_cast<int8_t*>(work);
+  r.q = q;
+  r.sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * r.ldq, int64_t{64}));
   r.negc = r.sx + a.num_tokens * r.ldu;
   QuantizeRows8(a.x, a.ldx, a.num_tokens, ql, code_scale, offset, r, r.negc + a.num_tokens * r.ldu);
-  return {r.q, r.ldq, r.sx, r.negc, r.ldu};
+  return {q, r.ldq, r.sx, r.negc, r.ldu};
 }
 
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
@@ -1799,18 +1820,25 @@ void Q8RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql
   });
 }
 
-// The inputs quantized for the decode walk: int8 (k8) or int16.
+// The scale of the decoded codes folded into the inputs' scales: 1/2 for E2M1 x 2, and with
+// 16-bit inputs 1/256 for the codes' placement in the int16's high byte.
+template <Nib K, bool k8>
+constexpr float QCodeScale() {
+  return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 ? 1.0f : 1.0f / 256.0f);
+}
+
+// The inputs quantized for the decode walk: int8 (k8) or int16; from DotRowsArgs::quantized
+// where a caller quantized them ahead (QuantizedRowsLayout, in this layout).
 template <Nib K, bool k8>
 auto QuantizeFor(const DotRowsArgs& a, const QLayout& ql) {
+  const QuantizedRows* r = a.quantized;
   if constexpr (k8) {
-    if (a.int8_rows != nullptr) {  // quantized ahead, in this layout (Int8RowsLayoutT)
-      const Int8Rows& r = *a.int8_rows;
-      return Q8Inputs{r.q, r.ldq, r.sx, r.negc, r.ldu};
-    }
-    return QuantizeTokens8(a, ql, NibbleDec<K>::kE2M1 ? 0.5f : 1.0f, Q8Offset<K>(), a.work);
+    if (r != nullptr)
+      return Q8Inputs{static_cast<const int8_t*>(r->q), r->ldq, r->sx, r->negc, r->ldu};
+    return QuantizeTokens8(a, ql, QCodeScale<K, true>(), Q8Offset<K>(), a.work);
   } else {
-    // 1/256 for the decoded codes' placement in the int16's high byte, 1/2 for E2M1 x 2.
-    return QuantizeTokens(a, ql, NibbleDec<K>::kE2M1 ? 1.0f / 512.0f : 1.0f / 256.0f, a.work);
+    if (r != nullptr) return QInputs{static_cast<const int16_t*>(r->q), r->ldq, r->sx, r->ldu};
+    return QuantizeTokens(a, ql, QCodeScale<K, false>(), a.work);
   }
 }
 
@@ -1956,53 +1984,79 @@ void NibbleDotRows(const NibbleDec<K>& dec, const DotRowsArgs& a) {
   DotRowsWith(dec, a);
 }
 
-// Int8RowsLayoutT for the format K (a 4-bit format the 8-bit decode takes).
-template <Nib K>
-bool Int8RowsLayoutFor(const MatrixRef& m, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
-                       int64_t* scratch_bytes) {
+// QuantizedRowsLayout for the format K and input width (k8: int8, else int16).
+template <Nib K, bool k8>
+bool QuantizedRowsLayoutFor(const MatrixRef& m, int64_t num_tokens, QuantizedRows* layout,
+                            int64_t* scratch_bytes) {
   QLayout ql;
-  if (!QLayoutFor<K, true>(m, num_tokens, &ql)) return false;
-  Q8RowSizes(ql, ldq, ldu);
-  *scratch_bytes = Q8ScratchBytes(ql);
+  if (!QLayoutFor<K, k8>(m, num_tokens, &ql)) return false;
+  QRowSizes(ql, k8, layout, scratch_bytes);
   return true;
 }
 
-template <Nib K>
-void QuantizeInt8For(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
-                     const Int8Rows& out, void* scratch) {
+template <Nib K, bool k8>
+void QuantizeRowsFor(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                     const QuantizedRows& out, void* scratch) {
   QLayout ql;
-  const bool walk = QLayoutFor<K, true>(m, num_tokens, &ql);
+  const bool walk = QLayoutFor<K, k8>(m, num_tokens, &ql);
   HWY_DASSERT(walk);
   (void)walk;
-  QuantizeRows8(x, ldx, num_tokens, ql, NibbleDec<K>::kE2M1 ? 0.5f : 1.0f, Q8Offset<K>(), out,
-                scratch);
+  if constexpr (k8) {
+    QuantizeRows8(x, ldx, num_tokens, ql, QCodeScale<K, true>(), Q8Offset<K>(), out, scratch);
+  } else {
+    QuantizeRows16(x, ldx, num_tokens, ql, QCodeScale<K, false>(), out, scratch);
+  }
 }
 
-// CpuBackend::int8_rows_layout: the formats whose 8-bit decode walk takes inputs quantized
-// ahead (those NibbleDotRows runs on 8-bit inputs).
-bool Int8RowsLayout(const MatrixRef& m, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
-                    int64_t* scratch_bytes) {
+template <Nib K>
+bool QuantizedRowsLayoutK(const MatrixRef& m, int64_t num_tokens, bool int8, QuantizedRows* layout,
+                          int64_t* scratch_bytes) {
+  return int8 ? QuantizedRowsLayoutFor<K, true>(m, num_tokens, layout, scratch_bytes)
+              : QuantizedRowsLayoutFor<K, false>(m, num_tokens, layout, scratch_bytes);
+}
+
+// CpuBackend::quantized_rows_layout: whether the integer decode walk of m on num_tokens tokens
+// takes inputs quantized ahead (the 4-bit formats NibbleDotRows walks with int8 or int16
+// inputs), and their layout.
+bool QuantizedRowsLayout(const MatrixRef& m, int64_t num_tokens, bool int8, QuantizedRows* layout,
+                         int64_t* scratch_bytes) {
   switch (m.format) {
     case WeightFormat::kMxfp4:
-      return Int8RowsLayoutFor<Nib::kMx>(m, num_tokens, ldq, ldu, scratch_bytes);
+      return QuantizedRowsLayoutK<Nib::kMx>(m, num_tokens, int8, layout, scratch_bytes);
     case WeightFormat::kInt4:
-      return Int8RowsLayoutFor<Nib::kInt4>(m, num_tokens, ldq, ldu, scratch_bytes);
+      return QuantizedRowsLayoutK<Nib::kInt4>(m, num_tokens, int8, layout, scratch_bytes);
     case WeightFormat::kNvfp4:
-      return Int8RowsLayoutFor<Nib::kNvfp4>(m, num_tokens, ldq, ldu, scratch_bytes);
+      return QuantizedRowsLayoutK<Nib::kNvfp4>(m, num_tokens, int8, layout, scratch_bytes);
+    case WeightFormat::kInt4Zp:  // no 8-bit decode: its int8 inputs are widened to floats
+      return !int8 &&
+             QuantizedRowsLayoutFor<Nib::kInt4Zp, false>(m, num_tokens, layout, scratch_bytes);
     default: return false;
   }
 }
 
-// CpuBackend::quantize_int8 (REQUIRES: Int8RowsLayout(m, num_tokens) gave out's sizes).
-void QuantizeInt8(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
-                  const Int8Rows& out, void* scratch) {
+template <Nib K>
+void QuantizeRowsK(const MatrixRef& m, bool int8, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                   const QuantizedRows& out, void* scratch) {
+  if (int8) {
+    QuantizeRowsFor<K, true>(m, x, ldx, num_tokens, out, scratch);
+  } else {
+    QuantizeRowsFor<K, false>(m, x, ldx, num_tokens, out, scratch);
+  }
+}
+
+// CpuBackend::quantize_rows (REQUIRES: QuantizedRowsLayout(m, num_tokens, int8) gave out's
+// sizes).
+void QuantizeRows(const MatrixRef& m, bool int8, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                  const QuantizedRows& out, void* scratch) {
   switch (m.format) {
     case WeightFormat::kMxfp4:
-      return QuantizeInt8For<Nib::kMx>(m, x, ldx, num_tokens, out, scratch);
+      return QuantizeRowsK<Nib::kMx>(m, int8, x, ldx, num_tokens, out, scratch);
     case WeightFormat::kInt4:
-      return QuantizeInt8For<Nib::kInt4>(m, x, ldx, num_tokens, out, scratch);
+      return QuantizeRowsK<Nib::kInt4>(m, int8, x, ldx, num_tokens, out, scratch);
     case WeightFormat::kNvfp4:
-      return QuantizeInt8For<Nib::kNvfp4>(m, x, ldx, num_tokens, out, scratch);
+      return QuantizeRowsK<Nib::kNvfp4>(m, int8, x, ldx, num_tokens, out, scratch);
+    case WeightFormat::kInt4Zp:
+      return QuantizeRowsFor<Nib::kInt4Zp, false>(m, x, ldx, num_tokens, out, scratch);
     default: HWY_DASSERT(false);
   }
 }
@@ -2130,13 +2184,13 @@ uint64_t ReadStream(const uint8_t* p, int64_t bytes, int pattern) {
 
 // The entry points of this target (referenced by name from the HWY_ONCE part below).
 void DotRowsT(const DotRowsArgs& a) { DotRows(a); }
-bool Int8RowsLayoutT(const MatrixRef& m, int64_t num_tokens, int64_t* ldq, int64_t* ldu,
-                     int64_t* scratch_bytes) {
-  return Int8RowsLayout(m, num_tokens, ldq, ldu, scratch_bytes);
+bool QuantizedRowsLayoutT(const MatrixRef& m, int64_t num_tokens, bool int8, QuantizedRows* layout,
+                          int64_t* scratch_bytes) {
+  return QuantizedRowsLayout(m, num_tokens, int8, layout, scratch_bytes);
 }
-void QuantizeInt8T(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t num_tokens,
-                   const Int8Rows& out, void* scratch) {
-  QuantizeInt8(m, x, ldx, num_tokens, out, scratch);
+void QuantizeRowsT(const MatrixRef& m, bool int8, const bf16_t* x, int64_t ldx, int64_t num_tokens,
+                   const QuantizedRows& out, void* scratch) {
+  QuantizeRows(m, int8, x, ldx, num_tokens, out, scratch);
 }
 void ToBf16T(const float* src, int64_t n, bf16_t* dst) { ToBf16(src, n, dst); }
 void WeightedSumT(const float* const* rows, const float* weights, int64_t num_rows, int64_t n,
@@ -2177,7 +2231,7 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
   CpuBackend {                                                                                 \
     NAME, NS::DotRowsT, PortableBackend().activate, NS::ToBf16T, WorkFloats, nullptr, nullptr, \
         nullptr, NS::WeightedSumT, "fp32 FMA (" NAME ")", NS::PeakLoopT, NS::ReadStreamT, 3,   \
-        NS::Int8RowsLayoutT, NS::QuantizeInt8T                                                 \
+        NS::QuantizedRowsLayoutT, NS::QuantizeRowsT                                            \
   }
 
 }  // namespace
