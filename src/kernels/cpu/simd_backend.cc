@@ -994,19 +994,6 @@ void QuantizeRows16(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const
   }
 }
 
-// The tokens of a quantized to int16 into the work space a.work: their rows, then
-// QuantizeRows16's scratch.
-QInputs QuantizeTokens(const DotRowsArgs& a, const QLayout& ql, float code_scale, void* work) {
-  QuantizedRows r;
-  int64_t scratch_bytes = 0;
-  QRowSizes(ql, false, &r, &scratch_bytes);
-  int16_t* q = static_cast<int16_t*>(work);
-  r.q = q;
-  r.sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * r.ldq, int64_t{2}));
-  QuantizeRows16(a.x, a.ldx, a.num_tokens, ql, code_scale, r, r.sx + a.num_tokens * r.ldu);
-  return {q, r.ldq, r.sx, r.ldu};
-}
-
 // --- 4-bit decode on 8-bit inputs (KernelContextOptions::int8_activations) -----------------
 //
 // Opt-in: each token's inputs are quantized per scale group to int8 with the scale d = max|x| /
@@ -1164,19 +1151,23 @@ void QuantizeRows8(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const 
   }
 }
 
-// The tokens of a quantized into the work space a.work: their rows, then QuantizeRows8's
-// scratch.
-Q8Inputs QuantizeTokens8(const DotRowsArgs& a, const QLayout& ql, float code_scale, int offset,
-                         void* work) {
+// num_tokens tokens' rows in the layout of ql (k8: int8, else int16) laid out in the work space
+// `work` (DotRowsArgs::work): the values, then sx (and with k8 negc); *scratch gets the
+// quantizer's scratch after them.
+QuantizedRows WorkRows(int64_t num_tokens, const QLayout& ql, bool k8, void* work, void** scratch) {
   QuantizedRows r;
   int64_t scratch_bytes = 0;
-  QRowSizes(ql, true, &r, &scratch_bytes);
-  int8_t* q = static_cast<int8_t*>(work);
-  r.q = q;
-  r.sx = reinterpret_cast<float*>(q + RoundUp(a.num_tokens * r.ldq, int64_t{64}));
-  r.negc = r.sx + a.num_tokens * r.ldu;
-  QuantizeRows8(a.x, a.ldx, a.num_tokens, ql, code_scale, offset, r, r.negc + a.num_tokens * r.ldu);
-  return {q, r.ldq, r.sx, r.negc, r.ldu};
+  QRowSizes(ql, k8, &r, &scratch_bytes);
+  r.q = work;
+  r.sx = reinterpret_cast<float*>(static_cast<uint8_t*>(work) +
+                                  RoundUp(num_tokens * r.ldq * r.q_bytes, int64_t{64}));
+  float* end = r.sx + num_tokens * r.ldu;
+  if (k8) {
+    r.negc = end;
+    end += num_tokens * r.ldu;
+  }
+  *scratch = end;
+  return r;
 }
 
 // Most scale groups of one K block of a decode step (the weight-scale buffers).
@@ -1514,7 +1505,7 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
 // columns. One transpose-add per block (blockwise interleaves, the same on every target) takes 9
 // instructions where the four rows' own conversions, scalings and scale lookups took about 30.
 // The weight scales come transposed to match (TransposedScales), the input scales and the offset's
-// share per block (QLayout::rows4 in QuantizeTokens8).
+// share per block (QLayout::rows4 in QuantizeRows8).
 
 // Lane 4b + r: the sum of vector r's four lanes of block b (r = 0 .. 3 for a, b, c, d).
 HWY_INLINE V32 SumRowsPerBlock(V32 a, V32 b, V32 c, V32 d) {
@@ -1827,18 +1818,34 @@ constexpr float QCodeScale() {
   return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 ? 1.0f : 1.0f / 256.0f);
 }
 
-// The inputs quantized for the decode walk: int8 (k8) or int16; from DotRowsArgs::quantized
-// where a caller quantized them ahead (QuantizedRowsLayout, in this layout).
+// num_tokens rows of x quantized for the decode walk of format K (k8: int8, else int16) into
+// out, in the layout of ql.
+template <Nib K, bool k8>
+void QuantizeRowsIn(const bf16_t* x, int64_t ldx, int64_t num_tokens, const QLayout& ql,
+                    const QuantizedRows& out, void* scratch) {
+  if constexpr (k8) {
+    QuantizeRows8(x, ldx, num_tokens, ql, QCodeScale<K, true>(), Q8Offset<K>(), out, scratch);
+  } else {
+    QuantizeRows16(x, ldx, num_tokens, ql, QCodeScale<K, false>(), out, scratch);
+  }
+}
+
+// The inputs of the decode walk: int8 (k8) or int16; DotRowsArgs::quantized where a caller
+// quantized them ahead (QuantizedRowsLayout: in this layout), else quantized into a.work.
 template <Nib K, bool k8>
 auto QuantizeFor(const DotRowsArgs& a, const QLayout& ql) {
-  const QuantizedRows* r = a.quantized;
-  if constexpr (k8) {
-    if (r != nullptr)
-      return Q8Inputs{static_cast<const int8_t*>(r->q), r->ldq, r->sx, r->negc, r->ldu};
-    return QuantizeTokens8(a, ql, QCodeScale<K, true>(), Q8Offset<K>(), a.work);
+  QuantizedRows r;
+  if (a.quantized != nullptr) {
+    r = *a.quantized;
   } else {
-    if (r != nullptr) return QInputs{static_cast<const int16_t*>(r->q), r->ldq, r->sx, r->ldu};
-    return QuantizeTokens(a, ql, QCodeScale<K, false>(), a.work);
+    void* scratch = nullptr;
+    r = WorkRows(a.num_tokens, ql, k8, a.work, &scratch);
+    QuantizeRowsIn<K, k8>(a.x, a.ldx, a.num_tokens, ql, r, scratch);
+  }
+  if constexpr (k8) {
+    return Q8Inputs{static_cast<const int8_t*>(r.q), r.ldq, r.sx, r.negc, r.ldu};
+  } else {
+    return QInputs{static_cast<const int16_t*>(r.q), r.ldq, r.sx, r.ldu};
   }
 }
 
@@ -2001,11 +2008,7 @@ void QuantizeRowsFor(const MatrixRef& m, const bf16_t* x, int64_t ldx, int64_t n
   const bool walk = QLayoutFor<K, k8>(m, num_tokens, &ql);
   HWY_DASSERT(walk);
   (void)walk;
-  if constexpr (k8) {
-    QuantizeRows8(x, ldx, num_tokens, ql, QCodeScale<K, true>(), Q8Offset<K>(), out, scratch);
-  } else {
-    QuantizeRows16(x, ldx, num_tokens, ql, QCodeScale<K, false>(), out, scratch);
-  }
+  QuantizeRowsIn<K, k8>(x, ldx, num_tokens, ql, out, scratch);
 }
 
 template <Nib K>
