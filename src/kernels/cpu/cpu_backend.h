@@ -8,7 +8,9 @@
 //             (PackedX below) and the result transposed, out[r, m] (prefill; bf16 and MXFP4
 //             weights, see PackedFormat);
 //   activate  h[i] = bf16(act(gate[i], up[i]));
-//   to_bf16   fp32 -> bf16, round to nearest even.
+//   to_bf16   fp32 -> bf16, round to nearest even;
+//   quantized_rows_layout / quantize_rows  (optional) the integer 4-bit decode's inputs
+//             quantized once per call for all of an expert's tasks (QuantizedRows).
 // Backends: portable (plain C++, any CPU) and avx512 (AVX-512 BF16; only selected after a
 // runtime CPU check, its translation unit is compiled with -mavx512bf16).
 #pragma once
