@@ -1283,6 +1283,12 @@ HWY_INLINE V16 MulBytePairs(hn::Vec<D8> u, hn::Vec<DI8> x) {
 #endif
 }
 
+// One row's chunk (its decoded low and high nibbles) times one token's inputs of the chunk (x[0]
+// the even columns, x[1] the odd ones): 16-bit sums of four products per lane.
+HWY_INLINE V16 ChunkPairSums(hn::Vec<D8> lo, hn::Vec<D8> hi, const hn::Vec<DI8> (&x)[2]) {
+  return hn::Add(MulBytePairs(lo, x[0]), MulBytePairs(hi, x[1]));
+}
+
 // The chunk at byte p as unsigned bytes code + offset: its low nibbles (even columns) and its
 // high nibbles (odd columns).
 template <Nib K>
@@ -1507,16 +1513,22 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
 // The weight scales come transposed to match (TransposedScales), the input scales and the offset's
 // share per block (QLayout::rows4 in QuantizeRows8).
 
+// SumRowsPerBlock's last step, from rows (0, 1) and (2, 3) paired: ab = [a0 + a2, b0 + b2,
+// a1 + a3, b1 + b3] per block, cd likewise.
+HWY_INLINE V32 SumRowPairsPerBlock(V32 ab, V32 cd) {
+  const hn::Repartition<int64_t, D32> d64;
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  return hn::Add(hn::BitCast(D32(), hn::InterleaveLower(d64, ab64, cd64)),
+                 hn::BitCast(D32(), hn::InterleaveUpper(d64, ab64, cd64)));
+}
+
 // Lane 4b + r: the sum of vector r's four lanes of block b (r = 0 .. 3 for a, b, c, d).
 HWY_INLINE V32 SumRowsPerBlock(V32 a, V32 b, V32 c, V32 d) {
   const D32 d32;
-  const hn::Repartition<int64_t, D32> d64;
   // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] per block, and the same for c and d.
-  const auto ab = hn::Add(hn::InterleaveLower(d32, a, b), hn::InterleaveUpper(d32, a, b));
-  const auto cd = hn::Add(hn::InterleaveLower(d32, c, d), hn::InterleaveUpper(d32, c, d));
-  const auto lo = hn::InterleaveLower(d64, hn::BitCast(d64, ab), hn::BitCast(d64, cd));
-  const auto hi = hn::InterleaveUpper(d64, hn::BitCast(d64, ab), hn::BitCast(d64, cd));
-  return hn::Add(hn::BitCast(d32, lo), hn::BitCast(d32, hi));
+  return SumRowPairsPerBlock(
+      hn::Add(hn::InterleaveLower(d32, a, b), hn::InterleaveUpper(d32, a, b)),
+      hn::Add(hn::InterleaveLower(d32, c, d), hn::InterleaveUpper(d32, c, d)));
 }
 
 // Two rows' 16-bit pair sums of one chunk (QLayout::lanes: a flush per chunk) widened together:
@@ -1534,14 +1546,6 @@ HWY_INLINE V32 WidenRowPairs(V16 u, V16 v) {
   const V32 even =
       hn::ReorderWidenMulAccumulate(d32, uv, hn::Set(d16, int16_t{1}), hn::Zero(d32), odd);
   return hn::RearrangeToOddPlusEven(even, odd);
-}
-
-// SumRowsPerBlock's last step from WidenRowPairs of rows (0, 1) and (2, 3).
-HWY_INLINE V32 SumRowPairsPerBlock(V32 ab, V32 cd) {
-  const hn::Repartition<int64_t, D32> d64;
-  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
-  return hn::Add(hn::BitCast(D32(), hn::InterleaveLower(d64, ab64, cd64)),
-                 hn::BitCast(D32(), hn::InterleaveUpper(d64, ab64, cd64)));
 }
 
 // Whether this target's vectors are whole 128-bit blocks of 32-bit sums (SumRowsPerBlock).
@@ -1729,9 +1733,8 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
           Q8DecodeChunk<K>(p[2 * jp + 1], &lo1, &hi1);
 #pragma GCC unroll 16
           for (int i = 0; i < MR; ++i) {
-            const V16 m0 = hn::Add(MulBytePairs(lo0, x[i][0]), MulBytePairs(hi0, x[i][1]));
-            const V16 m1 = hn::Add(MulBytePairs(lo1, x[i][0]), MulBytePairs(hi1, x[i][1]));
-            pairs[i][jp] = WidenRowPairs(m0, m1);
+            pairs[i][jp] =
+                WidenRowPairs(ChunkPairSums(lo0, hi0, x[i]), ChunkPairSums(lo1, hi1, x[i]));
           }
         }
         continue;
@@ -1742,7 +1745,7 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
         Q8DecodeChunk<K>(p[j], &lo, &hi);
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) {
-          const V16 m = hn::Add(MulBytePairs(lo, x[i][0]), MulBytePairs(hi, x[i][1]));
+          const V16 m = ChunkPairSums(lo, hi, x[i]);
           s0[i][j] = hn::ReorderWidenMulAccumulate(d32, m, ones, s0[i][j], s1[i][j]);
         }
       }
