@@ -55,7 +55,11 @@
 namespace moeshard::internal {
 // Prefill strips (PrefillStrips): weight rows per strip and columns per K block.
 inline constexpr int64_t kStripRows = 12;
-inline constexpr int64_t kStripCols = 512;
+inline constexpr int64_t kStripCols = 256;
+// Floats between two tokens' widened inputs: K rounded up to a vector of 16, plus one 64-byte
+// line, so that the rows of a strip tile's tokens fall in different L1 sets (K x 4 bytes is a
+// multiple of 4 KiB for every benchmark shape, which put every token's row in one set).
+inline int64_t WidenedStride(int64_t k) { return (k + 15) / 16 * 16 + 16; }
 }  // namespace moeshard::internal
 #endif
 
@@ -116,13 +120,21 @@ alignas(16) constexpr int8_t kCodes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
 // column order (kEvenOdd false) or even columns then odd ones (kEvenOdd: 4-bit codes); RowOf(r)
 // the row's data and scale pointers; DecodeRaw(row, c, out) the chunk starting at column c
 // before its scale, ScaleAt(row, g) the scale of group g (1 for bf16; a chunk never straddles
-// two groups), Decode the two together; Scalar(r, c) for the columns past the last whole chunk;
-// group() the columns per scale (0: no scales).
+// two groups), ScalesOf(row, g) that scale as vectors and Apply(sc, out) it to a raw chunk,
+// Decode the three together; Scalar(r, c) for the columns past the last whole chunk; group() the
+// columns per scale (0: no scales).
 struct RowPtrs {
   const uint8_t* w = nullptr;
   const uint8_t* s = nullptr;
   const uint8_t* z = nullptr;  // int4-zp: the row's zero points
   float global = 1.0f;         // nvfp4: the row's global scale
+};
+
+// A group's scale as vectors: a raw chunk's lanes become raw x s, or with zero points (int4-zp)
+// raw x s - zs, zs = zero x s (both products exact, so equal to (raw - zero) x s).
+struct GroupScale {
+  VF s;
+  VF zs;
 };
 
 // out[j] = dec.RowOf(rows[j]), field by field. A RowPtrs returned whole is built on the stack
@@ -163,6 +175,10 @@ struct Bf16Dec {
     out[0] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
   }
   static float ScaleAt(const RowPtrs& /*row*/, int64_t /*g*/) { return 1.0f; }
+  static GroupScale ScalesOf(const RowPtrs& /*row*/, int64_t /*g*/) {
+    return {hn::Set(DF(), 1.0f), hn::Zero(DF())};
+  }
+  static void Apply(const GroupScale& /*sc*/, VF* /*out*/) {}
   void Decode(const RowPtrs& row, int64_t c, int64_t /*g*/, VF* out) const {
     DecodeRaw(row, c, out);
   }
@@ -200,11 +216,16 @@ struct Fp8Dec {
   static float ScaleAt(const RowPtrs& row, int64_t g) {
     return reinterpret_cast<const float*>(row.s)[g] * 256.0f;
   }
+  static GroupScale ScalesOf(const RowPtrs& row, int64_t g) {
+    return {hn::Set(DF(), ScaleAt(row, g)), hn::Zero(DF())};
+  }
+  static void Apply(const GroupScale& sc, VF* out) {
+    out[0] = hn::Mul(out[0], sc.s);
+    out[1] = hn::Mul(out[1], sc.s);
+  }
   void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
     DecodeRaw(row, c, out);
-    const VF s = hn::Set(DF(), ScaleAt(row, g));
-    out[0] = hn::Mul(out[0], s);
-    out[1] = hn::Mul(out[1], s);
+    Apply(ScalesOf(row, g), out);
   }
   float Scalar(int64_t r, int64_t c) const {
     return Fp8E4M3ToFloat(m.Row(r)[c]) * reinterpret_cast<const float*>(RowOf(r).s)[c / m.group];
@@ -278,26 +299,26 @@ struct NibbleDec {
     out[0] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo)));
     out[1] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, hi)));
   }
+  static GroupScale ScalesOf(const RowPtrs& row, int64_t g) {
+    const DF df;
+    if (WideNvfp4()) {  // lanes [0, N/2): group 2g, [N/2, N): group 2g + 1 (even or odd columns)
+      const hn::Half<DF> dh;
+      return {
+          hn::Combine(df, hn::Set(dh, ScaleAt(row, 2 * g + 1)), hn::Set(dh, ScaleAt(row, 2 * g))),
+          hn::Zero(df)};
+    }
+    const float scale = ScaleAt(row, g);
+    const float zs = K == Nib::kInt4Zp ? static_cast<float>(row.z[g]) * scale : 0.0f;
+    return {hn::Set(df, scale), hn::Set(df, zs)};
+  }
+  static void Apply(const GroupScale& sc, VF* out) {
+    for (int v = 0; v < kVecs; ++v) {
+      out[v] = K == Nib::kInt4Zp ? hn::MulSub(out[v], sc.s, sc.zs) : hn::Mul(out[v], sc.s);
+    }
+  }
   void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
     DecodeRaw(row, c, out);
-    if (WideNvfp4()) {  // lanes [0, N/2): group 2g, [N/2, N): group 2g + 1 (even or odd columns)
-      const DF df;
-      const hn::Half<DF> dh;
-      const VF s =
-          hn::Combine(df, hn::Set(dh, ScaleAt(row, 2 * g + 1)), hn::Set(dh, ScaleAt(row, 2 * g)));
-      out[0] = hn::Mul(out[0], s);
-      out[1] = hn::Mul(out[1], s);
-      return;
-    }
-    const VF s = hn::Set(DF(), ScaleAt(row, g));
-    if constexpr (K == Nib::kInt4Zp) {
-      const VF z = hn::Set(DF(), static_cast<float>(row.z[g]));
-      out[0] = hn::Mul(hn::Sub(out[0], z), s);
-      out[1] = hn::Mul(hn::Sub(out[1], z), s);
-    } else {
-      out[0] = hn::Mul(out[0], s);
-      out[1] = hn::Mul(out[1], s);
-    }
+    Apply(ScalesOf(row, g), out);
   }
   float Scalar(int64_t r, int64_t c) const {
     const uint8_t b = m.Row(r)[c / 2];
@@ -308,25 +329,33 @@ struct NibbleDec {
   }
 };
 
-// Token t's columns in the decoder's chunk order, widened to fp32: x_f[t * k + ...].
+// Token t's columns in the decoder's chunk order, widened to fp32: x_f[t * WidenedStride(k) + ...]
+// (for kEvenOdd decoders each chunk of 2N columns as its N even, then its N odd columns).
 template <typename Dec>
-void WidenTokens(const DotRowsArgs& a, int64_t chunk, int64_t whole, float* xf) {
+void WidenTokens(const DotRowsArgs& a, int64_t whole, float* xf) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Repartition<uint16_t, DF> du16x2;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k = a.w->cols;
-  const int64_t n = chunk / Dec::kVecs;
   for (int64_t t = 0; t < a.num_tokens; ++t) {
-    const bf16_t* x = a.x + t * a.ldx;
-    float* dst = xf + t * k;
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(a.x + t * a.ldx);
+    float* dst = xf + t * WidenedStride(k);
+    int64_t c = 0;
     if constexpr (Dec::kEvenOdd) {
-      for (int64_t c0 = 0; c0 < whole; c0 += chunk) {
-        for (int64_t j = 0; j < n; ++j) {
-          dst[c0 + j] = Bf16ToFloat(x[c0 + 2 * j]);
-          dst[c0 + n + j] = Bf16ToFloat(x[c0 + 2 * j + 1]);
-        }
+      for (; c < whole; c += 2 * n) {  // a bf16 pair's high half is the odd column
+        const auto pairs = hn::BitCast(du32, hn::LoadU(du16x2, x + c));
+        hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(pairs)), df, dst + c);
+        hn::StoreU(hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xFFFF0000u))), df, dst + c + n);
       }
-      for (int64_t c = whole; c < k; ++c) dst[c] = Bf16ToFloat(x[c]);
     } else {
-      for (int64_t c = 0; c < k; ++c) dst[c] = Bf16ToFloat(x[c]);
+      for (; c + n <= k; c += n) {
+        const auto v = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, x + c)));
+        hn::StoreU(hn::BitCast(df, v), df, dst + c);
+      }
     }
+    for (; c < k; ++c) dst[c] = Bf16ToFloat(a.x[t * a.ldx + c]);
   }
 }
 
@@ -547,13 +576,13 @@ void DecodeWalk(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
 //
 // More than kDecodeMaxTokens tokens: a strip of kStripRows weight rows is decoded once per K
 // block of kStripCols columns into fp32 (in the decoder's chunk order, like the widened inputs;
-// 24 KiB, L1-resident), and every token tile passes over it with loads and FMAs only: the decode
-// (exact for bf16, MXFP4 and int4, whose scales fold into fp32 exactly; fp8 rounds code x scale
-// once, as the decode walk does) is paid once per weight instead of once per token tile. Each
-// tile adds its vector sums into per-(token, row) vector partials, reduced once at the end.
-// Tokens x rows of a strip tile: 4 x 3, twelve accumulators, three weight vectors and one input
-// vector fill AVX2's 16 registers; 12 FMAs per 7 loads.
-// AVX-512's 32 registers take 8 x 3 (24 accumulators; 24 FMAs per 11 loads).
+// 12 KiB, L1-resident beside the tiles' inputs), and every token tile passes over it with loads and
+// FMAs only: the decode (exact for bf16, MXFP4 and int4, whose scales fold into fp32 exactly; fp8
+// rounds code x scale once, as the decode walk does) is paid once per weight instead of once per
+// token tile. Each tile adds its vector sums into per-(token, row) vector partials, reduced once at
+// the end. Tokens x rows of a strip tile: 4 x 3, twelve accumulators, three weight vectors and one
+// input vector fill AVX2's 16 registers; 12 FMAs per 7 loads. AVX-512's 32 registers take 8 x 3 (24
+// accumulators; 24 FMAs per 11 loads).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr int kMrWide = 8;
 #else
@@ -606,6 +635,32 @@ void StripTiles(int nr, const float* w, const float* x, int64_t ldx, int64_t col
   if (nr - j == 1) StripTile<MR, 1>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
 }
 
+// The weight lines a strip's next decode reads: `rows` row starts, `count` 64-byte lines over
+// them (row i's line l is line l * rows + i).
+struct StripLines {
+  const uint8_t* row[kStripRows] = {};
+  int rows = 0;
+  int64_t count = 0;
+};
+
+// StripLines of the K block from column k1 of the strip's rows (row_ptr, nr of them), or with k1
+// < 0 of the first block of the next strip's rows (after r0's).
+template <typename Dec>
+StripLines NextStripLines(const Dec& dec, const DotRowsArgs& a, const RowPtrs* row_ptr, int nr,
+                          int64_t r0, int64_t k1, int64_t kb) {
+  StripLines s;
+  const int64_t k = a.w->cols;
+  for (int j = 0; j < nr; ++j) {
+    if (k1 >= 0) {
+      s.row[s.rows++] = row_ptr[j].w + k1 * a.w->row_bytes / k;
+    } else if (r0 + kStripRows + j < a.num_rows) {
+      s.row[s.rows++] = dec.RowOf(a.row_idx[r0 + kStripRows + j]).w;
+    }
+  }
+  s.count = s.rows * ((kb * a.w->row_bytes / k + 63) / 64);
+  return s;
+}
+
 template <typename Dec>
 void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   const DF df;
@@ -613,14 +668,12 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   const int64_t k = a.w->cols;
   const int64_t tokens = a.num_tokens;
   // The strip and the partial sums after the widened inputs, vector-aligned.
-  float* strip = a.work + RoundUp(tokens * k, int64_t{16});
+  float* strip = a.work + tokens * sp.ldxf;
   float* pacc = strip + kStripRows * kStripCols;
   const int64_t group = dec.group() > 0 ? dec.group() : k + sp.chunk;
   // K blocks of whole chunks and (for the scales) whole groups where the groups are smaller.
   const int64_t unit = std::max(sp.chunk, std::min(group, kStripCols));
   const int64_t kb = std::max(unit, kStripCols / unit * unit);
-  // Bytes of a row per chunk (the formats' rows are whole bytes per chunk: 2, 1 or 1/2 per value).
-  const int64_t chunk_bytes = sp.chunk * a.w->row_bytes / k;
   for (int64_t r0 = 0; r0 < a.num_rows; r0 += kStripRows) {
     const int nr = static_cast<int>(std::min(kStripRows, a.num_rows - r0));
     std::fill(pacc, pacc + tokens * kStripRows * n, 0.0f);
@@ -630,52 +683,50 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
     SetRowPtrs(dec, rows, nr, row_ptr);
     for (int64_t k0 = 0; k0 < sp.whole; k0 += kb) {
       const int64_t k1 = std::min(sp.whole, k0 + kb);
-      const bool last = k1 >= sp.whole;
       for (int j = 0; j < nr; ++j) {
         float* dst = strip + j * kStripCols;
-        // The lines this decode will need next (the row's next block, or on the last block the
-        // next strip's row), prefetched while the tiles run over this one.
-        const uint8_t* next = nullptr;
-        int64_t next_c = 0;
-        if (!last) {
-          next = row_ptr[j].w;
-          next_c = kb;
-        } else if (r0 + kStripRows + j < a.num_rows) {
-          next = dec.RowOf(a.row_idx[r0 + kStripRows + j]).w;
-          next_c = -k0;
-        }
-        // Byte offsets of chunk c in a row: c * row_bytes / K, stepped by chunk_bytes.
-        int64_t off = k0 * chunk_bytes / sp.chunk;
-        const int64_t next_off = next_c * chunk_bytes / sp.chunk;
         // Chunk c's group c / group, stepped (a 64-bit divide per chunk costs as much as its
-        // decode).
+        // decode), and its scale made once per group (a chunk never straddles two: groups are
+        // whole chunks).
         int64_t g = k0 / group, into = k0 % group;
-        for (int64_t c = k0; c < k1; c += sp.chunk, off += chunk_bytes) {
-          if (next != nullptr && off % 64 < chunk_bytes) hwy::Prefetch(next + off + next_off);
+        GroupScale sc = dec.ScalesOf(row_ptr[j], g);
+        for (int64_t c = k0; c < k1; c += sp.chunk) {
           VF w[Dec::kVecs];
-          dec.Decode(row_ptr[j], c, g, w);
-          for (into += sp.chunk; into >= group; into -= group) ++g;
+          dec.DecodeRaw(row_ptr[j], c, w);
+          dec.Apply(sc, w);
+          if ((into += sp.chunk) >= group && c + sp.chunk < k1) {
+            into -= group;
+            sc = dec.ScalesOf(row_ptr[j], ++g);
+          }
 #pragma GCC unroll 2
           for (int v = 0; v < Dec::kVecs; ++v) hn::StoreU(w[v], df, dst + (c - k0) + v * n);
         }
       }
-      const float* x = sp.xf + k0;
-      int64_t t = 0;
-      for (; t + kMrWide <= tokens; t += kMrWide) {
-        StripTiles<kMrWide>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0,
-                            pacc + t * kStripRows * n);
-      }
-      if constexpr (kMrWide > 4) {
-        for (; t + 4 <= tokens; t += 4) {
-          StripTiles<4>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
+      // The lines the next decode will read (each row's next block, or after the last block the
+      // next strip's rows' first), prefetched in shares before the token tiles of the second
+      // half: issued all with the decode, they waited on the core's outstanding misses and the
+      // decode with them; issued early, the tiles' inputs pushed them out of L1 again.
+      const StripLines next = NextStripLines(dec, a, row_ptr, nr, r0, k1 >= sp.whole ? -1 : k1, kb);
+      int64_t issued = 0, line = 0;
+      int row = 0;
+      const auto tiles = [&](int mr, int64_t t, auto run) {
+        const int64_t half = std::max<int64_t>(0, 2 * (t + mr) - tokens);
+        for (const int64_t upto = next.count * half / tokens; issued < upto; ++issued) {
+          hwy::Prefetch(next.row[row] + line * 64);
+          if (++row == next.rows) {
+            row = 0;
+            ++line;
+          }
         }
+        run(nr, strip, sp.xf + k0 + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
+      };
+      int64_t t = 0;
+      for (; t + kMrWide <= tokens; t += kMrWide) tiles(kMrWide, t, StripTiles<kMrWide>);
+      if constexpr (kMrWide > 4) {
+        for (; t + 4 <= tokens; t += 4) tiles(4, t, StripTiles<4>);
       }
-      for (; t + 2 <= tokens; t += 2) {
-        StripTiles<2>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
-      }
-      for (; t < tokens; ++t) {
-        StripTiles<1>(nr, strip, x + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
-      }
+      for (; t + 2 <= tokens; t += 2) tiles(2, t, StripTiles<2>);
+      for (; t < tokens; ++t) tiles(1, t, StripTiles<1>);
     }
     for (int64_t t = 0; t < tokens; ++t) {
       for (int j = 0; j < nr; ++j) {
@@ -1944,7 +1995,7 @@ void WidenInt8Tokens(const DotRowsArgs& a, int64_t group, int64_t chunk, int64_t
   const int64_t half = chunk / 2;
   HWY_ALIGN int8_t q[kQMaxGroup];
   for (int64_t t = 0; t < a.num_tokens; ++t) {
-    float* dst = xf + t * k;
+    float* dst = xf + t * WidenedStride(k);
     for (int64_t g0 = 0; g0 < k; g0 += group) {
       const float d = Int8Group(a.x + t * a.ldx + g0, group, q);
       for (int64_t c = g0; c < g0 + group; ++c) {
@@ -1972,12 +2023,12 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
     if (a.int8_inputs) {
       WidenInt8Tokens(a, dec.m.group, chunk, whole, xf);
     } else {
-      WidenTokens<Dec>(a, chunk, whole, xf);
+      WidenTokens<Dec>(a, whole, xf);
     }
   } else {
-    WidenTokens<Dec>(a, chunk, whole, xf);
+    WidenTokens<Dec>(a, whole, xf);
   }
-  const DotSpan sp{chunk, whole, xf, k};
+  const DotSpan sp{chunk, whole, xf, WidenedStride(k)};
   if (a.num_tokens < Dec::kStripFrom) return DecodeWalk(dec, a, sp);
   PrefillStrips(dec, a, sp);
 }
@@ -2228,7 +2279,7 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
   // and one token's int16 inputs in column order.
   const int64_t quantized =
       num_tokens * ((cols + 128) / 2 + (cols + 128) / 4 + 1) + 2 * (cols + 128) + (cols + 128) / 2;
-  const int64_t strips = RoundUp(num_tokens * cols, int64_t{16}) + kStripRows * kStripCols +
+  const int64_t strips = num_tokens * WidenedStride(cols) + kStripRows * kStripCols +
                          num_tokens * kStripRows * 16 + 64;
   return std::max({strips, quantized, PortableBackend().work_floats(num_tokens, cols)});
 }
