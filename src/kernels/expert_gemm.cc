@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "kernels/activation_inl.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/kernel_scratch.h"
 #include "moeshard/base/math.h"
@@ -44,35 +45,8 @@ bool IsGated(Activation act) {
 }
 
 float ApplyActivation(const ActivationParams& a, float gate, float up) {
-  auto sigmoid = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
-  switch (a.kind) {
-    case Activation::kSwiGlu: return gate * sigmoid(gate) * up;
-    case Activation::kSwiGluOai: {
-      const float g = std::min(gate, a.swiglu_limit);
-      const float u = std::clamp(up, -a.swiglu_limit, a.swiglu_limit);
-      return (u + 1.0f) * g * sigmoid(a.swiglu_alpha * g);
-    }
-    case Activation::kSiTu: {
-      const float g = a.situ_beta * std::tanh(gate / a.situ_beta) * sigmoid(gate);
-      const float u = a.situ_linear_beta * std::tanh(up / a.situ_linear_beta);
-      return g * u;
-    }
-    case Activation::kReluSquared: {
-      const float r = std::max(up, 0.0f);
-      return r * r;
-    }
-    case Activation::kGeluTanhGated: {
-      constexpr float kSqrt2OverPi = 0.7978845608028654f;
-      const float inner = kSqrt2OverPi * (gate + 0.044715f * gate * gate * gate);
-      return 0.5f * gate * (1.0f + std::tanh(inner)) * up;
-    }
-    case Activation::kSwiGluClamp: {
-      const float g = std::min(gate, a.swiglu_limit);
-      const float u = std::clamp(up, -a.swiglu_limit, a.swiglu_limit);
-      return g * sigmoid(g) * u;
-    }
-  }
-  return 0.0f;
+  return internal::VisitActivation(
+      a.kind, [&](auto kind) { return internal::ActivationOf<kind.value>(a, gate, up); });
 }
 
 int64_t ExpertMatrixBytes(const WeightScheme& scheme, int64_t rows, int64_t cols) {

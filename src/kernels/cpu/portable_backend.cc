@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/activation_inl.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "moeshard/base/math.h"
 #include "moeshard/kernels/cpu_constraints.h"
@@ -130,9 +131,11 @@ void DotRows(const DotRowsArgs& a) {
 
 void Activate(const ActivationParams& act, const float* gate, const float* up, int64_t n,
               bf16_t* h) {
-  for (int64_t i = 0; i < n; ++i) {
-    h[i] = FloatToBf16(ApplyActivation(act, gate == nullptr ? 0.0f : gate[i], up[i]));
-  }
+  VisitActivation(act.kind, [&](auto kind) {
+    for (int64_t i = 0; i < n; ++i) {
+      h[i] = FloatToBf16(ActivationOf<kind.value>(act, gate == nullptr ? 0.0f : gate[i], up[i]));
+    }
+  });
 }
 
 void ToBf16(const float* src, int64_t n, bf16_t* dst) {

@@ -591,9 +591,10 @@ constexpr int kMrWide = 4;
 constexpr int kNrWide = 3;
 
 // pacc[(i * kStripRows + j) * N ...] += the tile's sums over `cols` columns (chunk multiples) of
-// strip rows w + j * kStripCols and inputs x + i * ldx.
+// strip rows w + j * kStripCols and inputs x + i * ldx (= on the first K block: `first`).
 template <int MR, int NR>
-void StripTile(const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc) {
+void StripTile(const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc,
+               bool first) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   VF acc[MR][NR];
@@ -619,20 +620,21 @@ void StripTile(const float* w, const float* x, int64_t ldx, int64_t cols, float*
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       float* p = pacc + (i * kStripRows + j) * n;
-      hn::StoreU(hn::Add(hn::LoadU(df, p), acc[i][j]), df, p);
+      hn::StoreU(first ? acc[i][j] : hn::Add(hn::LoadU(df, p), acc[i][j]), df, p);
     }
   }
 }
 
 template <int MR>
-void StripTiles(int nr, const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc) {
+void StripTiles(int nr, const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc,
+                bool first) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(DF()));
   int j = 0;
   for (; j + kNrWide <= nr; j += kNrWide) {
-    StripTile<MR, kNrWide>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
+    StripTile<MR, kNrWide>(w + j * kStripCols, x, ldx, cols, pacc + j * n, first);
   }
-  if (nr - j == 2) StripTile<MR, 2>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
-  if (nr - j == 1) StripTile<MR, 1>(w + j * kStripCols, x, ldx, cols, pacc + j * n);
+  if (nr - j == 2) StripTile<MR, 2>(w + j * kStripCols, x, ldx, cols, pacc + j * n, first);
+  if (nr - j == 1) StripTile<MR, 1>(w + j * kStripCols, x, ldx, cols, pacc + j * n, first);
 }
 
 // The weight lines a strip's next decode reads: `rows` row starts, `count` 64-byte lines over
@@ -676,7 +678,8 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   const int64_t kb = std::max(unit, kStripCols / unit * unit);
   for (int64_t r0 = 0; r0 < a.num_rows; r0 += kStripRows) {
     const int nr = static_cast<int>(std::min(kStripRows, a.num_rows - r0));
-    std::fill(pacc, pacc + tokens * kStripRows * n, 0.0f);
+    // The first K block's tiles store their sums (no K block: no tiles, the tail sums alone).
+    if (sp.whole == 0) std::fill(pacc, pacc + tokens * kStripRows * n, 0.0f);
     RowPtrs row_ptr[kStripRows];
     int64_t rows[kStripRows];
     for (int j = 0; j < nr; ++j) rows[j] = a.row_idx[r0 + j];
@@ -718,7 +721,8 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
             ++line;
           }
         }
-        run(nr, strip, sp.xf + k0 + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n);
+        run(nr, strip, sp.xf + k0 + t * sp.ldxf, sp.ldxf, k1 - k0, pacc + t * kStripRows * n,
+            k0 == 0);
       };
       int64_t t = 0;
       for (; t + kMrWide <= tokens; t += kMrWide) tiles(kMrWide, t, StripTiles<kMrWide>);
