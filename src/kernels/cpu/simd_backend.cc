@@ -593,8 +593,7 @@ constexpr int kNrWide = 3;
 // pacc[(i * kStripRows + j) * N ...] += the tile's sums over `cols` columns (chunk multiples) of
 // strip rows w + j * kStripCols and inputs x + i * ldx (= on the first K block: `first`).
 template <int MR, int NR>
-void StripTile(const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc,
-               bool first) {
+void StripTile(const float* w, const float* x, int64_t ldx, int64_t cols, float* pacc, bool first) {
   const DF df;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   VF acc[MR][NR];
