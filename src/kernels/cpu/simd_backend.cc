@@ -179,6 +179,8 @@ struct Bf16Dec {
     return {hn::Set(DF(), 1.0f), hn::Zero(DF())};
   }
   static void Apply(const GroupScale& /*sc*/, VF* /*out*/) {}
+  static const void* ScaleAddr(const RowPtrs& /*row*/, int64_t /*g*/) { return nullptr; }
+  static const void* ZeroAddr(const RowPtrs& /*row*/, int64_t /*g*/) { return nullptr; }
   void Decode(const RowPtrs& row, int64_t c, int64_t /*g*/, VF* out) const {
     DecodeRaw(row, c, out);
   }
@@ -223,6 +225,10 @@ struct Fp8Dec {
     out[0] = hn::Mul(out[0], sc.s);
     out[1] = hn::Mul(out[1], sc.s);
   }
+  static const void* ScaleAddr(const RowPtrs& row, int64_t g) {
+    return row.s + g * static_cast<int64_t>(sizeof(float));
+  }
+  static const void* ZeroAddr(const RowPtrs& /*row*/, int64_t /*g*/) { return nullptr; }
   void Decode(const RowPtrs& row, int64_t c, int64_t g, VF* out) const {
     DecodeRaw(row, c, out);
     Apply(ScalesOf(row, g), out);
@@ -293,7 +299,7 @@ struct NibbleDec {
     const hn::Rebind<int32_t, DF> di32;
     const hn::Full128<int8_t> dt;
     const auto table = hn::Load(dt, Table());
-    const auto bytes = hn::LoadU(du8, row.w + c / 2);
+    const auto bytes = hn::LoadU(du8, row.w + (c >> 1));  // c >= 0: no sign fix-up
     const auto lo = hn::BitCast(di8, hn::And(bytes, hn::Set(du8, 0x0F)));
     const auto hi = hn::BitCast(di8, hn::ShiftRight<4>(bytes));
     out[0] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo)));
@@ -309,6 +315,12 @@ struct NibbleDec {
     }
     const float zero = K == Nib::kInt4Zp ? static_cast<float>(row.z[g]) : 0.0f;
     return {hn::Set(df, ScaleAt(row, g)), hn::Set(df, zero)};
+  }
+  static const void* ScaleAddr(const RowPtrs& row, int64_t g) {
+    return row.s + (WideNvfp4() ? 2 * g : g) * kScaleBytes;
+  }
+  static const void* ZeroAddr(const RowPtrs& row, int64_t g) {
+    return K == Nib::kInt4Zp ? row.z + g : nullptr;
   }
   static void Apply(const GroupScale& sc, VF* out) {
     for (int v = 0; v < kVecs; ++v) {
@@ -672,25 +684,43 @@ struct StripLines {
   const uint8_t* row[kStripRows] = {};
   int rows = 0;
   int64_t count = 0;
+  // The rows' pointers and the block's first and last scale groups (ScaleAddr, ZeroAddr).
+  RowPtrs ptrs[kStripRows];
+  int64_t g0 = 0, g1 = 0;
 };
 
-// StripLines of the K block from column k1 of the strip's rows (row_ptr, nr of them), or with k1
-// < 0 of the first block of the next strip's rows (after r0's).
+// The lines ScalesOf reads for groups g0 and g1 of a row (the first and last of a K block).
 template <typename Dec>
-StripLines NextStripLines(const Dec& dec, const DotRowsArgs& a, const RowPtrs* row_ptr, int nr,
-                          int64_t r0, int64_t k1, int64_t kb) {
-  StripLines s;
+HWY_INLINE void PrefetchScales(const RowPtrs& row, int64_t g0, int64_t g1) {
+  for (const void* p : {Dec::ScaleAddr(row, g0), Dec::ScaleAddr(row, g1), Dec::ZeroAddr(row, g0),
+                        Dec::ZeroAddr(row, g1)}) {
+    if (p != nullptr) hwy::Prefetch(p);
+  }
+}
+
+// *s = the StripLines of the K block from column k1 of the strip's rows (row_ptr, nr of them), or
+// with k1 < 0 of the first block of the next strip's rows (after r0's). Filled in place, once per
+// K block: a StripLines made anew was cleared with a `rep stos` each time.
+template <typename Dec>
+void NextStripLines(const Dec& dec, const DotRowsArgs& a, const RowPtrs* row_ptr, int nr,
+                    int64_t r0, int64_t k1, int64_t kb, int64_t group, StripLines& s) {
+  s.rows = 0;
   const int64_t k = a.w->cols;
   const int64_t from = k1 >= 0 ? k1 * a.w->row_bytes / k : 0;
   for (int j = 0; j < nr; ++j) {
     if (k1 >= 0) {
+      s.ptrs[s.rows] = row_ptr[j];
       s.row[s.rows++] = row_ptr[j].w + from;
     } else if (r0 + kStripRows + j < a.num_rows) {
-      s.row[s.rows++] = dec.RowOf(a.row_idx[r0 + kStripRows + j]).w;
+      s.ptrs[s.rows] = dec.RowOf(a.row_idx[r0 + kStripRows + j]);
+      s.row[s.rows] = s.ptrs[s.rows].w;
+      ++s.rows;
     }
   }
   s.count = s.rows * ((kb * a.w->row_bytes / k + 63) / 64);
-  return s;
+  const int64_t first = std::max<int64_t>(k1, 0);
+  s.g0 = first / group;
+  s.g1 = (std::min(k, first + kb) - 1) / group;
 }
 
 template <typename Dec>
@@ -706,6 +736,7 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
   // K blocks of whole chunks and (for the scales) whole groups where the groups are smaller.
   const int64_t unit = std::max(sp.chunk, std::min(group, kStripCols));
   const int64_t kb = std::max(unit, kStripCols / unit * unit);
+  StripLines next;
   for (int64_t r0 = 0; r0 < a.num_rows; r0 += kStripRows) {
     const int nr = static_cast<int>(std::min(kStripRows, a.num_rows - r0));
     // The first K block's tiles store their sums (no K block: no tiles, the tail sums alone).
@@ -722,12 +753,19 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
       // half. Issued all during the decode, they queued with the decode's own loads behind the
       // core's outstanding misses (spread out: 0.93-0.99 of the time; over all the tiles instead
       // of the second half measured the same; docs/PERFORMANCE.md).
-      const StripLines next = NextStripLines(dec, a, row_ptr, nr, r0, k1 >= sp.whole ? -1 : k1, kb);
+      NextStripLines(dec, a, row_ptr, nr, r0, k1 >= sp.whole ? -1 : k1, kb, group, next);
       int64_t issued = 0, line = 0;
       int row = 0;
       const auto tiles = [&](int mr, int64_t t, auto run) {
         const int64_t half = std::max<int64_t>(0, 2 * (t + mr) - tokens);
-        for (const int64_t upto = next.count * half / tokens; issued < upto; ++issued) {
+        const int64_t upto = next.count * half / tokens;
+        // The next block's scales (a line or two per row) with the first share: the decode
+        // waited on them (int4 at Kimi-K3's 16 tokens per expert: the scale's load took 17 % of
+        // the strip decode's samples).
+        if (issued == 0 && upto > 0) {
+          for (int j = 0; j < next.rows; ++j) PrefetchScales<Dec>(next.ptrs[j], next.g0, next.g1);
+        }
+        for (; issued < upto; ++issued) {
           hwy::Prefetch(next.row[row] + line * 64);
           if (++row == next.rows) {
             row = 0;
