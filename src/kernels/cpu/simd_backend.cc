@@ -116,13 +116,13 @@ alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1,  2,  3,  4,  6,  8,  12,
 alignas(16) constexpr int8_t kInt4[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
 alignas(16) constexpr int8_t kCodes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-// Per format: `kVecs` fp32 vectors per decoded chunk (chunk = kVecs * N columns), in natural
-// column order (kEvenOdd false) or even columns then odd ones (kEvenOdd: 4-bit codes); RowOf(r)
-// the row's data and scale pointers; DecodeRaw(row, c, out) the chunk starting at column c
-// before its scale, ScaleAt(row, g) the scale of group g (1 for bf16; a chunk never straddles
-// two groups), ScalesOf(row, g) that scale as vectors and Apply(sc, out) it to a raw chunk,
-// Decode the three together; Scalar(r, c) for the columns past the last whole chunk; group() the
-// columns per scale (0: no scales).
+// Per format: `kVecs` fp32 vectors per decoded chunk (chunk = kVecs * N columns), in natural column
+// order (kEvenOdd false: fp8) or even columns then odd ones (kEvenOdd: bf16 pairs and 4-bit codes);
+// RowOf(r) the row's data and scale pointers; DecodeRaw(row, c, out) the chunk starting at column c
+// before its scale, ScaleAt(row, g) the scale of group g (1 for bf16; a chunk never straddles two
+// groups), ScalesOf(row, g) that scale as vectors and Apply(sc, out) it to a raw chunk, Decode the
+// three together; Scalar(r, c) for the columns past the last whole chunk; group() the columns per
+// scale (0: no scales).
 struct RowPtrs {
   const uint8_t* w = nullptr;
   const uint8_t* s = nullptr;
@@ -155,12 +155,17 @@ HWY_INLINE void SetRowPtrs(const Dec& dec, const int64_t* rows, int nr, RowPtrs*
 // Most tokens of the decode walks (DecodeWalk, QDecodeWalk); the decode buffers are sized for it.
 constexpr int64_t kDecodeMaxTokens = 16;
 
+// bf16: a chunk of 2N columns is N bf16 pairs, one 32-bit lane each: the even column is the lane
+// shifted up by 16, the odd one the lane with its low half cleared (one load and two instructions
+// per 2N weights; widening N columns in natural order took a load with a zero extension and a
+// shift per N).
 struct Bf16Dec {
-  static constexpr int kVecs = 1;
-  static constexpr bool kEvenOdd = false;
+  static constexpr int kVecs = 2;
+  static constexpr bool kEvenOdd = true;
   // Tokens from which a task takes the decoded strips instead of the decode walk (measured on
-  // AVX2: a bf16 chunk decodes in two instructions, so the walk holds up to 16 tokens; fp8 and
-  // the 4-bit formats' fp32 decode cost several per chunk, so strips pay from about 5).
+  // AVX2: a bf16 chunk decodes in three instructions, so the walk holds up to 16 tokens (strips
+  // from 9 measured the same); fp8 and the 4-bit formats' fp32 decode cost several per chunk, so
+  // strips pay from about 5).
   static constexpr int64_t kStripFrom = kDecodeMaxTokens + 1;
   // Whether one token's tiles may apply the scale once per group (not for zero points).
   static constexpr bool kLateScale = false;
@@ -169,10 +174,12 @@ struct Bf16Dec {
   RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
   void DecodeRaw(const RowPtrs& row, int64_t c, VF* out) const {
     const DF df;
-    const hn::Rebind<uint16_t, DF> du16;
-    const hn::Rebind<uint32_t, DF> du32;
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(row.w) + c;
-    out[0] = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
+    const hn::RebindToUnsigned<DF> du32;
+    const hn::Repartition<uint16_t, DF> du16x2;
+    const auto pairs =
+        hn::BitCast(du32, hn::LoadU(du16x2, reinterpret_cast<const uint16_t*>(row.w) + c));
+    out[0] = hn::BitCast(df, hn::ShiftLeft<16>(pairs));
+    out[1] = hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xFFFF0000u)));
   }
   static float ScaleAt(const RowPtrs& /*row*/, int64_t /*g*/) { return 1.0f; }
   static GroupScale ScalesOf(const RowPtrs& /*row*/, int64_t /*g*/) {
@@ -547,8 +554,9 @@ void DecodeStep(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const i
                 int64_t kc, float* tile) {
   for (int64_t k0 = 0; k0 < sp.whole || k0 == 0; k0 += kc) {
     const int64_t k1 = std::min(sp.whole, k0 + kc);
-    // Three tokens x four rows hold 12 accumulators in AVX2's 16 registers; 4-bit chunks
-    // (two decoded vectors per row) take two tokens.
+    // Three tokens x four rows would hold 12 accumulators in AVX2's 16 registers; chunks of two
+    // decoded vectors per row (every decoder now: bf16 pairs, fp8, 4-bit) take two tokens, their
+    // four inputs in registers beside 8 accumulators.
     DecodeTokens<Dec, Dec::kVecs == 2 ? 2 : 3, NR>(dec, a, sp, rows, k0, k1, tile, k0 > 0);
     if (k1 >= sp.whole) break;
   }
@@ -2074,7 +2082,7 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   const int64_t whole = chunk > 0 ? k / chunk * chunk : 0;
   if (chunk == 0) chunk = 1;
   float* xf = a.work;
-  if constexpr (Dec::kEvenOdd) {
+  if constexpr (Dec::kEvenOdd && !std::is_same_v<Dec, Bf16Dec>) {
     if (a.int8_inputs) {
       WidenInt8Tokens(a, dec.m.group, chunk, whole, xf);
     } else {
