@@ -701,6 +701,45 @@ TEST(GroupedGemm, Fp8DotRowsEveryCode) {
   }
 }
 
+// bf16 rows through each variant's dot_rows, against sums in double: 13 rows (a strip of 12 and
+// one more), 556 columns (two 256-column K blocks and a rest that is not a whole chunk on any
+// vector width), and token counts on the decode walk (1-16) and on the strips (17 and more). The
+// SIMD decode takes a chunk as bf16 pairs, even columns then odd ones, with the inputs widened
+// in the same order; a wrong pairing or a dropped rest shows here.
+TEST(GroupedGemm, Bf16DotRowsWalkStripsAndRest) {
+  constexpr int64_t kRows = 13, kCols = 556;
+  const std::vector<bf16_t> w = RandnBf16(kRows * kCols, 7301, 1.0f);
+  internal::MatrixRef m;
+  m.format = WeightFormat::kBf16;
+  m.data = reinterpret_cast<const uint8_t*>(w.data());
+  m.rows = kRows;
+  m.cols = kCols;
+  m.row_bytes = kCols * static_cast<int64_t>(sizeof(bf16_t));
+  const std::vector<int32_t> rows = Iota(kRows);
+  for (int64_t tokens : {1, 2, 3, 5, 16, 17, 24}) {
+    const std::vector<bf16_t> x = RandnBf16(tokens * kCols, 7302 + tokens, 1.0f);
+    for (CpuIsa isa : TestIsas()) {
+      const KernelContext ctx = MakeContext(isa, 1);
+      const std::vector<float> out =
+          RunDotRows(internal::CpuBackendFor(ctx.isa()), m, x, tokens, rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t c = 0; c < kCols; ++c) {
+            const double term =
+                static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(r * kCols + c)])) *
+                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
+            want += term;
+            mag += std::abs(term);
+          }
+          EXPECT_NEAR(out[static_cast<size_t>(t * kRows + r)], want, 1e-5 * mag)
+              << fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
+        }
+      }
+    }
+  }
+}
+
 // The benchmark's fp8 weights are codes of block-quantized Gaussian weights: no NaN code, the
 // block maximum near 448, and subnormal codes (exponent 0, which the AVX-512 decode takes a slower
 // route for) as rare as in a checkpoint, not every eighth code as uniform bytes would make them.
