@@ -169,6 +169,7 @@ struct Bf16Dec {
   static constexpr int64_t kStripFrom = kDecodeMaxTokens + 1;
   // Whether one token's tiles may apply the scale once per group (not for zero points).
   static constexpr bool kLateScale = false;
+  static constexpr bool kInt8Inputs = false;
   const MatrixRef& m;
   int64_t group() const { return 0; }
   RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
@@ -204,6 +205,7 @@ struct Fp8Dec {
   static constexpr bool kEvenOdd = false;
   static constexpr int64_t kStripFrom = 5;
   static constexpr bool kLateScale = true;
+  static constexpr bool kInt8Inputs = false;
   const MatrixRef& m;
   int64_t scale_cols;
   explicit Fp8Dec(const MatrixRef& mr) : m(mr), scale_cols(CeilDiv(mr.cols, mr.group)) {}
@@ -273,6 +275,8 @@ struct NibbleDec {
   // One scale per group for one token's sums: not with zero points (per value), nor for NVFP4
   // (on 16-lane vectors a chunk of 32 spans two of its groups of 16: per-lane scales).
   static constexpr bool kLateScale = K == Nib::kMx || K == Nib::kInt4;
+  // Whether the tokens may come as int8 per group (DotRowsArgs::int8_inputs): the 4-bit codes only.
+  static constexpr bool kInt8Inputs = true;
   static constexpr bool kE2M1 = K == Nib::kMx || K == Nib::kNvfp4;
   static constexpr int64_t kScaleBytes = K == Nib::kInt4 || K == Nib::kInt4Zp ? 2 : 1;
   const MatrixRef& m;
@@ -415,6 +419,7 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k = a.w->cols;
   const int64_t chunk = sp.chunk;
+  static_assert(Dec::kVecs == 2, "one token's two chains are the chunk's two vectors");
   constexpr int kAcc = MR == 1 ? 2 : 1;
   constexpr bool kLate = MR == 1 && Dec::kLateScale;
   // Every fixed-count loop below is unrolled (GCC's -O2 would leave them rolled and keep the
@@ -442,7 +447,6 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
   const int64_t chunk_bytes = a.w->row_bytes * chunk / std::max<int64_t>(1, k);
   const int64_t per_line = std::max<int64_t>(1, 64 / std::max<int64_t>(1, chunk_bytes));
   int64_t since = 0;
-  int parity = 0;
   // Chunk c's prefetch address in each row, stepped with c (no divide per line).
   int64_t off = k0 * a.w->row_bytes / std::max<int64_t>(1, k) + kPrefetchBytes;
   for (int64_t c = k0; c < k1; c += chunk, off += chunk_bytes) {
@@ -481,13 +485,12 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 2
         for (int v = 0; v < Dec::kVecs; ++v) {
-          // One token: vector v of the chunk (two of them), or the chunk's parity (one).
-          const int u = kAcc == 1 ? 0 : (Dec::kVecs == 2 ? v : parity);
+          // One token: one chain per vector of the chunk.
+          const int u = kAcc == 1 ? 0 : v;
           acc[u][i][j] = hn::MulAdd(w[v], xv[i][v], acc[u][i][j]);
         }
       }
     }
-    if constexpr (kAcc == 2 && Dec::kVecs == 1) parity ^= 1;
   }
   if constexpr (kLate) FlushLate<Dec>(row_ptr, g, acc, total);
 #pragma GCC unroll 16
@@ -531,18 +534,15 @@ void TailColumns(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const 
 constexpr int kStreams = 4;
 constexpr int64_t kDecodeXBytes = 16 * 1024;
 
-template <typename Dec, int MR, int NR>
+// Three tokens x four rows would hold 12 accumulators in AVX2's 16 registers; chunks of two decoded
+// vectors per row (every decoder: bf16 pairs, fp8, 4-bit) take two tokens, their four inputs in
+// registers beside 8 accumulators.
+template <typename Dec, int NR>
 void DecodeTokens(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
                   int64_t k0, int64_t k1, float* tile, bool accumulate) {
   int64_t t = 0;
-  if constexpr (MR >= 2) {
-    for (; t + MR <= a.num_tokens; t += MR) {
-      Tile<Dec, MR, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
-    }
-    if (t + 1 < a.num_tokens) {  // two left over (MR = 3)
-      Tile<Dec, 2, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
-      t += 2;
-    }
+  for (; t + 2 <= a.num_tokens; t += 2) {
+    Tile<Dec, 2, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
   }
   if (t < a.num_tokens) {
     Tile<Dec, 1, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
@@ -554,10 +554,7 @@ void DecodeStep(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const i
                 int64_t kc, float* tile) {
   for (int64_t k0 = 0; k0 < sp.whole || k0 == 0; k0 += kc) {
     const int64_t k1 = std::min(sp.whole, k0 + kc);
-    // Three tokens x four rows would hold 12 accumulators in AVX2's 16 registers; chunks of two
-    // decoded vectors per row (every decoder now: bf16 pairs, fp8, 4-bit) take two tokens, their
-    // four inputs in registers beside 8 accumulators.
-    DecodeTokens<Dec, Dec::kVecs == 2 ? 2 : 3, NR>(dec, a, sp, rows, k0, k1, tile, k0 > 0);
+    DecodeTokens<Dec, NR>(dec, a, sp, rows, k0, k1, tile, k0 > 0);
     if (k1 >= sp.whole) break;
   }
   if (sp.whole < a.w->cols) {
@@ -689,11 +686,12 @@ HWY_INLINE void DecodeStripBlock(const Dec& dec, const RowPtrs* row_ptr, int nr,
 // The weight lines a strip's next decode reads: `rows` row starts, `count` 64-byte lines over
 // them (row i's line l is line l * rows + i).
 struct StripLines {
-  const uint8_t* row[kStripRows] = {};
   int rows = 0;
   int64_t count = 0;
-  // The rows' pointers and the block's first and last scale groups (ScaleAddr, ZeroAddr).
+  // The rows' pointers, the block's byte offset in each row, and its first and last scale groups
+  // (ScaleAddr, ZeroAddr).
   RowPtrs ptrs[kStripRows];
+  int64_t from = 0;
   int64_t g0 = 0, g1 = 0;
 };
 
@@ -714,15 +712,12 @@ void NextStripLines(const Dec& dec, const DotRowsArgs& a, const RowPtrs* row_ptr
                     int64_t r0, int64_t k1, int64_t kb, int64_t group, StripLines& s) {
   s.rows = 0;
   const int64_t k = a.w->cols;
-  const int64_t from = k1 >= 0 ? k1 * a.w->row_bytes / k : 0;
+  s.from = k1 >= 0 ? k1 * a.w->row_bytes / k : 0;
   for (int j = 0; j < nr; ++j) {
     if (k1 >= 0) {
-      s.ptrs[s.rows] = row_ptr[j];
-      s.row[s.rows++] = row_ptr[j].w + from;
+      s.ptrs[s.rows++] = row_ptr[j];
     } else if (r0 + kStripRows + j < a.num_rows) {
-      s.ptrs[s.rows] = dec.RowOf(a.row_idx[r0 + kStripRows + j]);
-      s.row[s.rows] = s.ptrs[s.rows].w;
-      ++s.rows;
+      s.ptrs[s.rows++] = dec.RowOf(a.row_idx[r0 + kStripRows + j]);
     }
   }
   s.count = s.rows * ((kb * a.w->row_bytes / k + 63) / 64);
@@ -774,7 +769,7 @@ void PrefillStrips(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp) {
           for (int j = 0; j < next.rows; ++j) PrefetchScales<Dec>(next.ptrs[j], next.g0, next.g1);
         }
         for (; issued < upto; ++issued) {
-          hwy::Prefetch(next.row[row] + line * 64);
+          hwy::Prefetch(next.ptrs[row].w + next.from + line * 64);
           if (++row == next.rows) {
             row = 0;
             ++line;
@@ -2085,7 +2080,7 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
   const int64_t whole = chunk > 0 ? k / chunk * chunk : 0;
   if (chunk == 0) chunk = 1;
   float* xf = a.work;
-  if constexpr (Dec::kEvenOdd && !std::is_same_v<Dec, Bf16Dec>) {
+  if constexpr (Dec::kInt8Inputs) {
     if (a.int8_inputs) {
       WidenInt8Tokens(a, dec.m.group, chunk, whole, xf);
     } else {
