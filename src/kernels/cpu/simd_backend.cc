@@ -97,13 +97,23 @@ using VF = hn::Vec<DF>;
 
 // Keeps v in a register: without it GCC folds a vector that feeds several FMAs into each of them
 // as a memory operand (measured on AVX-512: 12 loads instead of 4 per step, load-bound at 0.6 of
-// the AVX2 variant's speed).
-HWY_INLINE void InRegister(VF& v) {
+// the AVX2 variant's speed), or a load that feeds two instructions into both.
+template <class V>
+HWY_INLINE void InRegister(V& v) {
 #if HWY_ARCH_X86
   __asm__("" : "+v"(v.raw));
 #else
   (void)v;
 #endif
+}
+
+// Hides p's value from the optimizer, so loads through it are not merged with loads through
+// another copy of it: each row of a tile loads the tokens' inputs anew, as memory operands of its
+// multiply-adds, instead of keeping them in registers (Tile with three tokens).
+template <typename T>
+HWY_INLINE const T* Opaque(const T* p) {
+  __asm__("" : "+r"(p));
+  return p;
 }
 
 // Software prefetch distance along each weight row (the AVX-512 BF16 kernels measured 1 KiB).
@@ -170,6 +180,8 @@ struct Bf16Dec {
   // Whether one token's tiles may apply the scale once per group (not for zero points).
   static constexpr bool kLateScale = false;
   static constexpr bool kInt8Inputs = false;
+  // Whether the decode walk takes three tokens per tile (DecodeTokens).
+  static constexpr bool kThreeTokens = true;
   const MatrixRef& m;
   int64_t group() const { return 0; }
   RowPtrs RowOf(int64_t r) const { return {m.Row(r), nullptr}; }
@@ -177,8 +189,8 @@ struct Bf16Dec {
     const DF df;
     const hn::RebindToUnsigned<DF> du32;
     const hn::Repartition<uint16_t, DF> du16x2;
-    const auto pairs =
-        hn::BitCast(du32, hn::LoadU(du16x2, reinterpret_cast<const uint16_t*>(row.w) + c));
+    auto pairs = hn::BitCast(du32, hn::LoadU(du16x2, reinterpret_cast<const uint16_t*>(row.w) + c));
+    InRegister(pairs);  // one load, not one per half
     out[0] = hn::BitCast(df, hn::ShiftLeft<16>(pairs));
     out[1] = hn::BitCast(df, hn::And(pairs, hn::Set(du32, 0xFFFF0000u)));
   }
@@ -206,6 +218,7 @@ struct Fp8Dec {
   static constexpr int64_t kStripFrom = 5;
   static constexpr bool kLateScale = true;
   static constexpr bool kInt8Inputs = false;
+  static constexpr bool kThreeTokens = false;
   const MatrixRef& m;
   int64_t scale_cols;
   explicit Fp8Dec(const MatrixRef& mr) : m(mr), scale_cols(CeilDiv(mr.cols, mr.group)) {}
@@ -277,6 +290,7 @@ struct NibbleDec {
   static constexpr bool kLateScale = K == Nib::kMx || K == Nib::kInt4;
   // Whether the tokens may come as int8 per group (DotRowsArgs::int8_inputs): the 4-bit codes only.
   static constexpr bool kInt8Inputs = true;
+  static constexpr bool kThreeTokens = false;
   static constexpr bool kE2M1 = K == Nib::kMx || K == Nib::kNvfp4;
   static constexpr int64_t kScaleBytes = K == Nib::kInt4 || K == Nib::kInt4Zp ? 2 : 1;
   const MatrixRef& m;
@@ -449,6 +463,12 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
   int64_t since = 0;
   // Chunk c's prefetch address in each row, stepped with c (no divide per line).
   int64_t off = k0 * a.w->row_bytes / std::max<int64_t>(1, k) + kPrefetchBytes;
+  // The inputs: sp's fields in locals (Highway's stores may alias them, and GCC reloaded them per
+  // chunk). Three tokens take them from memory in each row's multiply-adds: with 12 accumulators
+  // and a row's two decoded vectors, AVX2's 16 registers hold no inputs.
+  constexpr bool kXInRegisters = MR < 3;
+  const int64_t ldxf = sp.ldxf;
+  const float* x0 = sp.xf + t0 * ldxf;
   for (int64_t c = k0; c < k1; c += chunk, off += chunk_bytes) {
     if (c == group_end) {
       if constexpr (kLate) FlushLate<Dec>(row_ptr, g, acc, total);
@@ -464,13 +484,15 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
     }
     // The tokens' inputs once per chunk (in registers, see InRegister), then each row's decode
     // and its multiply-adds.
-    VF xv[MR][Dec::kVecs];
+    VF xv[kXInRegisters ? MR : 1][Dec::kVecs];
+    if constexpr (kXInRegisters) {
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
+      for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 2
-      for (int v = 0; v < Dec::kVecs; ++v) {
-        xv[i][v] = hn::LoadU(df, sp.xf + (t0 + i) * sp.ldxf + c + v * n);
-        InRegister(xv[i][v]);
+        for (int v = 0; v < Dec::kVecs; ++v) {
+          xv[i][v] = hn::LoadU(df, x0 + i * ldxf + c + v * n);
+          InRegister(xv[i][v]);
+        }
       }
     }
 #pragma GCC unroll 16
@@ -481,13 +503,15 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       } else {
         dec.Decode(row_ptr[j], c, g, w);
       }
+      const float* xr = kXInRegisters ? x0 : Opaque(x0);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 2
         for (int v = 0; v < Dec::kVecs; ++v) {
           // One token: one chain per vector of the chunk.
           const int u = kAcc == 1 ? 0 : v;
-          acc[u][i][j] = hn::MulAdd(w[v], xv[i][v], acc[u][i][j]);
+          const VF x = kXInRegisters ? xv[i][v] : hn::LoadU(df, xr + i * ldxf + c + v * n);
+          acc[u][i][j] = hn::MulAdd(w[v], x, acc[u][i][j]);
         }
       }
     }
@@ -534,13 +558,19 @@ void TailColumns(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const 
 constexpr int kStreams = 4;
 constexpr int64_t kDecodeXBytes = 16 * 1024;
 
-// Three tokens x four rows would hold 12 accumulators in AVX2's 16 registers; chunks of two decoded
-// vectors per row (every decoder: bf16 pairs, fp8, 4-bit) take two tokens, their four inputs in
-// registers beside 8 accumulators.
+// Chunks of two decoded vectors per row (every decoder: bf16 pairs, fp8, 4-bit) take two tokens,
+// their four inputs in registers beside 8 accumulators, or with Dec::kThreeTokens three, 12
+// accumulators and the inputs from memory (fewer passes over each row; a remainder of one token
+// is avoided, its tile pays a whole decode for 2 multiply-adds per vector).
 template <typename Dec, int NR>
 void DecodeTokens(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows,
                   int64_t k0, int64_t k1, float* tile, bool accumulate) {
   int64_t t = 0;
+  if constexpr (Dec::kThreeTokens) {
+    for (; t + 3 <= a.num_tokens && a.num_tokens - t != 4; t += 3) {
+      Tile<Dec, 3, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
+    }
+  }
   for (; t + 2 <= a.num_tokens; t += 2) {
     Tile<Dec, 2, NR>(dec, a, sp, rows, t, k0, k1, tile + t * kStreams, kStreams, accumulate);
   }
