@@ -404,28 +404,34 @@ struct DotSpan {
   int64_t ldxf;
 };
 
-// Tile's late scaling (one token): group g's sums of each row, scaled, into its total. A function,
+// Tile's late scaling: group g's sums of each token and row, scaled, into their totals. A function,
 // not a lambda capturing the sums by reference: with the lambda GCC kept the sums in memory, a
 // store and a reload around every multiply-add (fp8 at one token on AVX2, Zen 5: 25.9 against
 // 24.5 TSC cycles per 128 weights in L2, end to end 0.88-0.93 of the time; docs/PERFORMANCE.md).
-template <typename Dec, int kAcc, int NR>
-HWY_INLINE void FlushLate(const RowPtrs* row_ptr, int64_t g, VF (&acc)[kAcc][1][NR],
-                          float (&total)[NR][HWY_MAX_BYTES / sizeof(float)]) {
+template <typename Dec, int kAcc, int MR, int NR>
+HWY_INLINE void FlushLate(const RowPtrs* row_ptr, int64_t g, VF (&acc)[kAcc][MR][NR],
+                          float (&total)[MR][NR][HWY_MAX_BYTES / sizeof(float)]) {
   const DF df;
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) {
-    const VF sum = hn::Add(acc[0][0][j], acc[kAcc - 1][0][j]);
-    hn::Store(hn::MulAdd(sum, hn::Set(df, Dec::ScaleAt(row_ptr[j], g)), hn::Load(df, total[j])), df,
-              total[j]);
-    acc[0][0][j] = hn::Zero(df);
-    acc[kAcc - 1][0][j] = hn::Zero(df);
+    const VF scale = hn::Set(df, Dec::ScaleAt(row_ptr[j], g));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      VF sum = acc[0][i][j];
+      if constexpr (kAcc == 2) sum = hn::Add(sum, acc[1][i][j]);
+      hn::Store(hn::MulAdd(sum, scale, hn::Load(df, total[i][j])), df, total[i][j]);
+#pragma GCC unroll 2
+      for (int u = 0; u < kAcc; ++u) acc[u][i][j] = hn::Zero(df);
+    }
   }
 }
 
 // Columns [k0, k1) (chunk multiples, k1 <= whole) of tokens [t0, t0 + MR) times weight rows
 // rows[0, NR): out[i * ldo + j] (+)= the partial dot products. One token gets two independent
-// multiply-add chains per row (the chunk's two vectors, or even and odd chunks), and its scales
-// are applied once per group to the group's sum instead of to every decoded vector.
+// multiply-add chains per row (the chunk's two vectors). Tiles of one or two tokens apply the
+// scales once per group to the group's sums instead of to every decoded vector (with two tokens
+// the per-chunk scaling was 5 of fp8's 13 instructions per row and chunk on AVX2; three tokens
+// hold no registers for it).
 template <typename Dec, int MR, int NR>
 void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t* rows, int64_t t0,
           int64_t k0, int64_t k1, float* out, int64_t ldo, bool accumulate) {
@@ -435,13 +441,13 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
   const int64_t chunk = sp.chunk;
   static_assert(Dec::kVecs == 2, "one token's two chains are the chunk's two vectors");
   constexpr int kAcc = MR == 1 ? 2 : 1;
-  constexpr bool kLate = MR == 1 && Dec::kLateScale;
+  constexpr bool kLate = MR <= 2 && Dec::kLateScale;
   // Every fixed-count loop below is unrolled (GCC's -O2 would leave them rolled and keep the
   // accumulators in memory, one store-forward latency per multiply-add).
   VF acc[kAcc][MR][NR];
   // kLate: the scaled group sums, in memory: they change once per group, and the registers are
   // left to the sums (AVX2 has 16).
-  HWY_ALIGN float total[kLate ? NR : 1][HWY_MAX_BYTES / sizeof(float)];
+  HWY_ALIGN float total[kLate ? MR : 1][kLate ? NR : 1][HWY_MAX_BYTES / sizeof(float)];
 #pragma GCC unroll 16
   for (int u = 0; u < kAcc; ++u) {
 #pragma GCC unroll 16
@@ -451,7 +457,10 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
     }
   }
 #pragma GCC unroll 16
-  for (int j = 0; j < (kLate ? NR : 1); ++j) hn::Store(hn::Zero(df), df, total[j]);
+  for (int i = 0; i < (kLate ? MR : 1); ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < (kLate ? NR : 1); ++j) hn::Store(hn::Zero(df), df, total[i][j]);
+  }
   RowPtrs row_ptr[NR];
   SetRowPtrs(dec, rows, NR, row_ptr);
   // The scale group of the current chunk, advanced as the chunks cross group boundaries.
@@ -523,7 +532,7 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
     for (int j = 0; j < NR; ++j) {
       VF v;
       if constexpr (kLate) {
-        v = hn::Load(df, total[j]);
+        v = hn::Load(df, total[i][j]);
       } else {
         v = acc[0][i][j];
         if constexpr (kAcc == 2) v = hn::Add(v, acc[1][i][j]);
