@@ -1989,7 +1989,7 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         s0[i][j] = s1[i][j] = hn::Zero(d32);
-        const int16_t* x = Opaque(xc + i * ldq);  // memory operands, not registers
+        const int16_t* x = MR == 1 ? xc : Opaque(xc + i * ldq);  // two tokens: from memory
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           s0[i][j] = hn::ReorderWidenMulAccumulate(d32, wv[v], hn::LoadU(d16, x + v * n16),
