@@ -1833,6 +1833,40 @@ HWY_INLINE void StoreRows4Totals(const hn::Vec<DQF> (&total)[MR], float* out, bo
   }
 }
 
+// The four rows' bytes of chunks [c0, c0 + nc), in order (Q8RowsTile, Q16RowsTile): each row read
+// kPrefetchBytes ahead once per 64-byte line, a last partial chunk from a zero-padded copy (its
+// padded columns meet zero inputs). The row pointers are copied in (row_ptr may alias pad).
+struct FourRowChunks {
+  const uint8_t* w[4] = {};
+  int64_t step;      // bytes per chunk
+  int64_t per_line;  // chunks per 64-byte line
+  int64_t partial;   // the partial chunk's index (nc where none)
+  int64_t since = 0;
+  FourRowChunks(const QLayout& ql, const RowPtrs* row_ptr, int64_t c0, int64_t nc)
+      : step(ql.chunk / 2),
+        per_line(std::max<int64_t>(1, 128 / ql.chunk)),
+        partial(c0 * ql.chunk + nc * ql.chunk > ql.cols ? nc - 1 : nc) {
+    for (int j = 0; j < 4; ++j) w[j] = row_ptr[j].w + c0 * step;
+  }
+  // p[j] = row j's bytes of chunk f (the next one; from c0), padded into pad where partial.
+  HWY_INLINE void Next(const QLayout& ql, const RowPtrs* row_ptr, int64_t c0, int64_t f,
+                       uint8_t (*pad)[kQMaxBytes], const uint8_t* (&p)[4]) {
+    if (since-- == 0) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) hwy::Prefetch(w[j] + kPrefetchBytes);
+      since = per_line - 1;
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) p[j] = w[j];
+    if (HWY_UNLIKELY(f == partial)) {
+      PadLastChunk(row_ptr, 4, (c0 + f) * ql.chunk, ql.cols, pad);
+      for (int j = 0; j < 4; ++j) p[j] = pad[j];
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) w[j] += step;
+  }
+};
+
 // QTile on 8-bit inputs for four rows (QLayout::rows4): chunks [c0, c0 + nc) of tokens
 // [t0, t0 + MR); out[i * kStreams + r] (+)= the partial dot products; ws the four rows' weight
 // scales from group c0 * chunk / group on, transposed (TransposedScales).
@@ -1854,17 +1888,8 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
   const float* negc = xq.negc + t0 * ldu;
   hn::Vec<DQF> total[MR];
   for (int i = 0; i < MR; ++i) total[i] = hn::Zero(dqf);
-  const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
-  // The rows' bytes and the tokens' inputs of the next chunk, in registers (row_ptr may alias the
-  // padded copy).
-  const uint8_t* w[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) w[j] = row_ptr[j].w + c0 * chunk / 2;
-  const int8_t* xc = q + c0 * chunk;
-  // A last partial chunk is decoded from a zero-padded copy (its padded columns meet zero
-  // inputs).
-  const int64_t partial = c0 * chunk + nc * chunk > ql.cols ? nc - 1 : nc;
-  int64_t since = 0;
+  FourRowChunks rows4(ql, row_ptr, c0, nc);
+  const int8_t* xc = q + c0 * chunk;  // the tokens' inputs of the next chunk
   for (int64_t f = 0; f < nc; f += per_flush) {
     V32 s0[MR][4], s1[MR][4];
     V32 pairs[MR][2];  // QLayout::lanes: rows (0, 1) and (2, 3) of the flush's one chunk
@@ -1874,19 +1899,9 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
       for (int j = 0; j < 4; ++j) s0[i][j] = s1[i][j] = hn::Zero(d32);
     }
     for (int64_t ci = f; ci < f + per_flush; ++ci, xc += chunk) {
-      if (since-- == 0) {
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) hwy::Prefetch(w[j] + kPrefetchBytes);
-        since = per_line - 1;
-      }
-      const uint8_t* p[4] = {w[0], w[1], w[2], w[3]};
+      const uint8_t* p[4];
       HWY_ALIGN uint8_t pad[4][kQMaxBytes];
-      if (HWY_UNLIKELY(ci == partial)) {
-        PadLastChunk(row_ptr, 4, (c0 + ci) * chunk, ql.cols, pad);
-        for (int j = 0; j < 4; ++j) p[j] = pad[j];
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) w[j] += chunk / 2;
+      rows4.Next(ql, row_ptr, c0, ci, pad, p);
       hn::Vec<DI8> x[MR][2];
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
@@ -1960,27 +1975,12 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
   const float* sx = xq.sx + t0 * ldsx + c0 * n32;  // token t0's scales of chunk c0
   hn::Vec<DQF> total[MR];
   for (int i = 0; i < MR; ++i) total[i] = hn::Zero(dqf);
-  const int64_t per_line = std::max<int64_t>(1, 128 / chunk);  // chunks per 64-byte line
-  const uint8_t* w[4];
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) w[j] = row_ptr[j].w + c0 * chunk / 2;
+  FourRowChunks rows4(ql, row_ptr, c0, nc);
   const int16_t* xc = xq.q + t0 * ldq + c0 * chunk;
-  const int64_t partial = c0 * chunk + nc * chunk > ql.cols ? nc - 1 : nc;
-  int64_t since = 0;
   for (int64_t f = 0; f < nc; ++f, xc += chunk, sx += n32) {
-    if (since-- == 0) {
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) hwy::Prefetch(w[j] + kPrefetchBytes);
-      since = per_line - 1;
-    }
-    const uint8_t* p[4] = {w[0], w[1], w[2], w[3]};
+    const uint8_t* p[4];
     HWY_ALIGN uint8_t pad[4][kQMaxBytes];
-    if (HWY_UNLIKELY(f == partial)) {
-      PadLastChunk(row_ptr, 4, (c0 + f) * chunk, ql.cols, pad);
-      for (int j = 0; j < 4; ++j) p[j] = pad[j];
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) w[j] += chunk / 2;
+    rows4.Next(ql, row_ptr, c0, f, pad, p);
     V32 s0[MR][4], s1[MR][4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
