@@ -491,8 +491,8 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       for (int j = 0; j < NR; ++j) hwy::Prefetch(row_ptr[j].w + off);
       since = per_line - 1;
     }
-    // The tokens' inputs once per chunk (in registers, see InRegister), then each row's decode
-    // and its multiply-adds.
+    // Up to two tokens: their inputs once per chunk (in registers, see InRegister); then each
+    // row's decode and its multiply-adds (three tokens: the inputs as their memory operands).
     VF xv[kXInRegisters ? MR : 1][Dec::kVecs];
     if constexpr (kXInRegisters) {
 #pragma GCC unroll 16
