@@ -209,6 +209,18 @@ struct Bf16Dec {
   }
 };
 
+// The fp16 bits of the e4m3fn codes at p (one per lane of di16) as the values times 2^-8,
+// subnormals included: a code sign-extended to 16 bits and moved up 7 holds its exponent and
+// mantissa in fp16's fields and the sign in bits 14 and 15; clearing bit 14 leaves the sign (a
+// sign-extending load, a shift and an AND, where widening with zeros took one more to move the
+// sign up).
+template <class DI16>
+HWY_INLINE hn::Vec<DI16> E4M3Fp16Bits(DI16 di16, const uint8_t* p) {
+  const hn::Rebind<int8_t, DI16> di8;
+  const auto wide = hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p)));
+  return hn::And(hn::ShiftLeft<7>(wide), hn::Set(di16, int16_t{~0x4000}));
+}
+
 // fp8 e4m3fn: the byte shifted into an fp16's exponent and mantissa fields is the value times
 // 2^-8, subnormals included (the same trick as the AVX-512 backend); the block scale carries the
 // 2^8. 2N bytes are widened to 16 bits together and converted as two halves.
@@ -228,12 +240,10 @@ struct Fp8Dec {
   }
   void DecodeRaw(const RowPtrs& row, int64_t c, VF* out) const {
     const DF df;
-    const hn::Repartition<uint16_t, DF> du16;  // 2N lanes
-    const hn::Rebind<uint8_t, decltype(du16)> du8;
-    const hn::Half<decltype(du16)> dh;
+    const hn::Repartition<int16_t, DF> di16;  // 2N lanes
+    const hn::Half<decltype(di16)> dh;
     const hn::Rebind<hwy::float16_t, decltype(dh)> df16;
-    const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, row.w + c)));
-    const auto h = hn::Add(t, hn::And(t, hn::Set(du16, 0x4000)));
+    const auto h = E4M3Fp16Bits(di16, row.w + c);
     out[0] = hn::PromoteTo(df, hn::BitCast(df16, hn::LowerHalf(dh, h)));
     out[1] = hn::PromoteTo(df, hn::BitCast(df16, hn::UpperHalf(dh, h)));
   }
@@ -268,11 +278,9 @@ enum class Nib { kMx, kInt4, kInt4Zp, kNvfp4 };
 // fp8 e4m3fn as fp32 (the fp16 trick of Fp8Dec, scaled back by 2^8), n lanes of df at p.
 template <class DFT>
 HWY_INLINE hn::Vec<DFT> E4M3ToF32(DFT df, const uint8_t* p) {
-  const hn::Rebind<uint16_t, DFT> du16;
-  const hn::Rebind<uint8_t, DFT> du8;
+  const hn::Rebind<int16_t, DFT> di16;
   const hn::Rebind<hwy::float16_t, DFT> df16;
-  const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, p)));
-  const auto h = hn::Add(t, hn::And(t, hn::Set(du16, 0x4000)));
+  const auto h = E4M3Fp16Bits(di16, p);
   return hn::Mul(hn::PromoteTo(df, hn::BitCast(df16, h)), hn::Set(df, 256.0f));
 }
 
