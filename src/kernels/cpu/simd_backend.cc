@@ -967,14 +967,12 @@ bool MakeQLaneGroups(QLayout* ql) {
 // and its divisions, made on every dot_rows call, were 1.4 % of the one-token 4-bit decode's
 // samples (perf, Zen 5, AVX2 forced).
 bool QLaneGroups(QLayout* ql) {
-  thread_local int64_t made_group = 0;  // 0: nothing made yet
-  thread_local QLayout made;
+  thread_local QLayout made;  // group 0: nothing made yet
   thread_local bool made_ok = false;
-  if (made_group != ql->group) {
+  if (made.group != ql->group) {
     made = QLayout{};
     made.group = ql->group;
     made_ok = MakeQLaneGroups(&made);
-    made_group = ql->group;
   }
   std::copy(std::begin(made.lane_group), std::end(made.lane_group), ql->lane_group);
   std::copy(std::begin(made.byte_group), std::end(made.byte_group), ql->byte_group);
