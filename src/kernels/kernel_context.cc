@@ -17,6 +17,7 @@ const char* CpuIsaName(CpuIsa isa) {
     case CpuIsa::kAuto: return "auto";
     case CpuIsa::kAvx512Bf16: return "avx512-bf16";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx2Vnni: return "avx2-vnni";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kNeon: return "neon";
     case CpuIsa::kSve: return "sve";
@@ -42,6 +43,7 @@ bool CpuSupportsIsa(CpuIsa isa) {
     case CpuIsa::kPortable: return true;
     case CpuIsa::kAvx512Bf16: return CpuSupportsAvx512Bf16();
     case CpuIsa::kAvx512:
+    case CpuIsa::kAvx2Vnni:
     case CpuIsa::kAvx2:
     case CpuIsa::kNeon:
     case CpuIsa::kSve: return internal::CpuSupportsSimd(isa);
@@ -96,8 +98,8 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
   if (options.int8_activations && !simd_int8) {
     return FailedPreconditionError(
         fmt::format("kernel context: 'int8_activations' (run --activations int8): the {} kernels "
-                    "of this build have no int8 inputs (the SIMD kernels do: avx2, avx512, "
-                    "avx512-bf16, neon, sve); drop int8 activations or pick one of those "
+                    "of this build have no int8 inputs (the SIMD kernels do: avx2, avx2-vnni, "
+                    "avx512, avx512-bf16, neon, sve); drop int8 activations or pick one of those "
                     "instruction sets",
                     CpuIsaName(isa)));
   }

@@ -25,15 +25,17 @@ enum class CpuIsa {
   kAuto,        // pick the best the running CPU supports (or MOESHARD_CPU_ISA, see Create)
   kAvx512Bf16,  // AVX-512 F/BW/VL + AVX512_BF16 (vdpbf16ps) + FMA: native bf16 dot products
   kAvx512,      // AVX-512 F/BW/DQ/VL without BF16 (Skylake-SP to Ice Lake): the SIMD backend
+  kAvx2Vnni,    // kAvx2 with AVX-VNNI (Alder Lake on, Zen 5): integer products by vpdpwssd/vpdpbusd
   kAvx2,        // AVX2 + FMA + F16C (Haswell on, Zen 1-3): the SIMD backend
   kNeon,        // Arm NEON: the SIMD backend
   kSve,         // Arm SVE: the SIMD backend
   kPortable,    // plain C++ (auto-vectorised), runs anywhere
 };
-inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2,
-                                         CpuIsa::kNeon,       CpuIsa::kSve,    CpuIsa::kPortable};
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2Vnni,
+                                         CpuIsa::kAvx2,       CpuIsa::kNeon,   CpuIsa::kSve,
+                                         CpuIsa::kPortable};
 
-const char* CpuIsaName(CpuIsa isa);  // "avx512-bf16", "avx512", "avx2", "neon", "sve", ...
+const char* CpuIsaName(CpuIsa isa);  // "avx512-bf16", "avx512", "avx2-vnni", "avx2", "neon", ...
 // Inverse of CpuIsaName (and "auto"); an error lists the names.
 Result<CpuIsa> ParseCpuIsa(const std::string& name);
 // Whether the running CPU (and this build) can run `isa`; kAuto and kPortable always can.

@@ -3,6 +3,8 @@
 // instruction set it targets (AVX2 + FMA + F16C, AVX-512 F/BW without BF16, NEON, SVE). The
 // backend of an instruction set is picked per KernelContext (SimdBackendFor), after a runtime
 // check that the CPU has it; `kAvx512Bf16` keeps its own intrinsics (native vdpbf16ps).
+// `kAvx2Vnni` is the AVX2 code with the 4-bit formats' integer products by AVX-VNNI (MulAddPairs,
+// MulAddQuads), for the CPUs that have it without AVX-512 (Alder Lake and later).
 //
 // Numerics: tokens and weights are widened to fp32 and multiplied with fp32 FMAs (Highway's
 // bf16 multiply-accumulate is emulated; see ../shared/reference/ecosystem.md), so every format
@@ -43,6 +45,9 @@
 #include <limits>
 #include <numeric>
 #include <type_traits>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "kernels/cpu/cpu_backend.h"
 #include "moeshard/base/math.h"
@@ -940,6 +945,9 @@ struct QLayout {
   // Four rows' sums per vector: 8-bit inputs (Q8RowsTile), or 16-bit inputs with groups of 32
   // within a chunk (Q16RowsTile).
   bool rows4 = false;
+  // The integer products by AVX-VNNI (the avx2-vnni backend; AVX2 target only): vpdpwssd and
+  // vpdpbusd add into the 32-bit sums, the same sums as vpmaddwd / vpmaddubsw and their adds.
+  bool vnni = false;
   int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
   uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
 };
@@ -1463,6 +1471,58 @@ HWY_INLINE V16 ChunkPairSums(hn::Vec<D8> lo, hn::Vec<D8> hi, const hn::Vec<DI8> 
   return hn::Add(MulBytePairs(lo, x[0]), MulBytePairs(hi, x[1]));
 }
 
+// Whether this target takes QLayout::vnni: AVX2, whose backend avx2-vnni runs only where CPUID
+// lists AVX-VNNI. The instructions are written in asm by their VEX form ("{vex}"): their
+// intrinsics need the avxvnni target attribute, which Highway's AVX2 code does not carry, and
+// asm is not checked against the function's target.
+constexpr bool kVnniTarget = HWY_TARGET == HWY_AVX2;
+
+// s0 + w[2l] x[2l] + w[2l + 1] x[2l + 1] per 32-bit lane l (s1 as ReorderWidenMulAccumulate's;
+// x read at xp): vpmaddwd and an add, or one vpdpwssd (kVnni). Both sum modulo 2^32, so they
+// give the same bits.
+template <bool kVnni>
+HWY_INLINE V32 MulAddPairs(V16 w, const int16_t* xp, V32 s0, V32& s1) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (kVnni) {
+    asm("%{vex%} vpdpwssd %2, %1, %0"
+        : "+x"(s0.raw)
+        : "x"(w.raw), "xm"(*reinterpret_cast<const __m256i_u*>(xp)));
+    return s0;
+  }
+#else
+  static_assert(!kVnni, "VNNI products on the AVX2 target only");
+#endif
+  return hn::ReorderWidenMulAccumulate(D32(), w, hn::LoadU(D16(), xp), s0, s1);
+}
+
+// s0 + the four byte products lo[4l + b] x[0][4l + b] + hi[4l + b] x[1][4l + b] (b = 0 .. 3) per
+// 32-bit lane l: ChunkPairSums widened by a vpmaddwd by ones and added, or two vpdpbusd (kVnni;
+// the same sums, since ChunkPairSums' 16-bit sums never saturate).
+template <bool kVnni>
+HWY_INLINE V32 MulAddQuads(hn::Vec<D8> lo, hn::Vec<D8> hi, const hn::Vec<DI8> (&x)[2], V32 s0,
+                           V32& s1) {
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (kVnni) {
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(s0.raw) : "x"(lo.raw), "x"(x[0].raw));
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(s0.raw) : "x"(hi.raw), "x"(x[1].raw));
+    return s0;
+  }
+#else
+  static_assert(!kVnni, "VNNI products on the AVX2 target only");
+#endif
+  return hn::ReorderWidenMulAccumulate(D32(), ChunkPairSums(lo, hi, x), hn::Set(D16(), 1), s0, s1);
+}
+
+// fn(std::true_type()) where the layout asks for VNNI products (QLayout::vnni) and this target
+// has them, else fn(std::false_type()).
+template <typename Fn>
+HWY_INLINE void WithVnni(const QLayout& ql, const Fn& fn) {
+  if constexpr (kVnniTarget) {
+    if (ql.vnni) return fn(std::true_type());
+  }
+  fn(std::false_type());
+}
+
 // The chunk at byte p as unsigned bytes code + offset: its low nibbles (even columns) and its
 // high nibbles (odd columns).
 template <Nib K>
@@ -1509,7 +1569,7 @@ HWY_INLINE void StoreTotals(const hn::Vec<DQF> (&total)[MR][NR], float* out, int
 // from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last), zw[j]
 // its zero points (int4-zp, the same groups, 16 bytes past the last). On 16-bit inputs
 // (QInputs) or 8-bit ones (Q8Inputs: no zero points).
-template <Nib K, bool kLanes, int MR, int NR, typename In>
+template <Nib K, bool kLanes, bool kVnni, int MR, int NR, typename In>
 void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float* const* sw,
            const uint8_t* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
            bool accumulate) {
@@ -1566,10 +1626,8 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
 #pragma GCC unroll 16
           for (int i = 0; i < MR; ++i) {
             const int8_t* x = xq.q + (t0 + i) * xq.ldq + c;
-            const V16 m = hn::Add(MulBytePairs(lo, hn::LoadU(DI8(), x)),
-                                  MulBytePairs(hi, hn::LoadU(DI8(), x + hn::Lanes(d8))));
-            s0[i][j] =
-                hn::ReorderWidenMulAccumulate(d32, m, hn::Set(d16, int16_t{1}), s0[i][j], s1[i][j]);
+            const hn::Vec<DI8> xv[2] = {hn::LoadU(DI8(), x), hn::LoadU(DI8(), x + hn::Lanes(d8))};
+            s0[i][j] = MulAddQuads<kVnni>(lo, hi, xv, s0[i][j], s1[i][j]);
           }
         } else {
           hn::Vec<D8> zeros = hn::Zero(d8);
@@ -1588,8 +1646,7 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
             const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
 #pragma GCC unroll 4
             for (int v = 0; v < 4; ++v) {
-              s0[i][j] = hn::ReorderWidenMulAccumulate(d32, w[v], hn::LoadU(d16, x + v * n16),
-                                                       s0[i][j], s1[i][j]);
+              s0[i][j] = MulAddPairs<kVnni>(w[v], x + v * n16, s0[i][j], s1[i][j]);
             }
           }
         }
@@ -1664,16 +1721,19 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
         std::fill(zw[j] + ng, zw[j] + ng + 16, uint8_t{0});
       }
     }
-    int64_t t = 0;
-    // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
-    for (; t + 2 <= a.num_tokens; t += 2) {
-      QTile<K, kLanes, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
-                              c0 > 0);
-    }
-    for (; t < a.num_tokens; ++t) {
-      QTile<K, kLanes, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams, kStreams,
-                              c0 > 0);
-    }
+    WithVnni(ql, [&](auto vnni) {
+      constexpr bool kVnni = decltype(vnni)::value;
+      int64_t t = 0;
+      // Two tokens share each decoded chunk (eight integer sums beside the decoded codes).
+      for (; t + 2 <= a.num_tokens; t += 2) {
+        QTile<K, kLanes, kVnni, 2, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams,
+                                       kStreams, c0 > 0);
+      }
+      for (; t < a.num_tokens; ++t) {
+        QTile<K, kLanes, kVnni, 1, NR>(ql, xq, row_ptr, swp, zwp, t, c0, nc, tile + t * kStreams,
+                                       kStreams, c0 > 0);
+      }
+    });
   });
 }
 
@@ -1894,18 +1954,19 @@ struct FourRowChunks {
 // QTile on 8-bit inputs for four rows (QLayout::rows4): chunks [c0, c0 + nc) of tokens
 // [t0, t0 + MR); out[i * kStreams + r] (+)= the partial dot products; ws the four rows' weight
 // scales from group c0 * chunk / group on, transposed (TransposedScales).
-template <Nib K, bool kLanes, int MR, bool kRaw>
+template <Nib K, bool kLanes, bool kVnni, int MR, bool kRaw>
 void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, const void* ws,
                 int64_t t0, int64_t c0, int64_t nc, float* out, bool accumulate) {
   const D8 d8;
   const DI8 di8;
-  const D16 d16;
   const D32 d32;
   const DQF dqf;
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
   const int64_t chunk = ql.chunk;
   const int64_t per_flush = kLanes ? 1 : ql.group / chunk;  // chunks per flush
-  const auto ones = hn::Set(d16, int16_t{1});
+  // Rows widened in pairs (WidenRowPairs) where a flush takes one chunk, unless VNNI products
+  // widen every row as they sum.
+  constexpr bool kPairs = kLanes && !kVnni;
   const int64_t ldq = xq.ldq, ldu = xq.ldu;
   const int8_t* q = xq.q + t0 * ldq;  // token t0's inputs
   const float* sx = xq.sx + t0 * ldu;
@@ -1932,7 +1993,7 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
         x[i][0] = hn::LoadU(di8, xc + i * ldq);
         x[i][1] = hn::LoadU(di8, xc + i * ldq + hn::Lanes(d8));
       }
-      if constexpr (kLanes) {  // one chunk per flush: rows widened in pairs (WidenRowPairs)
+      if constexpr (kPairs) {
 #pragma GCC unroll 2
         for (int jp = 0; jp < 2; ++jp) {
           hn::Vec<D8> lo0, hi0, lo1, hi1;
@@ -1951,10 +2012,8 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
         hn::Vec<D8> lo, hi;
         Q8DecodeChunk<K>(p[j], &lo, &hi);
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          const V16 m = ChunkPairSums(lo, hi, x[i]);
-          s0[i][j] = hn::ReorderWidenMulAccumulate(d32, m, ones, s0[i][j], s1[i][j]);
-        }
+        for (int i = 0; i < MR; ++i)
+          s0[i][j] = MulAddQuads<kVnni>(lo, hi, x[i], s0[i][j], s1[i][j]);
       }
     }
     const int64_t unit = (c0 + f) / per_flush;
@@ -1962,7 +2021,7 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       V32 block;
-      if constexpr (kLanes) {
+      if constexpr (kPairs) {
         block = SumRowPairsPerBlock(pairs[i][0], pairs[i][1]);
       } else {
         V32 rows[4];
@@ -1985,7 +2044,7 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
 // (4 lanes of 8), within kQMaxGroup's bound. Per token and chunk the flush is one transpose-add,
 // one conversion and two multiplies, where QTile's four rows took four of each, four scale
 // lookups and (AVX2) their sums spilled.
-template <Nib K, int MR, bool kRaw>
+template <Nib K, bool kVnni, int MR, bool kRaw>
 void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const void* ws,
                  int64_t t0, int64_t c0, int64_t nc, float* out, bool accumulate) {
   const D8 d8;
@@ -2015,10 +2074,8 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
         s0[i][j] = s1[i][j] = hn::Zero(d32);
         const int16_t* x = MR == 1 ? xc : Opaque(xc + i * ldq);  // two tokens: from memory
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v) {
-          s0[i][j] = hn::ReorderWidenMulAccumulate(d32, wv[v], hn::LoadU(d16, x + v * n16),
-                                                   s0[i][j], s1[i][j]);
-        }
+        for (int v = 0; v < 4; ++v)
+          s0[i][j] = MulAddPairs<kVnni>(wv[v], x + v * n16, s0[i][j], s1[i][j]);
       }
     }
     const auto wscale = FlushScales<K, true, kRaw>(ws, f, 1);
@@ -2038,17 +2095,21 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
 template <Nib K, bool kLanes, bool kRaw, typename In>
 void RowsTiles(const DotRowsArgs& a, const QLayout& ql, const In& xq, const RowPtrs* row_ptr,
                const void* ws, int64_t c0, int64_t nc, float* tile) {
-  const auto tiles = [&](auto mr, int64_t t) {
-    constexpr int kMR = decltype(mr)::value;
-    if constexpr (std::is_same_v<In, Q8Inputs>) {
-      Q8RowsTile<K, kLanes, kMR, kRaw>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
-    } else {
-      Q16RowsTile<K, kMR, kRaw>(ql, xq, row_ptr, ws, t, c0, nc, tile + t * kStreams, c0 > 0);
-    }
-  };
-  int64_t t = 0;
-  for (; t + 2 <= a.num_tokens; t += 2) tiles(std::integral_constant<int, 2>(), t);
-  for (; t < a.num_tokens; ++t) tiles(std::integral_constant<int, 1>(), t);
+  WithVnni(ql, [&](auto vnni) {
+    constexpr bool kVnni = decltype(vnni)::value;
+    const auto tiles = [&](auto mr, int64_t t) {
+      constexpr int kMR = decltype(mr)::value;
+      float* out = tile + t * kStreams;
+      if constexpr (std::is_same_v<In, Q8Inputs>) {
+        Q8RowsTile<K, kLanes, kVnni, kMR, kRaw>(ql, xq, row_ptr, ws, t, c0, nc, out, c0 > 0);
+      } else {
+        Q16RowsTile<K, kVnni, kMR, kRaw>(ql, xq, row_ptr, ws, t, c0, nc, out, c0 > 0);
+      }
+    };
+    int64_t t = 0;
+    for (; t + 2 <= a.num_tokens; t += 2) tiles(std::integral_constant<int, 2>(), t);
+    for (; t < a.num_tokens; ++t) tiles(std::integral_constant<int, 1>(), t);
+  });
 }
 
 // QDecodeStep for Q8RowsTile and Q16RowsTile: four rows (a step of fewer repeats its first row).
@@ -2188,11 +2249,12 @@ bool QLayoutFor(const MatrixRef& m, int64_t num_tokens, QLayout* out) {
 }
 
 // The integer decode walk (4 sequential row streams, as DecodeWalk) where it applies
-// (QLayoutFor); returns false otherwise.
+// (QLayoutFor), its products by VNNI where `vnni` (QLayout::vnni); returns false otherwise.
 template <Nib K, bool k8>
-bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a) {
+bool QDecodeWalk(const NibbleDec<K>& dec, const DotRowsArgs& a, bool vnni) {
   QLayout ql;
   if (!QLayoutFor<K, k8>(dec.m, a.num_tokens, &ql)) return false;
+  ql.vnni = vnni;
   if (ql.lanes) {
     QDecodeRows<K, true, k8>(dec, a, ql);
   } else {
@@ -2248,14 +2310,14 @@ void DotRowsWith(const Dec& dec, const DotRowsArgs& a) {
 }
 
 template <Nib K>
-void NibbleDotRows(const NibbleDec<K>& dec, const DotRowsArgs& a) {
+void NibbleDotRows(const NibbleDec<K>& dec, const DotRowsArgs& a, bool vnni) {
   if constexpr (K != Nib::kInt4Zp) {
     if (a.int8_inputs) {
-      if (!QDecodeWalk<K, true>(dec, a)) DotRowsWith(dec, a);
+      if (!QDecodeWalk<K, true>(dec, a, vnni)) DotRowsWith(dec, a);
       return;
     }
   }
-  if (QDecodeWalk<K, false>(dec, a)) return;
+  if (QDecodeWalk<K, false>(dec, a, vnni)) return;
   DotRowsWith(dec, a);
 }
 
@@ -2332,7 +2394,8 @@ void QuantizeRows(const MatrixRef& m, bool int8, const bf16_t* x, int64_t ldx, i
   }
 }
 
-void DotRows(const DotRowsArgs& a) {
+// `vnni`: the 4-bit formats' integer products by AVX-VNNI (QLayout::vnni).
+void DotRows(const DotRowsArgs& a, bool vnni) {
   const MatrixRef& m = *a.w;
   // The bf16 row-group layout is the AVX-512 BF16 kernels' (moeshard run rewrites experts into
   // it only for them); here it is decoded by the portable kernels.
@@ -2340,10 +2403,10 @@ void DotRows(const DotRowsArgs& a) {
   switch (m.format) {
     case WeightFormat::kBf16: return DotRowsWith(Bf16Dec{m}, a);
     case WeightFormat::kFp8Block: return DotRowsWith(Fp8Dec(m), a);
-    case WeightFormat::kMxfp4: return NibbleDotRows(NibbleDec<Nib::kMx>{m}, a);
-    case WeightFormat::kInt4: return NibbleDotRows(NibbleDec<Nib::kInt4>{m}, a);
-    case WeightFormat::kInt4Zp: return NibbleDotRows(NibbleDec<Nib::kInt4Zp>{m}, a);
-    case WeightFormat::kNvfp4: return NibbleDotRows(NibbleDec<Nib::kNvfp4>{m}, a);
+    case WeightFormat::kMxfp4: return NibbleDotRows(NibbleDec<Nib::kMx>{m}, a, vnni);
+    case WeightFormat::kInt4: return NibbleDotRows(NibbleDec<Nib::kInt4>{m}, a, vnni);
+    case WeightFormat::kInt4Zp: return NibbleDotRows(NibbleDec<Nib::kInt4Zp>{m}, a, vnni);
+    case WeightFormat::kNvfp4: return NibbleDotRows(NibbleDec<Nib::kNvfp4>{m}, a, vnni);
   }
 }
 
@@ -2454,7 +2517,8 @@ uint64_t ReadStream(const uint8_t* p, int64_t bytes, int pattern) {
 }  // namespace
 
 // The entry points of this target (referenced by name from the HWY_ONCE part below).
-void DotRowsT(const DotRowsArgs& a) { DotRows(a); }
+void DotRowsT(const DotRowsArgs& a) { DotRows(a, false); }
+void DotRowsVnniT(const DotRowsArgs& a) { DotRows(a, true); }
 bool QuantizedRowsLayoutT(const MatrixRef& m, int64_t num_tokens, bool int8, QuantizedRows* layout,
                           int64_t* scratch_bytes) {
   return QuantizedRowsLayout(m, num_tokens, int8, layout, scratch_bytes);
@@ -2498,9 +2562,9 @@ int64_t WorkFloats(int64_t num_tokens, int64_t cols) {
   return std::max({strips, quantized, PortableBackend().work_floats(num_tokens, cols)});
 }
 
-#define MOESHARD_SIMD_BACKEND(NS, NAME)                                                        \
+#define MOESHARD_SIMD_BACKEND(NS, NAME, DOT_ROWS)                                              \
   CpuBackend {                                                                                 \
-    NAME, NS::DotRowsT, PortableBackend().activate, NS::ToBf16T, WorkFloats, nullptr, nullptr, \
+    NAME, NS::DOT_ROWS, PortableBackend().activate, NS::ToBf16T, WorkFloats, nullptr, nullptr, \
         nullptr, NS::WeightedSumT, "fp32 FMA (" NAME ")", NS::PeakLoopT, NS::ReadStreamT, 3,   \
         NS::QuantizedRowsLayoutT, NS::QuantizeRowsT                                            \
   }
@@ -2511,7 +2575,15 @@ const CpuBackend* SimdBackendFor(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2: {
 #if HWY_TARGETS & HWY_AVX2
-      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX2, "avx2");
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX2, "avx2", DotRowsT);
+      return &b;
+#else
+      return nullptr;
+#endif
+    }
+    case CpuIsa::kAvx2Vnni: {
+#if HWY_TARGETS & HWY_AVX2
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX2, "avx2-vnni", DotRowsVnniT);
       return &b;
 #else
       return nullptr;
@@ -2519,7 +2591,7 @@ const CpuBackend* SimdBackendFor(CpuIsa isa) {
     }
     case CpuIsa::kAvx512: {
 #if HWY_TARGETS & HWY_AVX3
-      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX3, "avx512");
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX3, "avx512", DotRowsT);
       return &b;
 #else
       return nullptr;
@@ -2527,7 +2599,7 @@ const CpuBackend* SimdBackendFor(CpuIsa isa) {
     }
     case CpuIsa::kNeon: {
 #if HWY_TARGETS & HWY_NEON
-      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_NEON, "neon");
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_NEON, "neon", DotRowsT);
       return &b;
 #else
       return nullptr;
@@ -2535,7 +2607,7 @@ const CpuBackend* SimdBackendFor(CpuIsa isa) {
     }
     case CpuIsa::kSve: {
 #if HWY_TARGETS & HWY_SVE
-      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_SVE, "sve");
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_SVE, "sve", DotRowsT);
       return &b;
 #else
       return nullptr;
@@ -2550,6 +2622,7 @@ const CpuBackend* SimdBackendFor(CpuIsa isa) {
 
 int64_t SimdTargetOf(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx2Vnni:
     case CpuIsa::kAvx2: return HWY_AVX2;
     case CpuIsa::kAvx512: return HWY_AVX3;
     case CpuIsa::kNeon: return HWY_NEON;
@@ -2561,8 +2634,22 @@ int64_t SimdTargetOf(CpuIsa isa) {
   return 0;
 }
 
+namespace {
+// AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 (Intel SDM vol. 2A, CPUID; the VEX-encoded
+// vpdpwssd / vpdpbusd on 256-bit vectors, whose YMM state the AVX2 check already covers).
+bool CpuHasAvxVnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 bool CpuSupportsSimd(CpuIsa isa) {
   const int64_t target = SimdTargetOf(isa);
+  if (isa == CpuIsa::kAvx2Vnni && !CpuHasAvxVnni()) return false;
   return target != 0 && SimdBackendFor(isa) != nullptr && (hwy::SupportedTargets() & target) != 0;
 }
 
