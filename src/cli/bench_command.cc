@@ -303,10 +303,10 @@ CommandRunner SetupKernels(CLI::App* bench) {
                   "(AWQ/GPTQ, group 128), nvfp4 (default bf16 bf16-rg mxfp4)")
       ->delimiter(',');
   sub->add_option("--threads", f->threads, "threads including the caller (0: all cores)");
-  sub->add_option(
-      "--isa", f->isa,
-      "auto (default; or MOESHARD_CPU_ISA), avx512-bf16, avx512, avx2-vnni, avx2, neon, sve or "
-      "portable: the kernel variant to measure");
+  sub->add_option("--isa", f->isa,
+                  "auto (default; or MOESHARD_CPU_ISA), avx512-bf16, avx512-vnni, avx512, "
+                  "avx2-vnni, avx2, neon, sve or "
+                  "portable: the kernel variant to measure");
   sub->add_option("--versus", f->versus,
                   "A/B mode: also run every case on this variant, alternately, and report the "
                   "median of the per-pair time ratios");

@@ -678,8 +678,8 @@ MOESHARD_REGISTER_COMMAND(
                                "oracle; slow, for tests)");
                sub->add_option("--isa", f->isa,
                                "cpu backend: instruction set, auto (default; or "
-                               "MOESHARD_CPU_ISA), avx512-bf16, avx512, avx2-vnni, "
-                               "avx2, neon, sve, portable");
+                               "MOESHARD_CPU_ISA), avx512-bf16, avx512-vnni, avx512, "
+                               "avx2-vnni, avx2, neon, sve, portable");
                sub->add_option("--expert-layout", f->expert_layout,
                                "cpu backend: bf16 routed experts auto (default; the row-group "
                                "layout on AVX-512 BF16 CPUs) or row-major");

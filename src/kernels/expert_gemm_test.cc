@@ -1096,14 +1096,12 @@ TEST(GroupedGemm, PortableAndAvx512Agree) {
   }
 }
 
-// avx2-vnni sums the 4-bit formats' integer products with vpdpwssd / vpdpbusd where avx2 takes
-// vpmaddwd / vpmaddubsw and adds: the same integer sums in the same order, so the same bits, on
-// 16-bit and 8-bit inputs, at every token count of the integer decode walk and beyond it, for
-// groups within a chunk, of a chunk and across chunks, and K with a partial chunk.
-TEST(GroupedGemm, Avx2VnniGivesTheBitsOfAvx2) {
-  if (!CpuSupportsIsa(CpuIsa::kAvx2Vnni)) GTEST_SKIP() << "no AVX-VNNI on this CPU";
-  const internal::CpuBackend& avx2 = *internal::SimdBackendFor(CpuIsa::kAvx2);
-  const internal::CpuBackend& vnni = *internal::SimdBackendFor(CpuIsa::kAvx2Vnni);
+// avx2-vnni and avx512-vnni sum the 4-bit formats' integer products with vpdpwssd / vpdpbusd
+// where avx2 and avx512 take vpmaddwd / vpmaddubsw and adds: the same integer sums in the same
+// order, so the same bits, on 16-bit and 8-bit inputs, at every token count of the integer
+// decode walk and beyond it, for groups within a chunk, of a chunk and across chunks, and K with
+// a partial chunk.
+TEST(GroupedGemm, VnniVariantsGiveTheBitsOfTheirBase) {
   const struct {
     WeightFormat format;
     int64_t group;
@@ -1111,36 +1109,43 @@ TEST(GroupedGemm, Avx2VnniGivesTheBitsOfAvx2) {
                  {WeightFormat::kInt4, 64},  {WeightFormat::kInt4, 128},
                  {WeightFormat::kNvfp4, 16}, {WeightFormat::kInt4Zp, 128}};
   int64_t compared = 0;
-  for (const auto& sc : schemes) {
-    for (int64_t hidden : {sc.group * 3, int64_t{256}, int64_t{1280}}) {
-      const GemmCase c{.format = sc.format,
-                       .act = Activation::kSwiGlu,
-                       .num_experts = 1,
-                       .hidden = hidden,
-                       .inter = 128,
-                       .group = sc.group};
-      const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 30 + hidden));
-      const internal::MatrixRef m = internal::ExpertMatrix(ow.view, true, 0);
-      const std::vector<int32_t> rows = Iota(13);
-      for (int64_t tokens : {1, 2, 3, 4, 5, 8, 11, 16, 17}) {
-        const std::vector<bf16_t> x = RandnBf16(tokens * hidden, 40 + tokens, 0.5f);
-        for (bool int8 : {false, true}) {
-          if (int8 && sc.format == WeightFormat::kInt4Zp) continue;  // no int8 inputs
-          const std::vector<float> a = RunDotRows(avx2, m, x, tokens, rows, int8);
-          const std::vector<float> b = RunDotRows(vnni, m, x, tokens, rows, int8);
-          ASSERT_EQ(a.size(), b.size());
-          for (size_t i = 0; i < a.size(); ++i) {
-            ASSERT_EQ(std::bit_cast<uint32_t>(b[i]), std::bit_cast<uint32_t>(a[i]))
-                << fmt::format("{} g{} K{} tokens {}{}: output {} is {} on avx2-vnni, {} on avx2",
-                               WeightFormatName(sc.format), sc.group, hidden, tokens,
-                               int8 ? " int8" : "", i, b[i], a[i]);
+  for (const auto& [vnni_isa, base_isa] : {std::pair(CpuIsa::kAvx2Vnni, CpuIsa::kAvx2),
+                                           std::pair(CpuIsa::kAvx512Vnni, CpuIsa::kAvx512)}) {
+    if (!CpuSupportsIsa(vnni_isa)) continue;  // no AVX-VNNI / AVX512_VNNI on this CPU
+    const internal::CpuBackend& base = *internal::SimdBackendFor(base_isa);
+    const internal::CpuBackend& vnni = *internal::SimdBackendFor(vnni_isa);
+    for (const auto& sc : schemes) {
+      for (int64_t hidden : {sc.group * 3, int64_t{256}, int64_t{1280}}) {
+        const GemmCase c{.format = sc.format,
+                         .act = Activation::kSwiGlu,
+                         .num_experts = 1,
+                         .hidden = hidden,
+                         .inter = 128,
+                         .group = sc.group};
+        const OwnedExpertWeights ow = Encode(c, RandomWeights(c, 30 + hidden));
+        const internal::MatrixRef m = internal::ExpertMatrix(ow.view, true, 0);
+        const std::vector<int32_t> rows = Iota(13);
+        for (int64_t tokens : {1, 2, 3, 4, 5, 8, 11, 16, 17}) {
+          const std::vector<bf16_t> x = RandnBf16(tokens * hidden, 40 + tokens, 0.5f);
+          for (bool int8 : {false, true}) {
+            if (int8 && sc.format == WeightFormat::kInt4Zp) continue;  // no int8 inputs
+            const std::vector<float> a = RunDotRows(base, m, x, tokens, rows, int8);
+            const std::vector<float> b = RunDotRows(vnni, m, x, tokens, rows, int8);
+            ASSERT_EQ(a.size(), b.size());
+            for (size_t i = 0; i < a.size(); ++i) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(b[i]), std::bit_cast<uint32_t>(a[i]))
+                  << fmt::format("{} {} g{} K{} tokens {}{}: output {} is {} there, {} on {}",
+                                 CpuIsaName(vnni_isa), WeightFormatName(sc.format), sc.group,
+                                 hidden, tokens, int8 ? " int8" : "", i, b[i], a[i],
+                                 CpuIsaName(base_isa));
+            }
+            compared += static_cast<int64_t>(a.size());
           }
-          compared += static_cast<int64_t>(a.size());
         }
       }
     }
   }
-  EXPECT_GT(compared, 0);
+  if (compared == 0) GTEST_SKIP() << "neither AVX-VNNI nor AVX512_VNNI on this CPU";
 }
 
 // bf16 weights in the row-group layout (RepackBf16RowGroups): one token per expert up to many

@@ -16,6 +16,7 @@ const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto: return "auto";
     case CpuIsa::kAvx512Bf16: return "avx512-bf16";
+    case CpuIsa::kAvx512Vnni: return "avx512-vnni";
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx2Vnni: return "avx2-vnni";
     case CpuIsa::kAvx2: return "avx2";
@@ -42,6 +43,7 @@ bool CpuSupportsIsa(CpuIsa isa) {
     case CpuIsa::kAuto:
     case CpuIsa::kPortable: return true;
     case CpuIsa::kAvx512Bf16: return CpuSupportsAvx512Bf16();
+    case CpuIsa::kAvx512Vnni:
     case CpuIsa::kAvx512:
     case CpuIsa::kAvx2Vnni:
     case CpuIsa::kAvx2:
@@ -94,14 +96,14 @@ Result<KernelContext> KernelContext::Create(const KernelContextOptions& options)
         CpuIsaName(isa), ok));
   }
   const bool simd_int8 = isa != CpuIsa::kPortable &&
-                         (isa != CpuIsa::kAvx512Bf16 || internal::CpuSupportsSimd(CpuIsa::kAvx512));
+                         (isa != CpuIsa::kAvx512Bf16 || internal::Avx512SimdFallback() != nullptr);
   if (options.int8_activations && !simd_int8) {
-    return FailedPreconditionError(
-        fmt::format("kernel context: 'int8_activations' (run --activations int8): the {} kernels "
-                    "of this build have no int8 inputs (the SIMD kernels do: avx2, avx2-vnni, "
-                    "avx512, avx512-bf16, neon, sve); drop int8 activations or pick one of those "
-                    "instruction sets",
-                    CpuIsaName(isa)));
+    return FailedPreconditionError(fmt::format(
+        "kernel context: 'int8_activations' (run --activations int8): the {} kernels "
+        "of this build have no int8 inputs (the SIMD kernels do: avx2, avx2-vnni, "
+        "avx512, avx512-vnni, avx512-bf16, neon, sve); drop int8 activations or pick one of those "
+        "instruction sets",
+        CpuIsaName(isa)));
   }
   if (options.num_threads < 0) {
     return InvalidArgumentError(

@@ -203,10 +203,11 @@ TEST(KernelContext, ForcedIsaIsHonouredOrRejected) {
   auto autoctx = KernelContext::Create(o);
   ASSERT_TRUE(autoctx.ok());
   // The best the CPU runs: native bf16 dots, then the SIMD variants widest first, then plain C++
-  // (an Ice Lake, AVX-512 without BF16, gets avx512; an Alder Lake avx2-vnni; a Zen 3 avx2).
+  // (an Ice Lake, AVX-512 without BF16, gets avx512-vnni; a Skylake-SP avx512; an Alder Lake
+  // avx2-vnni; a Zen 3 avx2).
   CpuIsa best = CpuIsa::kPortable;
-  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2Vnni, CpuIsa::kAvx2,
-                     CpuIsa::kNeon, CpuIsa::kSve}) {
+  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512, CpuIsa::kAvx2Vnni,
+                     CpuIsa::kAvx2, CpuIsa::kNeon, CpuIsa::kSve}) {
     if (CpuSupportsIsa(isa)) {
       best = isa;
       break;

@@ -172,8 +172,8 @@ class KernelBackend {
 
 // What CreateKernelBackend builds. `settings` are the backend's own options by name, as the
 // CLI passes them through; unknown names and values are errors that list the known ones.
-//   "cpu":        isa = auto | avx512-bf16 | avx512 | avx2-vnni | avx2 | neon | sve |
-//                 portable (auto also reads MOESHARD_CPU_ISA); expert-layout = auto (bf16
+//   "cpu":        isa = auto | avx512-bf16 | avx512-vnni | avx512 | avx2-vnni | avx2 | neon |
+//                 sve | portable (auto also reads MOESHARD_CPU_ISA); expert-layout = auto (bf16
 //                 experts in row groups on avx512-bf16 when they fit) | row-groups (on any
 //                 instruction set) | row-major; activations = bf16 | int8
 //                 (KernelContextOptions::int8_activations).

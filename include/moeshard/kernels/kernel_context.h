@@ -24,6 +24,7 @@ namespace moeshard {
 enum class CpuIsa {
   kAuto,        // pick the best the running CPU supports (or MOESHARD_CPU_ISA, see Create)
   kAvx512Bf16,  // AVX-512 F/BW/VL + AVX512_BF16 (vdpbf16ps) + FMA: native bf16 dot products
+  kAvx512Vnni,  // kAvx512 with AVX512_VNNI (Cascade Lake, Ice Lake): integer products by VNNI
   kAvx512,      // AVX-512 F/BW/DQ/VL without BF16 (Skylake-SP to Ice Lake): the SIMD backend
   kAvx2Vnni,    // kAvx2 with AVX-VNNI (Alder Lake on, Zen 5): integer products by vpdpwssd/vpdpbusd
   kAvx2,        // AVX2 + FMA + F16C (Haswell on, Zen 1-3): the SIMD backend
@@ -31,11 +32,11 @@ enum class CpuIsa {
   kSve,         // Arm SVE: the SIMD backend
   kPortable,    // plain C++ (auto-vectorised), runs anywhere
 };
-inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2Vnni,
-                                         CpuIsa::kAvx2,       CpuIsa::kNeon,   CpuIsa::kSve,
-                                         CpuIsa::kPortable};
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512,
+                                         CpuIsa::kAvx2Vnni,   CpuIsa::kAvx2,       CpuIsa::kNeon,
+                                         CpuIsa::kSve,        CpuIsa::kPortable};
 
-const char* CpuIsaName(CpuIsa isa);  // "avx512-bf16", "avx512", "avx2-vnni", "avx2", "neon", ...
+const char* CpuIsaName(CpuIsa isa);  // "avx512-bf16", "avx512-vnni", "avx512", "avx2-vnni", ...
 // Inverse of CpuIsaName (and "auto"); an error lists the names.
 Result<CpuIsa> ParseCpuIsa(const std::string& name);
 // Whether the running CPU (and this build) can run `isa`; kAuto and kPortable always can.

@@ -1020,7 +1020,7 @@ void RowGroupDot(const DotRowsArgs& a) {
 
 // The backend the formats without native kernels here run on.
 const CpuBackend& SimdFallback() {
-  const CpuBackend* b = SimdBackendFor(CpuIsa::kAvx512);
+  const CpuBackend* b = Avx512SimdFallback();
   return b != nullptr ? *b : PortableBackend();
 }
 

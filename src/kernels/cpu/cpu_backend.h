@@ -228,11 +228,14 @@ struct CpuBackend {
 const CpuBackend& PortableBackend();
 // REQUIRES: CpuSupportsAvx512Bf16().
 const CpuBackend& Avx512Backend();
-// The Highway backend of a SIMD instruction set (kAvx512, kAvx2, kNeon, kSve; simd_backend.cc),
-// or nullptr when this build did not compile that target.
+// The Highway backend of a SIMD instruction set (kAvx512Vnni, kAvx512, kAvx2Vnni, kAvx2, kNeon,
+// kSve; simd_backend.cc), or nullptr when this build did not compile that target.
 const CpuBackend* SimdBackendFor(CpuIsa isa);
 // Whether this build has the SIMD backend of `isa` and the CPU supports its target.
 bool CpuSupportsSimd(CpuIsa isa);
+// The SIMD backend the avx512-bf16 kernels hand int8 inputs and the shapes they have no kernels
+// for: avx512-vnni where the CPU has AVX512_VNNI, else avx512; nullptr where neither runs.
+const CpuBackend* Avx512SimdFallback();
 // The backend of a resolved instruction set (KernelContext::isa()).
 inline const CpuBackend& CpuBackendFor(CpuIsa isa) {
   if (isa == CpuIsa::kAvx512Bf16) return Avx512Backend();

@@ -3,8 +3,9 @@
 // instruction set it targets (AVX2 + FMA + F16C, AVX-512 F/BW without BF16, NEON, SVE). The
 // backend of an instruction set is picked per KernelContext (SimdBackendFor), after a runtime
 // check that the CPU has it; `kAvx512Bf16` keeps its own intrinsics (native vdpbf16ps).
-// `kAvx2Vnni` is the AVX2 code with the 4-bit formats' integer products by AVX-VNNI (MulAddPairs,
-// MulAddQuads), for the CPUs that have it without AVX-512 (Alder Lake and later).
+// `kAvx2Vnni` and `kAvx512Vnni` are the AVX2 and AVX-512 code with the 4-bit formats' integer
+// products by VNNI (MulAddPairs, MulAddQuads): AVX-VNNI (Alder Lake and later without AVX-512)
+// and AVX512_VNNI (Cascade Lake, Ice Lake; and the SIMD fallback of the AVX-512 BF16 CPUs).
 //
 // Numerics: tokens and weights are widened to fp32 and multiplied with fp32 FMAs (Highway's
 // bf16 multiply-accumulate is emulated; see ../shared/reference/ecosystem.md), so every format
@@ -945,8 +946,8 @@ struct QLayout {
   // Four rows' sums per vector: 8-bit inputs (Q8RowsTile), or 16-bit inputs with groups of 32
   // within a chunk (Q16RowsTile).
   bool rows4 = false;
-  // The integer products by AVX-VNNI (the avx2-vnni backend; AVX2 target only): vpdpwssd and
-  // vpdpbusd add into the 32-bit sums, the same sums as vpmaddwd / vpmaddubsw and their adds.
+  // The integer products by VNNI (the avx2-vnni and avx512-vnni backends; kVnniTarget): vpdpwssd
+  // and vpdpbusd add into the 32-bit sums, the same sums as vpmaddwd / vpmaddubsw and their adds.
   bool vnni = false;
   int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
   uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
@@ -1471,26 +1472,38 @@ HWY_INLINE V16 ChunkPairSums(hn::Vec<D8> lo, hn::Vec<D8> hi, const hn::Vec<DI8> 
   return hn::Add(MulBytePairs(lo, x[0]), MulBytePairs(hi, x[1]));
 }
 
-// Whether this target takes QLayout::vnni: AVX2, whose backend avx2-vnni runs only where CPUID
-// lists AVX-VNNI. The instructions are written in asm by their VEX form ("{vex}"): their
-// intrinsics need the avxvnni target attribute, which Highway's AVX2 code does not carry, and
-// asm is not checked against the function's target.
-constexpr bool kVnniTarget = HWY_TARGET == HWY_AVX2;
+// Whether this target takes QLayout::vnni: AVX2 and AVX-512, whose backends avx2-vnni and
+// avx512-vnni run only where CPUID lists AVX-VNNI or AVX512_VNNI. The instructions are written in
+// asm (on AVX2 in their VEX form, "{vex}"): their intrinsics need a target attribute Highway's
+// code of these targets does not carry, and asm is not checked against the function's target.
+// VnniRaw: the vector type, unaligned, for a memory operand.
+#undef MOESHARD_VNNI_ASM
+#if HWY_TARGET == HWY_AVX2
+constexpr bool kVnniTarget = true;
+#define MOESHARD_VNNI_ASM(insn) "%{vex%} " insn " %2, %1, %0"
+using VnniRaw = __m256i_u;
+#elif HWY_TARGET == HWY_AVX3
+constexpr bool kVnniTarget = true;
+#define MOESHARD_VNNI_ASM(insn) insn " %2, %1, %0"
+using VnniRaw = __m512i_u;
+#else
+constexpr bool kVnniTarget = false;
+#endif
 
 // s0 + w[2l] x[2l] + w[2l + 1] x[2l + 1] per 32-bit lane l (s1 as ReorderWidenMulAccumulate's;
 // x read at xp): vpmaddwd and an add, or one vpdpwssd (kVnni). Both sum modulo 2^32, so they
 // give the same bits.
 template <bool kVnni>
 HWY_INLINE V32 MulAddPairs(V16 w, const int16_t* xp, V32 s0, V32& s1) {
-#if HWY_TARGET == HWY_AVX2
+#ifdef MOESHARD_VNNI_ASM
   if constexpr (kVnni) {
-    asm("%{vex%} vpdpwssd %2, %1, %0"
-        : "+x"(s0.raw)
-        : "x"(w.raw), "xm"(*reinterpret_cast<const __m256i_u*>(xp)));
+    asm(MOESHARD_VNNI_ASM("vpdpwssd")
+        : "+v"(s0.raw)
+        : "v"(w.raw), "vm"(*reinterpret_cast<const VnniRaw*>(xp)));
     return s0;
   }
 #else
-  static_assert(!kVnni, "VNNI products on the AVX2 target only");
+  static_assert(!kVnni, "no VNNI products on this target");
 #endif
   return hn::ReorderWidenMulAccumulate(D32(), w, hn::LoadU(D16(), xp), s0, s1);
 }
@@ -1501,14 +1514,14 @@ HWY_INLINE V32 MulAddPairs(V16 w, const int16_t* xp, V32 s0, V32& s1) {
 template <bool kVnni>
 HWY_INLINE V32 MulAddQuads(hn::Vec<D8> lo, hn::Vec<D8> hi, const hn::Vec<DI8> (&x)[2], V32 s0,
                            V32& s1) {
-#if HWY_TARGET == HWY_AVX2
+#ifdef MOESHARD_VNNI_ASM
   if constexpr (kVnni) {
-    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(s0.raw) : "x"(lo.raw), "x"(x[0].raw));
-    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(s0.raw) : "x"(hi.raw), "x"(x[1].raw));
+    asm(MOESHARD_VNNI_ASM("vpdpbusd") : "+v"(s0.raw) : "v"(lo.raw), "v"(x[0].raw));
+    asm(MOESHARD_VNNI_ASM("vpdpbusd") : "+v"(s0.raw) : "v"(hi.raw), "v"(x[1].raw));
     return s0;
   }
 #else
-  static_assert(!kVnni, "VNNI products on the AVX2 target only");
+  static_assert(!kVnni, "no VNNI products on this target");
 #endif
   return hn::ReorderWidenMulAccumulate(D32(), ChunkPairSums(lo, hi, x), hn::Set(D16(), 1), s0, s1);
 }
@@ -2589,6 +2602,14 @@ const CpuBackend* SimdBackendFor(CpuIsa isa) {
       return nullptr;
 #endif
     }
+    case CpuIsa::kAvx512Vnni: {
+#if HWY_TARGETS & HWY_AVX3
+      static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX3, "avx512-vnni", DotRowsVnniT);
+      return &b;
+#else
+      return nullptr;
+#endif
+    }
     case CpuIsa::kAvx512: {
 #if HWY_TARGETS & HWY_AVX3
       static const CpuBackend b = MOESHARD_SIMD_BACKEND(N_AVX3, "avx512", DotRowsT);
@@ -2624,6 +2645,7 @@ int64_t SimdTargetOf(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2Vnni:
     case CpuIsa::kAvx2: return HWY_AVX2;
+    case CpuIsa::kAvx512Vnni:
     case CpuIsa::kAvx512: return HWY_AVX3;
     case CpuIsa::kNeon: return HWY_NEON;
     case CpuIsa::kSve: return HWY_SVE;
@@ -2645,11 +2667,29 @@ bool CpuHasAvxVnni() {
   return false;
 #endif
 }
+
+// AVX512_VNNI (the AVX-512 target's check covers the ZMM state).
+bool CpuHasAvx512Vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") != 0;
+#else
+  return false;
+#endif
+}
 }  // namespace
+
+const CpuBackend* Avx512SimdFallback() {
+  for (CpuIsa isa : {CpuIsa::kAvx512Vnni, CpuIsa::kAvx512}) {
+    if (CpuSupportsSimd(isa)) return SimdBackendFor(isa);
+  }
+  return nullptr;
+}
 
 bool CpuSupportsSimd(CpuIsa isa) {
   const int64_t target = SimdTargetOf(isa);
   if (isa == CpuIsa::kAvx2Vnni && !CpuHasAvxVnni()) return false;
+  if (isa == CpuIsa::kAvx512Vnni && !CpuHasAvx512Vnni()) return false;
   return target != 0 && SimdBackendFor(isa) != nullptr && (hwy::SupportedTargets() & target) != 0;
 }
 
