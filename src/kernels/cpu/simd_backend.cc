@@ -2407,7 +2407,7 @@ void QuantizeRows(const MatrixRef& m, bool int8, const bf16_t* x, int64_t ldx, i
   }
 }
 
-// `vnni`: the 4-bit formats' integer products by AVX-VNNI (QLayout::vnni).
+// `vnni`: the 4-bit formats' integer products by VNNI (QLayout::vnni; AVX2 and AVX-512 only).
 void DotRows(const DotRowsArgs& a, bool vnni) {
   const MatrixRef& m = *a.w;
   // The bf16 row-group layout is the AVX-512 BF16 kernels' (moeshard run rewrites experts into
