@@ -2680,10 +2680,14 @@ bool CpuHasAvx512Vnni() {
 }  // namespace
 
 const CpuBackend* Avx512SimdFallback() {
-  for (CpuIsa isa : {CpuIsa::kAvx512Vnni, CpuIsa::kAvx512}) {
-    if (CpuSupportsSimd(isa)) return SimdBackendFor(isa);
-  }
-  return nullptr;
+  // Chosen once: the native kernels ask on every dot_rows call they hand over.
+  static const CpuBackend* const fallback = [] {
+    for (CpuIsa isa : {CpuIsa::kAvx512Vnni, CpuIsa::kAvx512}) {
+      if (CpuSupportsSimd(isa)) return SimdBackendFor(isa);
+    }
+    return static_cast<const CpuBackend*>(nullptr);
+  }();
+  return fallback;
 }
 
 bool CpuSupportsSimd(CpuIsa isa) {
