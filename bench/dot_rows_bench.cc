@@ -1,4 +1,4 @@
-// One CPU backend's dot_rows (the decode kernels) on 4-bit weights, without the grouped-GEMM
+// One CPU backend's dot_rows (the decode kernels) on 4-bit and fp8 weights, without the grouped-GEMM
 // driver: in L2 (a 384 x 2048 matrix, the size of a one-token gate/up task) and cold (a 450 MB
 // run of 1536 x 2048 matrices, each read once per iteration), one thread. The two separate a
 // kernel's instruction rate from its memory behaviour (docs/PERFORMANCE.md, "Int8
@@ -30,11 +30,12 @@ struct Matrices {
   std::vector<internal::MatrixRef> refs;
 };
 
-// `copies` copies of one expert's w13 ([rows, 2048], group 32) in `format`.
+// `copies` copies of one expert's w13 ([rows, 2048]; 4-bit: group 32, fp8: its 128 x 128 blocks)
+// in `format`.
 Matrices MakeMatrices(WeightFormat format, int64_t rows, int copies) {
   constexpr int64_t kCols = 2048;
   WeightScheme q = WeightScheme::Default(format);
-  q.group = 32;
+  if (format != WeightFormat::kFp8Block) q.group = 32;
   const ExpertWeightsShape s{
       .scheme = q, .num_experts_local = 1, .hidden = kCols, .intermediate = rows, .gated = false};
   std::vector<float> w13(static_cast<size_t>(rows * kCols)), w2(w13.size());
@@ -110,6 +111,10 @@ BENCHMARK_CAPTURE(BM_DotRows, avx512_bf16_int4, CpuIsa::kAvx512Bf16, WeightForma
 BENCHMARK_CAPTURE(BM_DotRows, avx512_int4, CpuIsa::kAvx512, WeightFormat::kInt4)->Apply(Args);
 BENCHMARK_CAPTURE(BM_DotRows, avx2_int4, CpuIsa::kAvx2, WeightFormat::kInt4)->Apply(Args);
 BENCHMARK_CAPTURE(BM_DotRows, avx2_mxfp4, CpuIsa::kAvx2, WeightFormat::kMxfp4)->Apply(Args);
+// fp8 has no int8-input route: 16-bit inputs only.
+BENCHMARK_CAPTURE(BM_DotRows, avx2_fp8, CpuIsa::kAvx2, WeightFormat::kFp8Block)
+    ->ArgNames({"cold", "tokens", "int8"})
+    ->ArgsProduct({{0, 1}, {1, 2, 8}, {0}});
 
 }  // namespace
 }  // namespace moeshard
