@@ -1,7 +1,7 @@
-// One CPU backend's dot_rows (the decode kernels) on 4-bit and fp8 weights, without the grouped-GEMM
-// driver: in L2 (a 384 x 2048 matrix, the size of a one-token gate/up task) and cold (a 450 MB
-// run of 1536 x 2048 matrices, each read once per iteration), one thread. The two separate a
-// kernel's instruction rate from its memory behaviour (docs/PERFORMANCE.md, "Int8
+// One CPU backend's dot_rows (the decode kernels) on 4-bit and fp8 weights, without the
+// grouped-GEMM driver: in L2 (a 384 x 2048 matrix, the size of a one-token gate/up task) and cold
+// (a 450 MB run of 1536 x 2048 matrices, each read once per iteration), one thread. The two
+// separate a kernel's instruction rate from its memory behaviour (docs/PERFORMANCE.md, "Int8
 // activations": the SIMD and the AVX-512 BF16 kernels have about the same rate in L2 but not
 // from memory).
 //
