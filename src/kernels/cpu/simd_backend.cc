@@ -253,8 +253,8 @@ struct Fp8Dec {
 #if HWY_TARGET == HWY_AVX2
     // AVX2: the halves converted from a stored copy (vcvtph2ps with a memory operand) instead of
     // the upper one extracted first: one shuffle fewer per 16 weights on a decode bound by its
-    // vector instructions (Zen 5: 0.91-0.98 of the time at 1-32 tokens, 0.94 in L2; on AVX-512
-    // the 64-byte store and its two loads were 1.05-1.18x the time of the extract). Opaque:
+    // vector instructions (Zen 5: 0.91-0.98 of the time at 1-32 tokens, 0.86-0.95 in L2; AVX-512:
+    // its 64-byte store and two loads took 1.05-1.18x the time of the extract). Opaque:
     // without it GCC turns the store and loads back into the extract.
     HWY_ALIGN int16_t buf[HWY_MAX_BYTES / sizeof(int16_t)];
     hn::Store(h, di16, buf);
