@@ -9,6 +9,7 @@ one binary against itself under the test suite's parallel load is a timing, not 
 """
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -39,7 +40,12 @@ def main(moeshard, work):
     (rnd,) = r["rounds"]
     if (rnd["a_seconds"], rnd["b_seconds"]) != (r["a_seconds"], r["b_seconds"]):
         sys.exit("FAIL: the medians of one round are not its times: %s" % r)
-    case_args = {who: r["commands"][who].split(" --json ")[0].split(" ", 1)[1] for who in "ab"}
+    # Each command line without its binary and its --json path (shlex: the paths may hold spaces).
+    case_args = {}
+    for who in "ab":
+        argv = shlex.split(r["commands"][who])
+        j = argv.index("--json")
+        case_args[who] = " ".join(argv[1:j] + argv[j + 2:])
     if case_args["a"] != case_args["b"] or "--shapes qwen3-30b-a3b --formats mxfp4 --tokens 1" \
             not in case_args["a"]:
         sys.exit("FAIL: builds A and B did not run the same case: %s" % r["commands"])
