@@ -251,15 +251,17 @@ struct Fp8Dec {
     const hn::Rebind<hwy::float16_t, decltype(dh)> df16;
     const auto h = E4M3Fp16Bits(di16, row.w + c);
 #if HWY_TARGET == HWY_AVX2
-    // AVX2: the halves converted from a stored copy (vcvtph2ps with a memory operand) instead of
-    // the upper one extracted first: one shuffle fewer per 16 weights on a decode bound by its
-    // vector instructions (Zen 5: 0.91-0.98 of the time at 1-32 tokens, 0.86-0.95 in L2; AVX-512:
-    // its 64-byte store and two loads took 1.05-1.18x the time of the extract). Opaque:
-    // without it GCC turns the store and loads back into the extract.
+    // AVX2: the upper half converted from a stored copy (vcvtph2ps with a memory operand) instead
+    // of extracted first: one shuffle fewer per 16 weights on a decode bound by its vector
+    // instructions (Zen 5: 0.91-0.98 of the time at 1-32 tokens, 0.86-0.95 in L2). The lower half
+    // converts from the register: loading it from the copy too took 1.09x the time in L2 at one
+    // token (median of 14 alternations), and two 16-byte stores 1.3x. AVX-512: its 64-byte
+    // store and load took 1.05-1.18x the time of the extract. Opaque: without it GCC turns the
+    // store and load back into the extract.
     HWY_ALIGN int16_t buf[HWY_MAX_BYTES / sizeof(int16_t)];
     hn::Store(h, di16, buf);
     const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-    out[0] = hn::PromoteTo(df, hn::BitCast(df16, hn::Load(dh, Opaque(buf))));
+    out[0] = hn::PromoteTo(df, hn::BitCast(df16, hn::LowerHalf(dh, h)));
     out[1] = hn::PromoteTo(df, hn::BitCast(df16, hn::Load(dh, Opaque(buf) + n)));
 #else
     out[0] = hn::PromoteTo(df, hn::BitCast(df16, hn::LowerHalf(dh, h)));
@@ -1782,13 +1784,15 @@ HWY_INLINE V32 SumRowPairsPerBlock(V32 ab, V32 cd) {
                  hn::BitCast(D32(), hn::InterleaveUpper(d64, ab64, cd64)));
 }
 
+// [a0 + a2, b0 + b2, a1 + a3, b1 + b3] per block: SumRowsPerBlock's first step, for two rows.
+HWY_INLINE V32 PairRowsPerBlock(V32 a, V32 b) {
+  const D32 d32;
+  return hn::Add(hn::InterleaveLower(d32, a, b), hn::InterleaveUpper(d32, a, b));
+}
+
 // Lane 4b + r: the sum of vector r's four lanes of block b (r = 0 .. 3 for a, b, c, d).
 HWY_INLINE V32 SumRowsPerBlock(V32 a, V32 b, V32 c, V32 d) {
-  const D32 d32;
-  // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] per block, and the same for c and d.
-  return SumRowPairsPerBlock(
-      hn::Add(hn::InterleaveLower(d32, a, b), hn::InterleaveUpper(d32, a, b)),
-      hn::Add(hn::InterleaveLower(d32, c, d), hn::InterleaveUpper(d32, c, d)));
+  return SumRowPairsPerBlock(PairRowsPerBlock(a, b), PairRowsPerBlock(c, d));
 }
 
 // Two rows' 16-bit pair sums of one chunk (QLayout::lanes: a flush per chunk) widened together:
@@ -2064,20 +2068,36 @@ void Q8RowsTile(const QLayout& ql, const Q8Inputs& xq, const RowPtrs* row_ptr, c
   StoreRows4Totals(total, out, accumulate);
 }
 
+// One row's products with MR tokens' 16-bit inputs over the chunk at byte p (inputs at xc, a
+// token every ldq), summed per 32-bit lane into s[i].
+template <Nib K, bool kVnni, int MR>
+HWY_INLINE void ChunkRowSums(const uint8_t* p, const int16_t* xc, int64_t ldq, V32 (&s)[MR]) {
+  const D16 d16;
+  const int64_t n16 = static_cast<int64_t>(hn::Lanes(d16));
+  V16 wv[4];
+  QDecodeChunk<K>(p, hn::Zero(D8()), wv);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    const int16_t* x = MR == 1 ? xc : Opaque(xc + i * ldq);  // two tokens: from memory
+    V32 unused;
+    s[i] = hn::Zero(D32());
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) s[i] = MulAddPairs<kVnni>(wv[v], x + v * n16, s[i], unused);
+  }
+}
+
 // QTile on 16-bit inputs for four rows (QLayout::rows4: groups of 32, several in a chunk, so a
 // flush per chunk): chunks [c0, c0 + nc) of tokens [t0, t0 + MR); out[i * kStreams + r] (+)= the
 // partial dot products; ws as for Q8RowsTile. A 32-bit lane of a block sums at most 32 products
 // (4 lanes of 8), within kQMaxGroup's bound. Per token and chunk the flush is one transpose-add,
 // one conversion and two multiplies, where QTile's four rows took four of each, four scale
-// lookups and (AVX2) their sums spilled.
+// lookups and (AVX2) their sums spilled. Rows 0 and 1 are paired as soon as both are summed, so
+// at most three sums per token are live (with all four kept, AVX2 spilled them every chunk).
 template <Nib K, bool kVnni, int MR, bool kRaw>
 void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, const void* ws,
                  int64_t t0, int64_t c0, int64_t nc, float* out, bool accumulate) {
-  const D8 d8;
-  const D16 d16;
   const D32 d32;
   const DQF dqf;
-  const int64_t n16 = static_cast<int64_t>(hn::Lanes(d16));
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
   const int64_t chunk = ql.chunk;
   const int64_t ldq = xq.ldq, ldsx = xq.ldsx;
@@ -2090,27 +2110,17 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
     const uint8_t* p[4];
     HWY_ALIGN uint8_t pad[4][kQMaxBytes];
     rows4.Next(ql, row_ptr, c0, f, pad, p);
-    V32 s0[MR][4], s1[MR][4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      V16 wv[4];
-      QDecodeChunk<K>(p[j], hn::Zero(d8), wv);
+    V32 a[MR], b[MR], ab[MR];
+    ChunkRowSums<K, kVnni, MR>(p[0], xc, ldq, a);
+    ChunkRowSums<K, kVnni, MR>(p[1], xc, ldq, b);
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        s0[i][j] = s1[i][j] = hn::Zero(d32);
-        const int16_t* x = MR == 1 ? xc : Opaque(xc + i * ldq);  // two tokens: from memory
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v)
-          s0[i][j] = MulAddPairs<kVnni>(wv[v], x + v * n16, s0[i][j], s1[i][j]);
-      }
-    }
+    for (int i = 0; i < MR; ++i) ab[i] = PairRowsPerBlock(a[i], b[i]);
+    ChunkRowSums<K, kVnni, MR>(p[2], xc, ldq, a);
+    ChunkRowSums<K, kVnni, MR>(p[3], xc, ldq, b);
     const auto wscale = FlushScales<K, true, kRaw>(ws, f, 1);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      V32 rows[4];
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) rows[j] = hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]);
-      const auto sum = hn::ConvertTo(dqf, SumRowsPerBlock(rows[0], rows[1], rows[2], rows[3]));
+      const auto sum = hn::ConvertTo(dqf, SumRowPairsPerBlock(ab[i], PairRowsPerBlock(a[i], b[i])));
       total[i] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx + i * ldsx)), wscale, total[i]);
     }
   }
