@@ -100,7 +100,7 @@ void BM_DotRows(benchmark::State& state, CpuIsa isa, WeightFormat format) {
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"cold", "tokens", "int8"});
   for (int64_t cold : {0, 1}) {
-    for (int64_t tokens : {1, 8}) {
+    for (int64_t tokens : {1, 2, 3, 4, 8}) {
       for (int64_t int8 : {0, 1}) b->Args({cold, tokens, int8});
     }
   }
