@@ -528,8 +528,12 @@ void Tile(const Dec& dec, const DotRowsArgs& a, const DotSpan& sp, const int64_t
       for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 2
         for (int v = 0; v < Dec::kVecs; ++v) {
-          xv[i][v] = hn::LoadU(df, x0 + i * ldxf + c + v * n);
-          InRegister(xv[i][v]);
+          // Pinned as a local, then copied: InRegister on the array element itself made GCC
+          // store every input to the array on the stack each chunk, never to read it back (AVX2
+          // end to end without those stores: bf16 0.93-0.98 of the time, fp8 0.96-0.98).
+          VF loaded = hn::LoadU(df, x0 + i * ldxf + c + v * n);
+          InRegister(loaded);
+          xv[i][v] = loaded;
         }
       }
     }
