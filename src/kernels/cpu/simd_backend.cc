@@ -2083,10 +2083,10 @@ HWY_INLINE void ChunkRowSums(const uint8_t* p, const int16_t* xc, int64_t ldq, V
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     const int16_t* x = MR == 1 ? xc : Opaque(xc + i * ldq);  // two tokens: from memory
-    V32 unused;
-    s[i] = hn::Zero(D32());
+    V32 s0 = hn::Zero(D32()), s1 = hn::Zero(D32());  // s1: NEON's odd products (x86: unused)
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) s[i] = MulAddPairs<kVnni>(wv[v], x + v * n16, s[i], unused);
+    for (int v = 0; v < 4; ++v) s0 = MulAddPairs<kVnni>(wv[v], x + v * n16, s0, s1);
+    s[i] = hn::RearrangeToOddPlusEven(s0, s1);
   }
 }
 
