@@ -910,8 +910,8 @@ void GrowQuantizedRows(const GemmSchedule& g, KernelScratch& s, GemmRun* run) {
     r = g.q_layout[i];
     r.q = KernelScratch::Grow(*values[i], g.num_rows * r.ldq * r.q_bytes);
     const int64_t n = g.num_rows * r.ldu;
-    r.sx = KernelScratch::Grow(*scales[i], run->int8_inputs ? 2 * n : n);
-    r.negc = run->int8_inputs ? r.sx + n : nullptr;
+    r.sx = KernelScratch::Grow(*scales[i], r.with_negc ? 2 * n : n);
+    r.negc = r.with_negc ? r.sx + n : nullptr;
   }
 }
 

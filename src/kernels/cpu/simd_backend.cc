@@ -968,6 +968,10 @@ struct QLayout {
   // The integer products by VNNI (the avx2-vnni and avx512-vnni backends; kVnniTarget): vpdpwssd
   // and vpdpbusd add into the 32-bit sums, the same sums as vpmaddwd / vpmaddubsw and their adds.
   bool vnni = false;
+  // int4 on 16-bit inputs: the codes decoded unsigned (code + 8, QDecodeChunk), the offset's share
+  // -8 x the inputs' sum per flush unit and lane folded into the inputs' scaling (QInputs::negc),
+  // as with 8-bit inputs.
+  bool offset = false;
   int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
   uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
 };
@@ -1007,12 +1011,25 @@ bool QLaneGroups(QLayout* ql) {
   return made_ok;
 }
 
-// The four int16 vectors (codes x 256; int4-zp: code - zero) of the chunk at byte p; `zeros`
-// holds each byte's zero point (int4-zp).
+// The four int16 vectors (codes x 256; int4-zp: code - zero; int4: the unsigned code, code + 8,
+// QLayout::offset) of the chunk at byte p; `zeros` holds each byte's zero point (int4-zp).
 template <Nib K>
 HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
   const D8 d8;
   const hn::Repartition<uint16_t, D8> du16;
+  if constexpr (K == Nib::kInt4) {
+    // The four nibbles of each 16-bit lane, in SpreadBytes' order (the low nibbles of the even
+    // and the odd bytes, then the high ones): 6 instructions, where the lookup and the spread
+    // took 9.
+    const D16 d16;
+    const auto u = hn::BitCast(du16, hn::LoadU(d8, p));
+    const auto nibble = hn::Set(du16, uint16_t{0x000F});
+    w[0] = hn::BitCast(d16, hn::And(u, nibble));
+    w[1] = hn::BitCast(d16, hn::And(hn::ShiftRight<8>(u), nibble));
+    w[2] = hn::BitCast(d16, hn::And(hn::ShiftRight<4>(u), nibble));
+    w[3] = hn::BitCast(d16, hn::ShiftRight<12>(u));
+    return;
+  }
   const auto mask = hn::Set(d8, 0x0F);
   const auto bytes = hn::LoadU(d8, p);
   auto lo = hn::And(bytes, mask);
@@ -1031,13 +1048,15 @@ HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
 
 // The inputs of the tokens quantized: q[t * ldq + c] in the chunks' lane order, and their
 // scales (q * scale is the input; the factor 1/256 of the decoded codes and the 1/2 of E2M1 x 2
-// are folded in): per group sx[t * ldsx + g], or, with QLayout::lanes, per chunk, class and
-// 32-bit lane sx[t * ldsx + chunk * N32 + lane].
+// are folded in): per group sx[t * ldu + g], or, with QLayout::lanes, per chunk, class and
+// 32-bit lane sx[t * ldu + chunk * N32 + lane]. With QLayout::offset (int4), per flush unit and
+// lane as Q8Inputs, with the offset's share negc (else null).
 struct QInputs {
   const int16_t* q;
   int64_t ldq;
   const float* sx;
-  int64_t ldsx;
+  const float* negc;
+  int64_t ldu;
 };
 
 // 2^e as a float for e in [-126, 127].
@@ -1131,20 +1150,66 @@ void QuantizeGroups(const bf16_t* x, int64_t groups, int64_t group, const int32_
 }
 
 // One token's row sizes in the layout of ql for 8-bit (k8) or 16-bit inputs: values (ldq) and
-// scales (ldu: per flush unit and lane, or with 16-bit inputs, per group unless QLayout::lanes),
-// and the scratch bytes of QuantizeRows8 / QuantizeRows16.
+// scales (ldu: per flush unit and lane, with negc; or with 16-bit inputs but QLayout::offset,
+// per group unless QLayout::lanes), and the scratch bytes of QuantizeRows8 / QuantizeRows16.
 void QRowSizes(const QLayout& ql, bool k8, QuantizedRows* r, int64_t* scratch_bytes) {
   const int64_t chunks = CeilDiv(ql.cols, ql.chunk);
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
   r->ldq = chunks * ql.chunk;
   r->q_bytes = k8 ? 1 : 2;
+  r->with_negc = k8 || ql.offset;
   const int64_t groups = r->ldq / ql.group;
-  if (k8) {
+  if (r->with_negc) {
     r->ldu = (ql.lanes ? chunks : ql.cols / ql.group) * n32;
-    *scratch_bytes = 4 * groups + 4 * r->ldu + r->ldq;  // per group, lane sums, one token
   } else {
     r->ldu = ql.lanes ? chunks * n32 : ql.cols / ql.group;
-    *scratch_bytes = 8 * groups + 2 * r->ldq;  // per-group scales and shifts, one token
+  }
+  if (k8) {
+    *scratch_bytes = 4 * groups + 4 * r->ldu + r->ldq;  // per group, lane sums, one token
+  } else {  // per-group scales and shifts, one token, (QLayout::offset) lane sums
+    *scratch_bytes = 8 * groups + 2 * r->ldq + (ql.offset ? 4 * r->ldu : 0);
+  }
+}
+
+// One token's input scales and offset shares per flush unit u and 32-bit lane l (units of n32
+// lanes): tsx = the scale of the lane's group (d: per group, or per unit without QLayout::lanes)
+// x code_scale, and tnegc = -offset x the lane's input sum (lane_sum, per unit and lane) x tsx.
+// With QLayout::rows4 a lane stands for its 128-bit block: its share sums the block's four lanes
+// (summed in lane_sum in place).
+void LaneScales(const QLayout& ql, int64_t units, const float* d, int32_t* lane_sum,
+                float code_scale, int offset, float* tsx, float* tnegc) {
+  const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
+  const int64_t n = units * n32;
+  const int64_t per_scale = ql.lanes ? ql.group / 8 : n32;  // the lanes of one group
+  for (int64_t l = 0, g = 0; l < n; l += per_scale, ++g) {
+    std::fill(tsx + l, tsx + l + per_scale, d[g] * code_scale);  // g: group, or unit (not lanes)
+  }
+  if (ql.rows4) {
+    for (int64_t l = 0; l < n; l += 4) {
+      std::fill(lane_sum + l, lane_sum + l + 4, std::accumulate(lane_sum + l, lane_sum + l + 4, 0));
+    }
+  }
+  for (int64_t l = 0; l < n; ++l) tnegc[l] = -static_cast<float>(offset * lane_sum[l]) * tsx[l];
+}
+
+// One token's int16 inputs (natural: in column order, ldq of them) in the chunks' lane order
+// (QChunkOrder) at dst: a chunk's four vectors hold in lane i its columns 4i, 4i + 2, 4i + 1 and
+// 4i + 3 (SpreadBytes' order of the low and the high nibbles). Two rounds of even / odd lanes,
+// where a lookup per value took 39 % of the quantizer's samples (perf, AVX2, one token).
+void ChunkOrder16(const int16_t* natural, int64_t ldq, int16_t* dst) {
+  const D16 d16;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d16));
+  for (int64_t c0 = 0; c0 < ldq; c0 += 4 * n) {
+    const int16_t* x = natural + c0;
+    const auto a = hn::LoadU(d16, x), b = hn::LoadU(d16, x + n);
+    const auto c = hn::LoadU(d16, x + 2 * n), d = hn::LoadU(d16, x + 3 * n);
+    const auto even_ab = hn::ConcatEven(d16, b, a), odd_ab = hn::ConcatOdd(d16, b, a);
+    const auto even_cd = hn::ConcatEven(d16, d, c), odd_cd = hn::ConcatOdd(d16, d, c);
+    int16_t* out = dst + c0;
+    hn::StoreU(hn::ConcatEven(d16, even_cd, even_ab), d16, out);        // 4i
+    hn::StoreU(hn::ConcatOdd(d16, even_cd, even_ab), d16, out + n);     // 4i + 2
+    hn::StoreU(hn::ConcatEven(d16, odd_cd, odd_ab), d16, out + 2 * n);  // 4i + 1
+    hn::StoreU(hn::ConcatOdd(d16, odd_cd, odd_ab), d16, out + 3 * n);   // 4i + 3
   }
 }
 
@@ -1161,22 +1226,20 @@ void QuantizeRows16(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const
   // padded with zero inputs of zero scale.
   const int64_t ldq = out.ldq, ldsx = out.ldu;
   const int64_t chunks = ldq / chunk;
-  const int16_t* order = QChunkOrder();
-  float* sg = static_cast<float*>(scratch);  // per-group scales of one token (QLayout::lanes)
+  // Per-group scales of one token (QLayout::lanes, QLayout::offset).
+  float* sg = static_cast<float*>(scratch);
   int32_t* shifts = reinterpret_cast<int32_t*>(sg + ldq / group);       // per group
   int16_t* natural = reinterpret_cast<int16_t*>(shifts + ldq / group);  // one token, in order
+  int32_t* lane_sum = reinterpret_cast<int32_t*>(natural + ldq);        // QLayout::offset
   for (int64_t t = 0; t < num_tokens; ++t) {
     const bf16_t* x = x_rows + t * ldx;
     GroupShifts(x, groups, group, shifts);
     for (int64_t g = groups; g < ldq / group; ++g) shifts[g] = kZeroShift;
     QuantizeGroups(x, groups, group, shifts, natural);
     std::fill(natural + k, natural + ldq, int16_t{0});
-    int16_t* dst = static_cast<int16_t*>(out.q) + t * ldq;
-    for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
-      for (int64_t l = 0; l < chunk; ++l) dst[c0 + l] = natural[c0 + order[l]];
-    }
+    ChunkOrder16(natural, ldq, static_cast<int16_t*>(out.q) + t * ldq);
     float* sx = out.sx + t * ldsx;
-    float* scales = ql.lanes ? sg : sx;
+    float* scales = ql.lanes || ql.offset ? sg : sx;
     for (int64_t g = 0; g < ldq / group; ++g) {
       const int32_t shift = shifts[g];
       if (shift == kZeroShift) {
@@ -1187,7 +1250,19 @@ void QuantizeRows16(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const
         scales[g] = Pow2(-(shift / 2)) * Pow2(-(shift - shift / 2)) * code_scale;
       }
     }
-    if (ql.lanes) {
+    if (ql.offset) {
+      // The input sum of each flush unit's 32-bit lanes: lane l of a chunk holds its int16 lanes
+      // 2l and 2l + 1 of the four vectors, columns 8l .. 8l + 7 (QChunkOrder).
+      std::fill(lane_sum, lane_sum + ldsx, 0);
+      for (int64_t c0 = 0; c0 < ldq; c0 += chunk) {
+        int32_t* unit = lane_sum + (ql.lanes ? c0 / chunk : c0 / group) * n32;
+        for (int64_t l = 0; l < n32; ++l) {
+          const int16_t* cols = natural + c0 + 8 * l;
+          unit[l] += cols[0] + cols[1] + cols[2] + cols[3] + cols[4] + cols[5] + cols[6] + cols[7];
+        }
+      }
+      LaneScales(ql, ldsx / n32, sg, lane_sum, 1.0f, 8, sx, out.negc + t * ldsx);
+    } else if (ql.lanes) {
       const int64_t per_chunk = chunk / group;
       for (int64_t c = 0; c < chunks; ++c) {
         for (int64_t l = 0; l < n32; ++l) sx[c * n32 + l] = sg[c * per_chunk + ql.lane_group[l]];
@@ -1337,19 +1412,7 @@ void QuantizeRows8(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const 
       }
       continue;
     }
-    const int64_t span = ql.rows4 ? 4 : 1;                 // the source lanes a lane stands for
-    const int64_t per_scale = ql.lanes ? group / 8 : n32;  // the lanes of one group
-    for (int64_t u = 0, g = 0; u < units; ++u) {           // g: the next group (lanes)
-      for (int64_t l1 = 0; l1 < n32; l1 += per_scale) {
-        const float s = d[ql.lanes ? g++ : u] * code_scale;
-        for (int64_t l0 = l1; l0 < l1 + per_scale; l0 += span) {
-          const int32_t* from = lane_sum + u * n32 + l0;
-          const float c = -static_cast<float>(offset * std::accumulate(from, from + span, 0)) * s;
-          std::fill(tsx + u * n32 + l0, tsx + u * n32 + l0 + span, s);
-          std::fill(tnegc + u * n32 + l0, tnegc + u * n32 + l0 + span, c);
-        }
-      }
-    }
+    LaneScales(ql, units, d, lane_sum, code_scale, offset, tsx, tnegc);
   }
 }
 
@@ -1364,7 +1427,7 @@ QuantizedRows WorkRows(int64_t num_tokens, const QLayout& ql, bool k8, void* wor
   r.sx = reinterpret_cast<float*>(static_cast<uint8_t*>(work) +
                                   RoundUp(num_tokens * r.ldq * r.q_bytes, int64_t{64}));
   float* end = r.sx + num_tokens * r.ldu;
-  if (k8) {
+  if (r.with_negc) {
     r.negc = end;
     end += num_tokens * r.ldu;
   }
@@ -1696,7 +1759,8 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
-        if constexpr (k8) {  // per flush unit and lane: the input scale, the offset's share
+        // Per flush unit and lane: the input scale, the offset's share (QLayout::offset).
+        if constexpr (k8 || K == Nib::kInt4) {
           const int64_t at = (t0 + i) * xq.ldu + (c0 + f) / per_flush * n32;
           const auto scaled =
               hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
@@ -1706,10 +1770,10 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
             total[i][j] = hn::MulAdd(scaled, hn::Set(dqf, wscalar), total[i][j]);
           }
         } else if constexpr (kLanes) {
-          const float* sx = xq.sx + (t0 + i) * xq.ldsx + (c0 + f) * n32;
+          const float* sx = xq.sx + (t0 + i) * xq.ldu + (c0 + f) * n32;
           total[i][j] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx)), wscale, total[i][j]);
         } else {
-          const float sx = xq.sx[(t0 + i) * xq.ldsx + (c0 + f) / per_flush];
+          const float sx = xq.sx[(t0 + i) * xq.ldu + (c0 + f) / per_flush];
           total[i][j] = hn::MulAdd(sum, hn::Set(dqf, sx * wscalar), total[i][j]);
         }
       }
@@ -2104,13 +2168,13 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
   const DQF dqf;
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(d32));
   const int64_t chunk = ql.chunk;
-  const int64_t ldq = xq.ldq, ldsx = xq.ldsx;
-  const float* sx = xq.sx + t0 * ldsx + c0 * n32;  // token t0's scales of chunk c0
+  const int64_t ldq = xq.ldq, ldsx = xq.ldu;
+  const int64_t x0 = t0 * ldsx + c0 * n32;  // token t0's scales of chunk c0 in sx (and negc)
   hn::Vec<DQF> total[MR];
   for (int i = 0; i < MR; ++i) total[i] = hn::Zero(dqf);
   FourRowChunks rows4(ql, row_ptr, c0, nc);
   const int16_t* xc = xq.q + t0 * ldq + c0 * chunk;
-  for (int64_t f = 0; f < nc; ++f, xc += chunk, sx += n32) {
+  for (int64_t f = 0; f < nc; ++f, xc += chunk) {
     const uint8_t* p[4];
     HWY_ALIGN uint8_t pad[4][kQMaxBytes];
     rows4.Next(ql, row_ptr, c0, f, pad, p);
@@ -2125,7 +2189,15 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const auto sum = hn::ConvertTo(dqf, SumRowPairsPerBlock(ab[i], PairRowsPerBlock(a[i], b[i])));
-      total[i] = hn::MulAdd(hn::Mul(sum, hn::LoadU(dqf, sx + i * ldsx)), wscale, total[i]);
+      const int64_t at = x0 + f * n32 + i * ldsx;
+      const auto x_scale = hn::LoadU(dqf, xq.sx + at);
+      hn::Vec<DQF> scaled;
+      if constexpr (K == Nib::kInt4) {  // QLayout::offset: the offset's share
+        scaled = hn::MulAdd(sum, x_scale, hn::LoadU(dqf, xq.negc + at));
+      } else {
+        scaled = hn::Mul(sum, x_scale);
+      }
+      total[i] = hn::MulAdd(scaled, wscale, total[i]);
     }
   }
   StoreRows4Totals(total, out, accumulate);
@@ -2173,10 +2245,11 @@ void RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, 
 }
 
 // The scale of the decoded codes folded into the inputs' scales: 1/2 for E2M1 x 2, and with
-// 16-bit inputs 1/256 for the codes' placement in the int16's high byte.
+// 16-bit inputs 1/256 for the codes' placement in the int16's high byte (not int4's, decoded in
+// the low byte: QLayout::offset).
 template <Nib K, bool k8>
 constexpr float QCodeScale() {
-  return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 ? 1.0f : 1.0f / 256.0f);
+  return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 || K == Nib::kInt4 ? 1.0f : 1.0f / 256.0f);
 }
 
 // num_tokens rows of x quantized for the decode walk of format K (k8: int8, else int16) into
@@ -2206,7 +2279,7 @@ auto QuantizeFor(const DotRowsArgs& a, const QLayout& ql) {
   if constexpr (k8) {
     return Q8Inputs{static_cast<const int8_t*>(r.q), r.ldq, r.sx, r.negc, r.ldu};
   } else {
-    return QInputs{static_cast<const int16_t*>(r.q), r.ldq, r.sx, r.ldu};
+    return QInputs{static_cast<const int16_t*>(r.q), r.ldq, r.sx, r.negc, r.ldu};
   }
 }
 
@@ -2259,6 +2332,7 @@ bool QLayoutFor(const MatrixRef& m, int64_t num_tokens, QLayout* out) {
   ql.cols = m.cols;
   ql.group = m.group;
   ql.chunk = QChunk();
+  ql.offset = !k8 && K == Nib::kInt4;
   // 16-bit inputs: the fp32 strips from 12 tokens (Qwen3 at 12 and 16 tokens per expert, AVX2:
   // 0.88-0.97 of the time of this walk; the Kimi shapes 0.99-1.00; at 8, 1.15x the time).
   const int64_t most = k8 ? kDecodeMaxTokens : 11;
