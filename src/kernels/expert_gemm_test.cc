@@ -544,6 +544,76 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
   }
 }
 
+// int4 on 16-bit inputs, through each compiled variant's dot_rows on one thread (the SIMD
+// backends decode the codes unsigned and fold the offset's share, -8 x each lane's input sum,
+// into the inputs' scaling: QLayout::offset in simd_backend.cc): groups of 32 (several per
+// chunk, one row per lane or four rows per vector up to 3 tokens), 64 and 128 (a chunk or
+// several per group), K with a last partial chunk, every token count of the integer walk, and
+// per token an outlier, a group of zeros and a group of tiny inputs, against the oracle in double.
+// The tolerance is the inputs' 16-bit rounding (half a step of 2^-14 of each group's largest
+// magnitude, times the weight) plus fp32 summation; a lost offset share is 8 x a group's input
+// sum times its scale, far outside it.
+TEST(GroupedGemm, Int4DotRowsOnSixteenBitInputsEveryVariant) {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    if (isa != CpuIsa::kPortable) isas.push_back(isa);
+  }
+  if (isas.empty()) GTEST_SKIP() << "this CPU runs only the portable kernels";
+  for (int64_t group : {32, 64, 128}) {
+    WeightScheme q = WeightScheme::Default(WeightFormat::kInt4);
+    q.group = group;
+    for (int64_t cols : {3 * group, int64_t{2048}}) {
+      const ExpertWeightsShape s{
+          .scheme = q, .num_experts_local = 1, .hidden = cols, .intermediate = 128, .gated = false};
+      const std::vector<float> w13 = Randn(128 * cols, 600 + group + cols, 0.1f);
+      const std::vector<float> w2 = Randn(128 * cols, 601, 0.1f);
+      const OwnedExpertWeights ow = EncodeExpertWeights(s, w13.data(), w2.data(), nullptr, nullptr);
+      const internal::MatrixRef m = internal::ExpertMatrix(ow.view, true, 0);
+      std::vector<int32_t> rows(13);
+      for (int i = 0; i < 13; ++i) rows[i] = 3 * i + 1;
+      for (int64_t tokens : {1, 2, 3, 4, 8, 11}) {
+        std::vector<float> xf = Randn(tokens * cols, 700 + tokens, 0.5f);
+        for (int64_t t = 0; t < tokens; ++t) {
+          float* row = xf.data() + t * cols;
+          row[5] *= 100.0f;
+          std::fill(row + group, row + 2 * group, 0.0f);
+          for (int64_t c = 2 * group; c < 3 * group; ++c) row[c] *= 1e-30f;
+        }
+        std::vector<bf16_t> x(xf.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          x[i] = FloatToBf16(xf[i]);
+          xf[i] = Bf16ToFloat(x[i]);
+        }
+        for (CpuIsa isa : isas) {
+          const std::vector<float> out =
+              RunDotRows(internal::CpuBackendFor(isa), m, x, tokens, rows);
+          for (int64_t t = 0; t < tokens; ++t) {
+            const float* xt = xf.data() + t * cols;
+            for (size_t j = 0; j < rows.size(); ++j) {
+              double want = 0.0, mag = 0.0, rounding = 0.0;
+              for (int64_t g0 = 0; g0 < cols; g0 += group) {
+                double top = 0.0;
+                for (int64_t c = g0; c < g0 + group; ++c)
+                  top = std::max(top, std::abs(double{xt[c]}));
+                for (int64_t c = g0; c < g0 + group; ++c) {
+                  const double w = reference::DequantizeWeight(ow.view, reference::Projection::kW13,
+                                                               0, rows[j], c);
+                  want += xt[c] * w;
+                  mag += std::abs(xt[c] * w);
+                  rounding += std::ldexp(top, -14) * std::abs(w);
+                }
+              }
+              EXPECT_NEAR(out[t * rows.size() + j], want, rounding + 1e-5 * mag)
+                  << fmt::format("{} g{} K{} tokens {} token {} row {}", CpuIsaName(isa), group,
+                                 cols, tokens, t, rows[j]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // One packed_gemm call on rows 0..rows of m: x's first 16 tokens (bf16 rows of m.cols) packed
 // as one group, the rest (up to kPackedMaxRem) as unpacked remainder tokens; out[r * tokens + t].
 std::vector<float> PackedGemmOneGroup(const internal::CpuBackend& b, const internal::MatrixRef& m,
