@@ -1047,9 +1047,9 @@ HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
 }
 
 // The inputs of the tokens quantized: q[t * ldq + c] in the chunks' lane order, and their
-// scales (q * scale is the input; the factor 1/256 of the decoded codes and the 1/2 of E2M1 x 2
-// are folded in): per group sx[t * ldu + g], or, with QLayout::lanes, per chunk, class and
-// 32-bit lane sx[t * ldu + chunk * N32 + lane]. With QLayout::offset (int4), per flush unit and
+// scales (q * scale is the input; the factor 1/256 of the decoded codes, but int4's, and the 1/2
+// of E2M1 x 2 are folded in): per group sx[t * ldu + g], or, with QLayout::lanes, per chunk, class
+// and 32-bit lane sx[t * ldu + chunk * N32 + lane]. With QLayout::offset (int4), per flush unit and
 // lane as Q8Inputs, with the offset's share negc (else null).
 struct QInputs {
   const int16_t* q;
@@ -1150,8 +1150,9 @@ void QuantizeGroups(const bf16_t* x, int64_t groups, int64_t group, const int32_
 }
 
 // One token's row sizes in the layout of ql for 8-bit (k8) or 16-bit inputs: values (ldq) and
-// scales (ldu: per flush unit and lane, with negc; or with 16-bit inputs but QLayout::offset,
-// per group unless QLayout::lanes), and the scratch bytes of QuantizeRows8 / QuantizeRows16.
+// scales (ldu: per flush unit and lane, with negc, for 8-bit inputs and QLayout::offset; else
+// per group, or per chunk and lane with QLayout::lanes), and the scratch bytes of QuantizeRows8 /
+// QuantizeRows16.
 void QRowSizes(const QLayout& ql, bool k8, QuantizedRows* r, int64_t* scratch_bytes) {
   const int64_t chunks = CeilDiv(ql.cols, ql.chunk);
   const int64_t n32 = static_cast<int64_t>(hn::Lanes(D32()));
