@@ -968,9 +968,9 @@ struct QLayout {
   // The integer products by VNNI (the avx2-vnni and avx512-vnni backends; kVnniTarget): vpdpwssd
   // and vpdpbusd add into the 32-bit sums, the same sums as vpmaddwd / vpmaddubsw and their adds.
   bool vnni = false;
-  // int4 on 16-bit inputs: the codes decoded unsigned (code + 8, QDecodeChunk), the offset's share
-  // -8 x the inputs' sum per flush unit and lane folded into the inputs' scaling (QInputs::negc),
-  // as with 8-bit inputs.
+  // kOffsetCodes on 16-bit inputs: the codes decoded unsigned (code + 8, QDecodeChunk), the
+  // offset's share -8 x the inputs' sum per flush unit and lane folded into the inputs' scaling
+  // (QInputs::negc), as with 8-bit inputs.
   bool offset = false;
   int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
   uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
@@ -1011,13 +1011,18 @@ bool QLaneGroups(QLayout* ql) {
   return made_ok;
 }
 
+// Whether the 16-bit decode of K takes its codes unsigned, with the offset's share in the
+// inputs' scaling (QLayout::offset): int4, whose codes are the value + 8.
+template <Nib K>
+constexpr bool kOffsetCodes = K == Nib::kInt4;
+
 // The four int16 vectors (codes x 256; int4-zp: code - zero; int4: the unsigned code, code + 8,
 // QLayout::offset) of the chunk at byte p; `zeros` holds each byte's zero point (int4-zp).
 template <Nib K>
 HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
   const D8 d8;
   const hn::Repartition<uint16_t, D8> du16;
-  if constexpr (K == Nib::kInt4) {
+  if constexpr (kOffsetCodes<K>) {
     // The four nibbles of each 16-bit lane, in SpreadBytes' order (the low nibbles of the even
     // and the odd bytes, then the high ones): 6 instructions, where the lookup and the spread
     // took 9.
@@ -1761,7 +1766,7 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
       for (int i = 0; i < MR; ++i) {
         const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
         // Per flush unit and lane: the input scale, the offset's share (QLayout::offset).
-        if constexpr (k8 || K == Nib::kInt4) {
+        if constexpr (k8 || kOffsetCodes<K>) {
           const int64_t at = (t0 + i) * xq.ldu + (c0 + f) / per_flush * n32;
           const auto scaled =
               hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
@@ -2193,7 +2198,7 @@ void Q16RowsTile(const QLayout& ql, const QInputs& xq, const RowPtrs* row_ptr, c
       const int64_t at = x0 + f * n32 + i * ldsx;
       const auto x_scale = hn::LoadU(dqf, xq.sx + at);
       hn::Vec<DQF> scaled;
-      if constexpr (K == Nib::kInt4) {  // QLayout::offset: the offset's share
+      if constexpr (kOffsetCodes<K>) {  // QLayout::offset: the offset's share
         scaled = hn::MulAdd(sum, x_scale, hn::LoadU(dqf, xq.negc + at));
       } else {
         scaled = hn::Mul(sum, x_scale);
@@ -2250,7 +2255,7 @@ void RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, 
 // the low byte: QLayout::offset).
 template <Nib K, bool k8>
 constexpr float QCodeScale() {
-  return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 || K == Nib::kInt4 ? 1.0f : 1.0f / 256.0f);
+  return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 || kOffsetCodes<K> ? 1.0f : 1.0f / 256.0f);
 }
 
 // num_tokens rows of x quantized for the decode walk of format K (k8: int8, else int16) into
@@ -2333,7 +2338,7 @@ bool QLayoutFor(const MatrixRef& m, int64_t num_tokens, QLayout* out) {
   ql.cols = m.cols;
   ql.group = m.group;
   ql.chunk = QChunk();
-  ql.offset = !k8 && K == Nib::kInt4;
+  ql.offset = !k8 && kOffsetCodes<K>;
   // 16-bit inputs: the fp32 strips from 12 tokens (Qwen3 at 12 and 16 tokens per expert, AVX2:
   // 0.88-0.97 of the time of this walk; the Kimi shapes 0.99-1.00; at 8, 1.15x the time).
   const int64_t most = k8 ? kDecodeMaxTokens : 11;
