@@ -811,6 +811,55 @@ TEST(GroupedGemm, Bf16DotRowsWalkStripsAndRest) {
   }
 }
 
+// fp8 rows through each variant's dot_rows, against sums in double: 13 rows over two block rows
+// of 8, 200 columns (two column blocks of 128, the second partial, and a rest past the last whole
+// chunk on every vector width), every code but NaN, tokens on the decode walk and the strips. A
+// wrong half of a chunk, block scale or rest shows here.
+TEST(GroupedGemm, Fp8DotRowsWalkStripsAndRest) {
+  constexpr int64_t kRows = 13, kCols = 200, kBlock = 128, kBlockRows = 8;
+  std::vector<uint8_t> codes(static_cast<size_t>(kRows * kCols));
+  std::mt19937 rng(7401);
+  for (uint8_t& code : codes) {
+    do {
+      code = static_cast<uint8_t>(rng() & 0xFF);
+    } while ((code & 0x7F) == 0x7F);
+  }
+  const std::vector<float> scales = {0.5f, 0.046875f, 3.0f, 0.25f};  // [block row][block column]
+  internal::MatrixRef m;
+  m.format = WeightFormat::kFp8Block;
+  m.data = codes.data();
+  m.scales = reinterpret_cast<const uint8_t*>(scales.data());
+  m.rows = kRows;
+  m.cols = kCols;
+  m.group = kBlock;
+  m.block_rows = kBlockRows;
+  m.row_bytes = kCols;
+  const std::vector<int32_t> rows = Iota(kRows);
+  for (int64_t tokens : {1, 2, 3, 5, 16, 17, 24}) {
+    const std::vector<bf16_t> x = RandnBf16(tokens * kCols, 7402 + tokens, 1.0f);
+    for (CpuIsa isa : TestIsas()) {
+      const KernelContext ctx = MakeContext(isa, 1);
+      const std::vector<float> out =
+          RunDotRows(internal::CpuBackendFor(ctx.isa()), m, x, tokens, rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t c = 0; c < kCols; ++c) {
+            const float s = scales[static_cast<size_t>(r / kBlockRows * 2 + c / kBlock)];
+            const double term =
+                static_cast<double>(Fp8E4M3ToFloat(codes[static_cast<size_t>(r * kCols + c)])) * s *
+                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
+            want += term;
+            mag += std::abs(term);
+          }
+          EXPECT_NEAR(out[static_cast<size_t>(t * kRows + r)], want, 1e-5 * mag)
+              << fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
+        }
+      }
+    }
+  }
+}
+
 // The benchmark's fp8 weights are codes of block-quantized Gaussian weights: no NaN code, the
 // block maximum near 448, and subnormal codes (exponent 0, which the AVX-512 decode takes a slower
 // route for) as rare as in a checkpoint, not every eighth code as uniform bytes would make them.
