@@ -544,23 +544,27 @@ TEST(GroupedGemm, Mxfp4DotRowsEveryScaleCode) {
   }
 }
 
-// int4 on 16-bit inputs, through each compiled variant's dot_rows on one thread (the SIMD
-// backends decode the codes unsigned and fold the offset's share, -8 x each lane's input sum,
-// into the inputs' scaling: QLayout::offset in simd_backend.cc): groups of 32 (several per
-// chunk, one row per lane or four rows per vector up to 3 tokens), 64 and 128 (a chunk or
-// several per group), K with a last partial chunk, every token count of the integer walk, and
-// per token an outlier, a group of zeros and a group of tiny inputs, against the oracle in double.
-// The tolerance is the inputs' 16-bit rounding (half a step of 2^-14 of each group's largest
-// magnitude, times the weight) plus fp32 summation; a lost offset share is 8 x a group's input
-// sum times its scale, far outside it.
+// int4 and int4-zp on 16-bit inputs, through each compiled variant's dot_rows on one thread (the
+// SIMD backends decode the codes unsigned and fold the offset's share, -8 or -the zero point x
+// each lane's input sum, into the inputs' scaling: QLayout::offset in simd_backend.cc): groups of
+// 32 (several per chunk, one row per lane or four rows per vector up to 3 tokens), 64 and 128 (a
+// chunk or several per group), K with a last partial chunk, every token count of the integer
+// walk, and per token an outlier, a group of zeros and a group of tiny inputs, against the oracle
+// in double. The tolerance is the inputs' 16-bit rounding (half a step of 2^-14 of each group's
+// largest magnitude, times the weight) plus fp32 summation; a lost or misplaced offset share is
+// a multiple of a group's input sum times its scale, far outside it. It runs under qemu-aarch64
+// (NEON), where the threaded grouped-GEMM tests cannot.
 TEST(GroupedGemm, Int4DotRowsOnSixteenBitInputsEveryVariant) {
   std::vector<CpuIsa> isas;
   for (CpuIsa isa : SupportedCpuIsas()) {
     if (isa != CpuIsa::kPortable) isas.push_back(isa);
   }
   if (isas.empty()) GTEST_SKIP() << "this CPU runs only the portable kernels";
-  for (int64_t group : {32, 64, 128}) {
-    WeightScheme q = WeightScheme::Default(WeightFormat::kInt4);
+  for (const auto& [format, group] :
+       {std::pair(WeightFormat::kInt4, int64_t{32}), std::pair(WeightFormat::kInt4, int64_t{64}),
+        std::pair(WeightFormat::kInt4, int64_t{128}), std::pair(WeightFormat::kInt4Zp, int64_t{32}),
+        std::pair(WeightFormat::kInt4Zp, int64_t{128})}) {
+    WeightScheme q = WeightScheme::Default(format);
     q.group = group;
     for (int64_t cols : {3 * group, int64_t{2048}}) {
       const ExpertWeightsShape s{
@@ -604,8 +608,8 @@ TEST(GroupedGemm, Int4DotRowsOnSixteenBitInputsEveryVariant) {
                 }
               }
               EXPECT_NEAR(out[t * rows.size() + j], want, rounding + 1e-5 * mag)
-                  << fmt::format("{} g{} K{} tokens {} token {} row {}", CpuIsaName(isa), group,
-                                 cols, tokens, t, rows[j]);
+                  << fmt::format("{} {} g{} K{} tokens {} token {} row {}", CpuIsaName(isa),
+                                 WeightFormatName(format), group, cols, tokens, t, rows[j]);
             }
           }
         }

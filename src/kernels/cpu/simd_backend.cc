@@ -968,12 +968,12 @@ struct QLayout {
   // The integer products by VNNI (the avx2-vnni and avx512-vnni backends; kVnniTarget): vpdpwssd
   // and vpdpbusd add into the 32-bit sums, the same sums as vpmaddwd / vpmaddubsw and their adds.
   bool vnni = false;
-  // kOffsetCodes on 16-bit inputs: the codes decoded unsigned (code + 8, QDecodeChunk), the
-  // offset's share -8 x the inputs' sum per flush unit and lane folded into the inputs' scaling
-  // (QInputs::negc), as with 8-bit inputs.
+  // kOffsetCodes on 16-bit inputs: the codes decoded unsigned (QDecodeChunk), the offset's
+  // share (int4: -8 x the inputs' sum per flush unit and lane; int4-zp: -the sum, times each
+  // row's zero point in the flush) folded into the inputs' scaling (QInputs::negc), as with
+  // 8-bit inputs.
   bool offset = false;
   int32_t lane_group[kQMaxLanes32] = {};  // the group (within the chunk) of each 32-bit lane
-  uint8_t byte_group[kQMaxBytes] = {};    // the group (within the chunk) of each loaded byte
 };
 
 // Fills the lane layout of a chunk spanning several groups; false when a 32-bit lane's columns
@@ -988,9 +988,6 @@ bool MakeQLaneGroups(QLayout* ql) {
     for (int64_t l = 0; l < n16; ++l) {
       if (order[v * n16 + l] / ql->group != ql->lane_group[l / 2]) return false;
     }
-  }
-  for (int64_t i = 0; i < static_cast<int64_t>(hn::Lanes(D8())); ++i) {
-    ql->byte_group[i] = static_cast<uint8_t>(2 * i / ql->group);  // byte i: columns 2i, 2i + 1
   }
   return true;
 }
@@ -1007,19 +1004,25 @@ bool QLaneGroups(QLayout* ql) {
     made_ok = MakeQLaneGroups(&made);
   }
   std::copy(std::begin(made.lane_group), std::end(made.lane_group), ql->lane_group);
-  std::copy(std::begin(made.byte_group), std::end(made.byte_group), ql->byte_group);
   return made_ok;
 }
 
 // Whether the 16-bit decode of K takes its codes unsigned, with the offset's share in the
-// inputs' scaling (QLayout::offset): int4, whose codes are the value + 8.
+// inputs' scaling (QLayout::offset): int4, whose codes are the value + 8, and int4-zp, whose
+// codes are the value + the group's zero point.
 template <Nib K>
-constexpr bool kOffsetCodes = K == Nib::kInt4;
+constexpr bool kOffsetCodes = K == Nib::kInt4 || K == Nib::kInt4Zp;
 
-// The four int16 vectors (codes x 256; int4-zp: code - zero; int4: the unsigned code, code + 8,
-// QLayout::offset) of the chunk at byte p; `zeros` holds each byte's zero point (int4-zp).
+// The multiple of a lane's input sum in its offset share (QInputs::negc): int4's 8; int4-zp's
+// zero points differ per row and group, so its share is the sum alone, times each row's zero
+// point in the flush (QTile).
 template <Nib K>
-HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
+constexpr int kOffsetMultiple = K == Nib::kInt4 ? 8 : 1;
+
+// The four int16 vectors of the chunk at byte p: the table's values x 256, or (kOffsetCodes: int4,
+// int4-zp) the unsigned codes, QLayout::offset.
+template <Nib K>
+HWY_INLINE void QDecodeChunk(const uint8_t* p, V16* w) {
   const D8 d8;
   const hn::Repartition<uint16_t, D8> du16;
   if constexpr (kOffsetCodes<K>) {
@@ -1037,25 +1040,19 @@ HWY_INLINE void QDecodeChunk(const uint8_t* p, hn::Vec<D8> zeros, V16* w) {
   }
   const auto mask = hn::Set(d8, 0x0F);
   const auto bytes = hn::LoadU(d8, p);
-  auto lo = hn::And(bytes, mask);
-  auto hi = hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, bytes))), mask);
-  if constexpr (K == Nib::kInt4Zp) {
-    lo = hn::Sub(lo, zeros);  // wraps to the signed byte code - zero
-    hi = hn::Sub(hi, zeros);
-  } else {
-    const auto table = hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(NibbleDec<K>::Table()));
-    lo = hn::TableLookupBytes(table, lo);
-    hi = hn::TableLookupBytes(table, hi);
-  }
+  const auto table = hn::LoadDup128(d8, reinterpret_cast<const uint8_t*>(NibbleDec<K>::Table()));
+  const auto lo = hn::TableLookupBytes(table, hn::And(bytes, mask));
+  const auto hi = hn::TableLookupBytes(
+      table, hn::And(hn::BitCast(d8, hn::ShiftRight<4>(hn::BitCast(du16, bytes))), mask));
   SpreadBytes(lo, w);
   SpreadBytes(hi, w + 2);
 }
 
 // The inputs of the tokens quantized: q[t * ldq + c] in the chunks' lane order, and their
-// scales (q * scale is the input; the factor 1/256 of the decoded codes, but int4's, and the 1/2
-// of E2M1 x 2 are folded in): per group sx[t * ldu + g], or, with QLayout::lanes, per chunk, class
-// and 32-bit lane sx[t * ldu + chunk * N32 + lane]. With QLayout::offset (int4), per flush unit and
-// lane as Q8Inputs, with the offset's share negc (else null).
+// scales (q * scale is the input; the factor 1/256 of the decoded codes, but int4's and int4-zp's,
+// and the 1/2 of E2M1 x 2 are folded in): per group sx[t * ldu + g], or, with QLayout::lanes, per
+// chunk, class and 32-bit lane sx[t * ldu + chunk * N32 + lane]. With QLayout::offset (int4,
+// int4-zp), per flush unit and lane as Q8Inputs, with the offset's share negc (else null).
 struct QInputs {
   const int16_t* q;
   int64_t ldq;
@@ -1222,7 +1219,7 @@ void ChunkOrder16(const int16_t* natural, int64_t ldq, int16_t* dst) {
 // num_tokens rows of x (ldx apart) quantized to int16 into the rows of out, in the layout of ql
 // (sizes from QRowSizes); scratch: QRowSizes' bytes, 4-byte aligned.
 void QuantizeRows16(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const QLayout& ql,
-                    float code_scale, const QuantizedRows& out, void* scratch) {
+                    float code_scale, int offset, const QuantizedRows& out, void* scratch) {
   const int64_t k = ql.cols;
   const int64_t group = ql.group;
   const int64_t groups = k / group;
@@ -1267,7 +1264,7 @@ void QuantizeRows16(const bf16_t* x_rows, int64_t ldx, int64_t num_tokens, const
           unit[l] += cols[0] + cols[1] + cols[2] + cols[3] + cols[4] + cols[5] + cols[6] + cols[7];
         }
       }
-      LaneScales(ql, ldsx / n32, sg, lane_sum, 1.0f, 8, sx, out.negc + t * ldsx);
+      LaneScales(ql, ldsx / n32, sg, lane_sum, 1.0f, offset, sx, out.negc + t * ldsx);
     } else if (ql.lanes) {
       const int64_t per_chunk = chunk / group;
       for (int64_t c = 0; c < chunks; ++c) {
@@ -1511,9 +1508,11 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
     RawScalesToFloats<K>(reinterpret_cast<const uint16_t*>(row.s) + g0, n, false, out);
   } else if constexpr (K == Nib::kInt4Zp) {
     const hn::Rebind<hwy::float16_t, decltype(df)> df16;
+    const hn::CappedTag<float, 1> d1;  // the rest one by one, converted as the vectors are (F16C)
+    const hn::Rebind<hwy::float16_t, decltype(d1)> d1h;
     const hwy::float16_t* s = reinterpret_cast<const hwy::float16_t*>(row.s) + g0;
     for (; g + nl <= n; g += nl) hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, s + g)), df, out + g);
-    for (; g < n; ++g) out[g] = HalfToFloat(reinterpret_cast<const fp16_t*>(row.s)[g0 + g]);
+    for (; g < n; ++g) out[g] = hn::GetLane(hn::PromoteTo(d1, hn::LoadU(d1h, s + g)));
   } else {
     const auto global = hn::Set(df, row.global);
     for (; g + nl <= n; g += nl) {
@@ -1521,6 +1520,19 @@ void RowScales(const RowPtrs& row, int64_t g0, int64_t n, float* out) {
     }
     for (; g < n; ++g) out[g] = Fp8E4M3ToFloat(row.s[g0 + g]) * row.global;
   }
+}
+
+// n zero points (bytes) at z as floats into out.
+inline void ZeroPointsToFloats(const uint8_t* z, int64_t n, float* out) {
+  const DQF df;
+  const hn::Rebind<uint8_t, DQF> du8;
+  const hn::Rebind<int32_t, DQF> di32;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  int64_t g = 0;
+  for (; g + nl <= n; g += nl) {
+    hn::StoreU(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(du8, z + g))), df, out + g);
+  }
+  for (; g < n; ++g) out[g] = static_cast<float>(z[g]);
 }
 
 // E2M1 codes times 2 plus 12, unsigned (the 8-bit decode's offset lookup).
@@ -1668,11 +1680,11 @@ HWY_INLINE void StoreTotals(const hn::Vec<DQF> (&total)[MR][NR], float* out, int
 // Chunks [c0, c0 + nc) (their column index / chunk) of tokens [t0, t0 + MR) times
 // rows[0, NR): out[i * ldo + j] (+)= the partial dot products. sw[j] holds row j's weight scales
 // from group c0 * chunk / group on (with kLanes at least N32 - 1 floats past the last), zw[j]
-// its zero points (int4-zp, the same groups, 16 bytes past the last). On 16-bit inputs
-// (QInputs) or 8-bit ones (Q8Inputs: no zero points).
+// its zero points as floats (int4-zp, the same groups and padding). On 16-bit inputs (QInputs)
+// or 8-bit ones (Q8Inputs: no zero points).
 template <Nib K, bool kLanes, bool kVnni, int MR, int NR, typename In>
 void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float* const* sw,
-           const uint8_t* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
+           const float* const* zw, int64_t t0, int64_t c0, int64_t nc, float* out, int64_t ldo,
            bool accumulate) {
   constexpr bool k8 = std::is_same_v<In, Q8Inputs>;
   const D8 d8;
@@ -1690,7 +1702,6 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
   if constexpr (kLanes) {
     lane_table = hn::IndicesFromVec(dqf, hn::LoadU(hn::RebindToSigned<DQF>(), ql.lane_group));
   }
-  const auto byte_group = hn::LoadU(d8, ql.byte_group);
   hn::Vec<DQF> total[MR][NR];
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
@@ -1731,17 +1742,8 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
             s0[i][j] = MulAddQuads<kVnni>(lo, hi, xv, s0[i][j], s1[i][j]);
           }
         } else {
-          hn::Vec<D8> zeros = hn::Zero(d8);
-          if constexpr (K == Nib::kInt4Zp) {
-            if constexpr (kLanes) {  // each byte's group's zero point
-              zeros = hn::TableLookupBytes(hn::LoadDup128(d8, zw[j] + ci * groups_per_chunk),
-                                           byte_group);
-            } else {
-              zeros = hn::Set(d8, zw[j][ci / per_flush]);
-            }
-          }
           V16 w[4];
-          QDecodeChunk<K>(wp, zeros, w);
+          QDecodeChunk<K>(wp, w);
 #pragma GCC unroll 16
           for (int i = 0; i < MR; ++i) {
             const int16_t* x = xq.q + (t0 + i) * xq.ldq + c;
@@ -1755,21 +1757,27 @@ void QTile(const QLayout& ql, const In& xq, const RowPtrs* row_ptr, const float*
     }
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      hn::Vec<DQF> wscale;
+      hn::Vec<DQF> wscale, zero;  // zero: int4-zp's zero points, per lane
       float wscalar = 0.0f;
       if constexpr (kLanes) {
         wscale = hn::TableLookupLanes(hn::LoadU(dqf, sw[j] + f * groups_per_chunk), lane_table);
+        if constexpr (K == Nib::kInt4Zp) {
+          zero = hn::TableLookupLanes(hn::LoadU(dqf, zw[j] + f * groups_per_chunk), lane_table);
+        }
       } else {
         wscalar = sw[j][f / per_flush];
+        if constexpr (K == Nib::kInt4Zp) zero = hn::Set(dqf, zw[j][f / per_flush]);
       }
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const auto sum = hn::ConvertTo(dqf, hn::RearrangeToOddPlusEven(s0[i][j], s1[i][j]));
-        // Per flush unit and lane: the input scale, the offset's share (QLayout::offset).
+        // Per flush unit and lane: the input scale, the offset's share (QLayout::offset; int4-zp:
+        // times the row's zero point).
         if constexpr (k8 || kOffsetCodes<K>) {
           const int64_t at = (t0 + i) * xq.ldu + (c0 + f) / per_flush * n32;
-          const auto scaled =
-              hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), hn::LoadU(dqf, xq.negc + at));
+          auto negc = hn::LoadU(dqf, xq.negc + at);
+          if constexpr (K == Nib::kInt4Zp) negc = hn::Mul(negc, zero);
+          const auto scaled = hn::MulAdd(sum, hn::LoadU(dqf, xq.sx + at), negc);
           if constexpr (kLanes) {
             total[i][j] = hn::MulAdd(scaled, wscale, total[i][j]);
           } else {
@@ -1807,9 +1815,9 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
   RowPtrs row_ptr[NR];
   SetRowPtrs(dec, rows, NR, row_ptr);
   HWY_ALIGN float sw[NR][kQMaxBlockGroups + kQMaxLanes32];
-  HWY_ALIGN uint8_t zw[K == Nib::kInt4Zp ? NR : 1][kQMaxBlockGroups + 16];
+  HWY_ALIGN float zw[K == Nib::kInt4Zp ? NR : 1][kQMaxBlockGroups + kQMaxLanes32];
   const float* swp[NR];
-  const uint8_t* zwp[NR];
+  const float* zwp[NR];
   for (int j = 0; j < NR; ++j) {
     swp[j] = sw[j];
     zwp[j] = zw[K == Nib::kInt4Zp ? j : 0];
@@ -1819,8 +1827,8 @@ void QDecodeStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& q
       RowScales<K>(row_ptr[j], g0, ng, sw[j]);
       std::fill(sw[j] + ng, sw[j] + ng + kQMaxLanes32, 0.0f);
       if constexpr (K == Nib::kInt4Zp) {
-        std::memcpy(zw[j], row_ptr[j].z + g0, static_cast<size_t>(ng));
-        std::fill(zw[j] + ng, zw[j] + ng + 16, uint8_t{0});
+        ZeroPointsToFloats(row_ptr[j].z + g0, ng, zw[j]);
+        std::fill(zw[j] + ng, zw[j] + ng + kQMaxLanes32, 0.0f);
       }
     }
     WithVnni(ql, [&](auto vnni) {
@@ -2149,7 +2157,7 @@ HWY_INLINE void ChunkRowSums(const uint8_t* p, const int16_t* xc, int64_t ldq, V
   const D16 d16;
   const int64_t n16 = static_cast<int64_t>(hn::Lanes(d16));
   V16 wv[4];
-  QDecodeChunk<K>(p, hn::Zero(D8()), wv);
+  QDecodeChunk<K>(p, wv);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     const int16_t* x = MR == 1 ? xc : Opaque(xc + i * ldq);  // two tokens: from memory
@@ -2251,8 +2259,8 @@ void RowsStep(const NibbleDec<K>& dec, const DotRowsArgs& a, const QLayout& ql, 
 }
 
 // The scale of the decoded codes folded into the inputs' scales: 1/2 for E2M1 x 2, and with
-// 16-bit inputs 1/256 for the codes' placement in the int16's high byte (not int4's, decoded in
-// the low byte: QLayout::offset).
+// 16-bit inputs 1/256 for the codes' placement in the int16's high byte (not int4's and int4-zp's,
+// decoded in the low byte: QLayout::offset).
 template <Nib K, bool k8>
 constexpr float QCodeScale() {
   return (NibbleDec<K>::kE2M1 ? 0.5f : 1.0f) * (k8 || kOffsetCodes<K> ? 1.0f : 1.0f / 256.0f);
@@ -2266,7 +2274,8 @@ void QuantizeRowsIn(const bf16_t* x, int64_t ldx, int64_t num_tokens, const QLay
   if constexpr (k8) {
     QuantizeRows8(x, ldx, num_tokens, ql, QCodeScale<K, true>(), Q8Offset<K>(), out, scratch);
   } else {
-    QuantizeRows16(x, ldx, num_tokens, ql, QCodeScale<K, false>(), out, scratch);
+    QuantizeRows16(x, ldx, num_tokens, ql, QCodeScale<K, false>(), kOffsetMultiple<K>, out,
+                   scratch);
   }
 }
 
