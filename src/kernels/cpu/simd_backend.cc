@@ -306,9 +306,9 @@ HWY_INLINE hn::Vec<DFT> E4M3ToF32(DFT df, const uint8_t* p) {
 }
 
 // 4-bit codes: N bytes hold 2N values; the low nibbles (even columns) and the high nibbles (odd
-// columns) are looked up by byte shuffle into signed integers (int4-zp: the codes themselves,
-// minus the group's zero point), widened and converted to fp32, and multiplied by the group's
-// scale.
+// columns) are looked up by byte shuffle into signed integers (int4-zp: the codes themselves, no
+// lookup; the group's zero point subtracted in fp32), widened and converted to fp32, and
+// multiplied by the group's scale.
 template <Nib K>
 struct NibbleDec {
   static constexpr int kVecs = 2;
@@ -356,6 +356,11 @@ struct NibbleDec {
     const auto bytes = hn::LoadU(du8, row.w + (c >> 1));  // c >= 0: no sign fix-up
     const auto lo = hn::BitCast(di8, hn::And(bytes, hn::Set(du8, 0x0F)));
     const auto hi = hn::BitCast(di8, hn::ShiftRight<4>(bytes));
+    if constexpr (K == Nib::kInt4Zp) {  // the codes themselves: no lookup
+      out[0] = hn::ConvertTo(df, hn::PromoteTo(di32, lo));
+      out[1] = hn::ConvertTo(df, hn::PromoteTo(di32, hi));
+      return;
+    }
     out[0] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo)));
     out[1] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, hi)));
   }
