@@ -776,6 +776,36 @@ TEST(GroupedGemm, Fp8DotRowsEveryCode) {
   }
 }
 
+// Rows [0, num_rows) of m through each variant's dot_rows with random bf16 inputs (seed + the
+// token count), at token counts on the decode walk (1-16) and on the strips (17 and more),
+// against sums in double of weight(r, c) x input, within 1e-5 of the products' magnitudes.
+template <typename WeightFn>
+void CheckDotRowsAgainstDouble(const internal::MatrixRef& m, int64_t num_rows, uint64_t seed,
+                               const WeightFn& weight) {
+  const int64_t cols = m.cols;
+  const std::vector<int32_t> rows = Iota(num_rows);
+  for (int64_t tokens : {1, 2, 3, 5, 16, 17, 24}) {
+    const std::vector<bf16_t> x = RandnBf16(tokens * cols, seed + tokens, 1.0f);
+    for (CpuIsa isa : TestIsas()) {
+      const KernelContext ctx = MakeContext(isa, 1);
+      const std::vector<float> out =
+          RunDotRows(internal::CpuBackendFor(ctx.isa()), m, x, tokens, rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < num_rows; ++r) {
+          double want = 0.0, mag = 0.0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double term = weight(r, c) * Bf16ToFloat(x[static_cast<size_t>(t * cols + c)]);
+            want += term;
+            mag += std::abs(term);
+          }
+          EXPECT_NEAR(out[static_cast<size_t>(t * num_rows + r)], want, 1e-5 * mag)
+              << fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
+        }
+      }
+    }
+  }
+}
+
 // bf16 rows through each variant's dot_rows, against sums in double: 13 rows (a strip of 12 and
 // one more), 556 columns (two 256-column K blocks and a rest that is not a whole chunk on any
 // vector width), and token counts on the decode walk (1-16) and on the strips (17 and more). The
@@ -790,29 +820,9 @@ TEST(GroupedGemm, Bf16DotRowsWalkStripsAndRest) {
   m.rows = kRows;
   m.cols = kCols;
   m.row_bytes = kCols * static_cast<int64_t>(sizeof(bf16_t));
-  const std::vector<int32_t> rows = Iota(kRows);
-  for (int64_t tokens : {1, 2, 3, 5, 16, 17, 24}) {
-    const std::vector<bf16_t> x = RandnBf16(tokens * kCols, 7302 + tokens, 1.0f);
-    for (CpuIsa isa : TestIsas()) {
-      const KernelContext ctx = MakeContext(isa, 1);
-      const std::vector<float> out =
-          RunDotRows(internal::CpuBackendFor(ctx.isa()), m, x, tokens, rows);
-      for (int64_t t = 0; t < tokens; ++t) {
-        for (int64_t r = 0; r < kRows; ++r) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t c = 0; c < kCols; ++c) {
-            const double term =
-                static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(r * kCols + c)])) *
-                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
-            want += term;
-            mag += std::abs(term);
-          }
-          EXPECT_NEAR(out[static_cast<size_t>(t * kRows + r)], want, 1e-5 * mag)
-              << fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
-        }
-      }
-    }
-  }
+  CheckDotRowsAgainstDouble(m, kRows, 7302, [&](int64_t r, int64_t c) {
+    return static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(r * kCols + c)]));
+  });
 }
 
 // fp8 rows through each variant's dot_rows, against sums in double: 13 rows over two block rows
@@ -838,30 +848,10 @@ TEST(GroupedGemm, Fp8DotRowsWalkStripsAndRest) {
   m.group = kBlock;
   m.block_rows = kBlockRows;
   m.row_bytes = kCols;
-  const std::vector<int32_t> rows = Iota(kRows);
-  for (int64_t tokens : {1, 2, 3, 5, 16, 17, 24}) {
-    const std::vector<bf16_t> x = RandnBf16(tokens * kCols, 7402 + tokens, 1.0f);
-    for (CpuIsa isa : TestIsas()) {
-      const KernelContext ctx = MakeContext(isa, 1);
-      const std::vector<float> out =
-          RunDotRows(internal::CpuBackendFor(ctx.isa()), m, x, tokens, rows);
-      for (int64_t t = 0; t < tokens; ++t) {
-        for (int64_t r = 0; r < kRows; ++r) {
-          double want = 0.0, mag = 0.0;
-          for (int64_t c = 0; c < kCols; ++c) {
-            const float s = scales[static_cast<size_t>(r / kBlockRows * 2 + c / kBlock)];
-            const double term =
-                static_cast<double>(Fp8E4M3ToFloat(codes[static_cast<size_t>(r * kCols + c)])) * s *
-                Bf16ToFloat(x[static_cast<size_t>(t * kCols + c)]);
-            want += term;
-            mag += std::abs(term);
-          }
-          EXPECT_NEAR(out[static_cast<size_t>(t * kRows + r)], want, 1e-5 * mag)
-              << fmt::format("{} tokens {} token {} row {}", CpuIsaName(ctx.isa()), tokens, t, r);
-        }
-      }
-    }
-  }
+  CheckDotRowsAgainstDouble(m, kRows, 7402, [&](int64_t r, int64_t c) {
+    const float scale = scales[static_cast<size_t>(r / kBlockRows * 2 + c / kBlock)];
+    return static_cast<double>(Fp8E4M3ToFloat(codes[static_cast<size_t>(r * kCols + c)])) * scale;
+  });
 }
 
 // The benchmark's fp8 weights are codes of block-quantized Gaussian weights: no NaN code, the
