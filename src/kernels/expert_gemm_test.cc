@@ -728,6 +728,21 @@ TEST(GroupedGemm, PackedReadAheadStaysInsideTheMatrix) {
   munmap(region, mapped + page);
 }
 
+// fp8 codes [rows, cols] with fp32 scales per block of block_rows x block columns.
+internal::MatrixRef Fp8Matrix(const std::vector<uint8_t>& codes, const std::vector<float>& scales,
+                              int64_t rows, int64_t cols, int64_t block, int64_t block_rows) {
+  internal::MatrixRef m;
+  m.format = WeightFormat::kFp8Block;
+  m.data = codes.data();
+  m.scales = reinterpret_cast<const uint8_t*>(scales.data());
+  m.rows = rows;
+  m.cols = cols;
+  m.group = block;
+  m.block_rows = block_rows;
+  m.row_bytes = cols;
+  return m;
+}
+
 // Every fp8 E4M3 code but the two NaNs (0x7f, 0xff), through each variant's dot_rows: tokens that
 // are one-hot on a column read one weight times its block's scale, exactly. The subnormal codes
 // (exponent 0) take their own route in the AVX-512 decode.
@@ -741,15 +756,7 @@ TEST(GroupedGemm, Fp8DotRowsEveryCode) {
     }
   }
   const std::vector<float> scales = {1.0f, 0.375f};  // the two column blocks
-  internal::MatrixRef m;
-  m.format = WeightFormat::kFp8Block;
-  m.data = codes.data();
-  m.scales = reinterpret_cast<const uint8_t*>(scales.data());
-  m.rows = kRows;
-  m.cols = kCols;
-  m.group = kBlock;
-  m.block_rows = kBlock;
-  m.row_bytes = kCols;
+  const internal::MatrixRef m = Fp8Matrix(codes, scales, kRows, kCols, kBlock, kBlock);
   const std::vector<int32_t> rows = Iota(kRows);
   for (int64_t tokens : {1, 5, 8, 11, 16, 24}) {
     for (CpuIsa isa : TestIsas()) {
@@ -839,15 +846,7 @@ TEST(GroupedGemm, Fp8DotRowsWalkStripsAndRest) {
     } while ((code & 0x7F) == 0x7F);
   }
   const std::vector<float> scales = {0.5f, 0.046875f, 3.0f, 0.25f};  // [block row][block column]
-  internal::MatrixRef m;
-  m.format = WeightFormat::kFp8Block;
-  m.data = codes.data();
-  m.scales = reinterpret_cast<const uint8_t*>(scales.data());
-  m.rows = kRows;
-  m.cols = kCols;
-  m.group = kBlock;
-  m.block_rows = kBlockRows;
-  m.row_bytes = kCols;
+  const internal::MatrixRef m = Fp8Matrix(codes, scales, kRows, kCols, kBlock, kBlockRows);
   CheckDotRowsAgainstDouble(m, kRows, 7402, [&](int64_t r, int64_t c) {
     const float scale = scales[static_cast<size_t>(r / kBlockRows * 2 + c / kBlock)];
     return static_cast<double>(Fp8E4M3ToFloat(codes[static_cast<size_t>(r * kCols + c)])) * scale;
