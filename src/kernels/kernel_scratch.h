@@ -72,8 +72,8 @@ struct KernelScratch {
   std::vector<int32_t> row_idx;  // per-task row lists are built per thread (see per_thread)
   // Inputs quantized once per call for the dot path's integer decode (GemmSchedule::qx / qh):
   // the inputs' and the activations' rows (QuantizedRows in cpu/cpu_backend.h: int8 or int16
-  // values; per row the scales sx, and with int8 or int4 negc), and per expert whether its gate_up
-  // / down tasks take them.
+  // values; per row the scales sx, and with int8, int4 or int4-zp negc), and per expert whether
+  // its gate_up / down tasks take them.
   LineVector<uint8_t> x_q;
   LineVector<uint8_t> h_q;
   LineVector<float> x_q_scales;

@@ -75,8 +75,8 @@ MatrixRef ExpertMatrix(const ExpertWeights& w, bool w13, int64_t expert);
 // Tokens' inputs quantized for a backend's integer 4-bit decode, in the layout its kernels read
 // for one matrix (CpuBackend::quantized_rows_layout): token t's values (int8 with
 // DotRowsArgs::int8_inputs, else int16: q_bytes each) at q + t * ldq * q_bytes bytes, its scales
-// at sx + t * ldu and, where the layout has them (with_negc: int8, and int4 on int16), the
-// offset's share negc + t * ldu.
+// at sx + t * ldu and, where the layout has them (with_negc: int8, and int4 and int4-zp on int16),
+// the offset's share negc + t * ldu.
 struct QuantizedRows {
   void* q = nullptr;
   float* sx = nullptr;

@@ -351,8 +351,6 @@ struct NibbleDec {
     const hn::Rebind<uint8_t, DF> du8;
     const hn::Rebind<int8_t, DF> di8;
     const hn::Rebind<int32_t, DF> di32;
-    const hn::Full128<int8_t> dt;
-    const auto table = hn::Load(dt, Table());
     const auto bytes = hn::LoadU(du8, row.w + (c >> 1));  // c >= 0: no sign fix-up
     const auto lo = hn::BitCast(di8, hn::And(bytes, hn::Set(du8, 0x0F)));
     const auto hi = hn::BitCast(di8, hn::ShiftRight<4>(bytes));
@@ -361,6 +359,7 @@ struct NibbleDec {
       out[1] = hn::ConvertTo(df, hn::PromoteTo(di32, hi));
       return;
     }
+    const auto table = hn::Load(hn::Full128<int8_t>(), Table());
     out[0] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, lo)));
     out[1] = hn::ConvertTo(df, hn::PromoteTo(di32, hn::TableLookupBytes(table, hi)));
   }
