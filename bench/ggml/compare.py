@@ -33,12 +33,16 @@ FORMAT_PAIRS = {
     "mxfp4": ("mxfp4", "mxfp4"),
     "int4": ("int4", "q4_0"),
     "fp8-block": ("fp8", "q8_0"),
+    # AWQ/GPTQ int4 (fp16 scale and zero point per 128) against ggml's nearest, q4_1 (fp16 scale
+    # and minimum per 32); NVFP4 against NVFP4. Not in the default set.
+    "int4-zp": ("int4-zp", "q4_1"),
+    "nvfp4": ("nvfp4", "nvfp4"),
     # bf16 in the row-group layout, which `moeshard run` uses on AVX-512 BF16 CPUs; not in the
     # default set (elsewhere it runs the portable row-group kernels, not what `run` would use).
     "bf16-rg": ("bf16-rg", "bf16"),
 }
 DEFAULT_FORMATS = ["bf16", "mxfp4", "int4", "fp8-block"]
-FORMAT_ALIASES = {"fp8": "fp8-block", "q4_0": "int4", "q8_0": "fp8-block"}
+FORMAT_ALIASES = {"fp8": "fp8-block", "q4_0": "int4", "q8_0": "fp8-block", "q4_1": "int4-zp"}
 
 NOTES = [
     "fp8-block (moeshard: e4m3 values, one fp32 scale per 128x128 block, ~1.0 byte/weight) and "
@@ -46,8 +50,14 @@ NOTES = [
     "formats; that pair compares the nearest 8-bit formats, not the same one.",
     "int4 (moeshard: symmetric 4-bit, one bf16 scale per 32) and q4_0 (ggml: 4-bit with offset 8, "
     "one fp16 scale per 32) have the same bytes per weight but different scale types and packing.",
-    "ggml rounds activations to q8_0 (8-bit) for its q4_0, q8_0 and mxfp4 dot products and to "
-    "bf16 for bf16; moeshard keeps bf16 inputs (16-bit integer inputs for 4-bit decode).",
+    "int4-zp (moeshard: AWQ/GPTQ 4-bit codes, one fp16 scale and one 8-bit zero point per 128, "
+    "~0.52 bytes/weight) and q4_1 (ggml: 4-bit codes, one fp16 scale and one fp16 minimum per "
+    "32, 0.625 bytes/weight) are both asymmetric 4-bit formats, not the same one.",
+    "nvfp4: the same values and block scales on both sides (E2M1, one E4M3 scale per 16; "
+    "moeshard also keeps the checkpoint's per-tensor global scale, ggml has none).",
+    "ggml rounds activations to q8_0 (8-bit) for its q4_0, q8_0, mxfp4 and nvfp4 dot products, "
+    "to q8_1 for q4_1 and to bf16 for bf16; moeshard keeps bf16 inputs (16-bit integer inputs "
+    "for 4-bit decode) unless --int8-activations.",
     "Times exclude routing in both: ggml's routing is computed on the host and uploaded "
     "untimed; only ggml_backend_graph_compute is timed.",
 ]
@@ -100,8 +110,8 @@ def parse_args(argv):
                    help="shapes (default: all: %s)" % " ".join(SHAPES))
     p.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS, metavar="FORMAT",
                    help="moeshard formats, each paired with a ggml type: bf16/bf16, mxfp4/mxfp4, "
-                        "int4/q4_0, fp8-block/q8_0, and bf16-rg/bf16 (moeshard's row-group "
-                        "layout; default: %s)" % " ".join(DEFAULT_FORMATS))
+                        "int4/q4_0, fp8-block/q8_0, and, not by default, int4-zp/q4_1, nvfp4/nvfp4 "
+                        "and bf16-rg/bf16 (moeshard's row-group layout; default: %s)" % " ".join(DEFAULT_FORMATS))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128, 512],
                    help="token counts (default: %(default)s)")
     p.add_argument("--isa", default=None,
@@ -302,7 +312,11 @@ def main(argv):
     for n in NOTES:
         if "fp8-block" in n and "fp8-block" not in a.formats:
             continue
-        if n.startswith("int4") and "int4" not in a.formats:
+        if n.startswith("int4 (") and "int4" not in a.formats:
+            continue
+        if n.startswith("int4-zp") and "int4-zp" not in a.formats:
+            continue
+        if n.startswith("nvfp4") and "nvfp4" not in a.formats:
             continue
         out.append("- " + n)
     errors = [(x, e) for x in results for e in x["errors"]]

@@ -66,7 +66,9 @@ constexpr Format kFormats[] = {
     {"bf16", GGML_TYPE_BF16},
     {"mxfp4", GGML_TYPE_MXFP4},
     {"q4_0", GGML_TYPE_Q4_0},
+    {"q4_1", GGML_TYPE_Q4_1},  // scale and minimum per 32: the nearest peer of AWQ/GPTQ int4
     {"q8_0", GGML_TYPE_Q8_0},
+    {"nvfp4", GGML_TYPE_NVFP4},  // E2M1, one UE4M3 scale per 16 (blocks of 64)
 };
 
 struct Options {
@@ -88,7 +90,7 @@ struct Options {
       "Usage: %s --shape NAME --format FMT [--tokens T ...] [--threads N] [--min-time SEC]\n"
       "          [--min-reps N] [--json FILE] [--check]\n"
       "  --shape      qwen3-30b-a3b, kimi-k2-32e, kimi-k3-latent-64e (or tiny, for --check)\n"
-      "  --format     bf16, mxfp4, q4_0, q8_0\n"
+      "  --format     bf16, mxfp4, q4_0, q4_1, q8_0, nvfp4\n"
       "  --tokens     token counts, repeatable and/or several values (default 1 8 32 128 512)\n"
       "  --threads    threads including the caller (default: all cores)\n"
       "  --min-time   seconds per case (default 0.5; at least --min-reps repetitions, 3)\n"
@@ -511,7 +513,7 @@ int RunCheck(const Options& o, const Shape& s, const Format& f, ggml_backend_t b
       "(tolerance %.0e; ggml rounds activations to %s)\n",
       s.name, f.name, (long long)tokens, gate.buft_name.c_str(), up.buft_name.c_str(),
       down.buft_name.c_str(), rel, rel_l2, max_abs_ref, ok ? "OK" : "FAIL", tol,
-      f.type == GGML_TYPE_BF16 ? "bf16" : "q8_0 (8-bit)");
+      ggml_type_name(ggml_get_type_traits_cpu(f.type)->vec_dot_type));
   FreeGraph(&g);
   return ok ? 0 : 1;
 }
@@ -798,7 +800,8 @@ int main(int argc, char** argv) {
   }
   if (shape == nullptr) Usage(argv[0], "'--shape': unknown shape '" + o.shape + "'");
   if (format == nullptr)
-    Usage(argv[0], "'--format': expected bf16, mxfp4, q4_0 or q8_0, got '" + o.format + "'");
+    Usage(argv[0],
+          "'--format': expected bf16, mxfp4, q4_0, q4_1, q8_0 or nvfp4, got '" + o.format + "'");
   const Shape& s = *shape;
   const Format& f = *format;
   const Machine machine = DescribeMachine(o.threads > 0 ? o.threads : OnlineCpus());
