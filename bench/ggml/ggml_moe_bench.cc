@@ -63,12 +63,10 @@ struct Format {
 };
 
 constexpr Format kFormats[] = {
-    {"bf16", GGML_TYPE_BF16},
-    {"mxfp4", GGML_TYPE_MXFP4},
-    {"q4_0", GGML_TYPE_Q4_0},
+    {"bf16", GGML_TYPE_BF16}, {"mxfp4", GGML_TYPE_MXFP4}, {"q4_0", GGML_TYPE_Q4_0},
     {"q4_1", GGML_TYPE_Q4_1},  // scale and minimum per 32: the nearest peer of AWQ/GPTQ int4
-    {"q8_0", GGML_TYPE_Q8_0},
-    {"nvfp4", GGML_TYPE_NVFP4},  // E2M1, one UE4M3 scale per 16 (blocks of 64)
+    {"q8_0", GGML_TYPE_Q8_0}, {"nvfp4", GGML_TYPE_NVFP4},  // E2M1, one UE4M3 scale per 16 (blocks
+                                                           // of 64)
 };
 
 struct Options {
