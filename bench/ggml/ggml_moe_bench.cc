@@ -62,11 +62,11 @@ struct Format {
   ggml_type type;
 };
 
+// q4_1 (a scale and a minimum per 32) is the nearest peer of AWQ/GPTQ int4; nvfp4 is E2M1 with one
+// UE4M3 scale per 16, in blocks of 64.
 constexpr Format kFormats[] = {
     {"bf16", GGML_TYPE_BF16}, {"mxfp4", GGML_TYPE_MXFP4}, {"q4_0", GGML_TYPE_Q4_0},
-    {"q4_1", GGML_TYPE_Q4_1},  // scale and minimum per 32: the nearest peer of AWQ/GPTQ int4
-    {"q8_0", GGML_TYPE_Q8_0}, {"nvfp4", GGML_TYPE_NVFP4},  // E2M1, one UE4M3 scale per 16 (blocks
-                                                           // of 64)
+    {"q4_1", GGML_TYPE_Q4_1}, {"q8_0", GGML_TYPE_Q8_0},   {"nvfp4", GGML_TYPE_NVFP4},
 };
 
 struct Options {
