@@ -176,6 +176,7 @@ Status WriteKernelJson(const std::string& path, const KernelRun& run, const Kern
                   {"threads", ctx.num_threads()},
                   {"isa", CpuIsaName(ctx.isa())},
                   {"int8_activations", ctx.int8_activations()},
+                  {"int8_isa", ctx.int8_activations() ? CpuIsaName(ctx.int8_isa()) : ""},
                   {"peak_instruction", peak},
                   {"loadavg_before", load_before},
                   {"loadavg_after", load_after}};
@@ -246,10 +247,16 @@ Status RunKernels(const KernelsFlags& f) {
 
   const std::string load_before = ReadFirstLine("/proc/loadavg");
   const char* peak = ComputePeakInstruction(ctx);
+  std::string int8;
+  if (ctx.int8_activations()) {
+    int8 = ctx.int8_isa() == ctx.isa()
+               ? " with int8 activations"
+               : fmt::format(" (MXFP4, int4 and NVFP4 experts with int8 activations on {})",
+                             CpuIsaName(ctx.int8_isa()));
+  }
   fmt::print(
       "machine: {}, {} threads, kernel variant {}{} (peak instruction {}), load average {}\n",
-      CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()),
-      ctx.int8_activations() ? " with int8 activations" : "", peak, load_before);
+      CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()), int8, peak, load_before);
   // One read buffer for every roofline measurement of the run.
   MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
   MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, read, 3));

@@ -336,6 +336,25 @@ TEST(Int8Activations, OtherSchemesUnchanged) {
   }
 }
 
+// KernelContext::int8_isa names the variant whose kernels take the int8 inputs: the context's
+// own, except avx512-bf16, whose int8 experts give the same bits as on the variant it names.
+TEST(Int8Activations, ContextNamesTheVariantThatRunsThem) {
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    if (isa == CpuIsa::kPortable) continue;
+    Result<KernelContext> ctx = KernelContext::Create({.isa = isa, .int8_activations = true});
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    if (isa != CpuIsa::kAvx512Bf16) {
+      EXPECT_EQ(ctx->int8_isa(), isa) << CpuIsaName(isa);
+      continue;
+    }
+    const CpuIsa runs = ctx->int8_isa();
+    EXPECT_TRUE(runs == CpuIsa::kAvx512Vnni || runs == CpuIsa::kAvx512) << CpuIsaName(runs);
+    const WeightScheme q = SchemeOf(WeightFormat::kMxfp4, 32);
+    EXPECT_EQ(RunGemm(isa, q, true).y, RunGemm(runs, q, true).y) << CpuIsaName(runs);
+    EXPECT_NE(RunGemm(isa, q, true).y, RunGemm(isa, q, false).y);
+  }
+}
+
 TEST(Int8Activations, PortableKernelsRefuseThem) {
   Result<KernelContext> ctx =
       KernelContext::Create({.isa = CpuIsa::kPortable, .int8_activations = true});

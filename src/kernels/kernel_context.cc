@@ -133,6 +133,14 @@ KernelContext::KernelContext(std::unique_ptr<ThreadPool> owned_pool, ThreadPool*
       int8_activations_(int8_activations),
       scratch_(std::make_unique<internal::KernelScratch>(pool->num_threads())) {}
 
+CpuIsa KernelContext::int8_isa() const {
+  if (isa_ != CpuIsa::kAvx512Bf16) return isa_;
+  const internal::CpuBackend* fallback = internal::Avx512SimdFallback();
+  if (fallback == nullptr) return isa_;  // no int8 kernels: Create refused int8_activations
+  const Result<CpuIsa> isa = ParseCpuIsa(fallback->name);
+  return isa.ok() ? *isa : isa_;
+}
+
 KernelContext::KernelContext(KernelContext&&) noexcept = default;
 KernelContext& KernelContext::operator=(KernelContext&&) noexcept = default;
 KernelContext::~KernelContext() = default;

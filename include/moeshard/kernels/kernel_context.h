@@ -92,6 +92,10 @@ class KernelContext {
   // The resolved instruction set: never kAuto.
   CpuIsa isa() const { return isa_; }
   bool int8_activations() const { return int8_activations_; }
+  // The variant whose kernels multiply int8 inputs (the experts Int8ActivationScheme takes, with
+  // int8_activations): isa(), except avx512-bf16, whose native kernels take bf16 inputs only and
+  // hand these experts to avx512-vnni's (or avx512's).
+  CpuIsa int8_isa() const;
 
   // Internal: scratch memory for the kernels of this context.
   internal::KernelScratch& scratch() { return *scratch_; }

@@ -40,12 +40,18 @@ Result<std::unique_ptr<CpuKernelBackend>> CpuKernelBackend::Create(const KernelB
 }
 
 std::string CpuKernelBackend::Describe() const {
+  std::string int8;
+  if (ctx_.int8_activations()) {
+    int8 = ctx_.int8_isa() == ctx_.isa()
+               ? ", int8 activations"
+               : fmt::format(", int8 activations (on {})", CpuIsaName(ctx_.int8_isa()));
+  }
   return fmt::format("cpu: {}, {} thread{}, expert layout {}{}", CpuIsaName(ctx_.isa()),
                      ctx_.num_threads(), ctx_.num_threads() == 1 ? "" : "s",
                      layout_ == ExpertLayout::kAuto        ? "auto"
                      : layout_ == ExpertLayout::kRowGroups ? "row-groups"
                                                            : "row-major",
-                     ctx_.int8_activations() ? ", int8 activations" : "");
+                     int8);
 }
 
 Result<KernelBuffer> CpuKernelBackend::Allocate(int64_t bytes) {
