@@ -110,8 +110,9 @@ def parse_args(argv):
                    help="shapes (default: all: %s)" % " ".join(SHAPES))
     p.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS, metavar="FORMAT",
                    help="moeshard formats, each paired with a ggml type: bf16/bf16, mxfp4/mxfp4, "
-                        "int4/q4_0, fp8-block/q8_0, and, not by default, int4-zp/q4_1, nvfp4/nvfp4 "
-                        "and bf16-rg/bf16 (moeshard's row-group layout; default: %s)" % " ".join(DEFAULT_FORMATS))
+                        "int4/q4_0, fp8-block/q8_0, and, not by default, int4-zp/q4_1, "
+                        "nvfp4/nvfp4 and bf16-rg/bf16 (moeshard's row-group layout; default: %s)"
+                        % " ".join(DEFAULT_FORMATS))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128, 512],
                    help="token counts (default: %(default)s)")
     p.add_argument("--isa", default=None,
