@@ -916,13 +916,12 @@ void GrowQuantizedRows(const GemmSchedule& g, KernelScratch& s, GemmRun* run) {
 }
 
 // Act-order weights look up each column's group: only the portable dot path does. Int8 inputs
-// run on the SIMD kernels: on AVX-512 BF16 CPUs avx512-vnni's or avx512's (Avx512SimdFallback;
-// the native kernels take bf16 inputs; KernelContext::Create checked that this build has them).
+// run on the kernels KernelContext::int8_isa names (on AVX-512 BF16 CPUs avx512-vnni's or
+// avx512's: the native kernels take bf16 inputs), so what it reports is what runs.
 const internal::CpuBackend& GemmBackend(const KernelContext& ctx, const WeightScheme& q,
                                         bool int8) {
   if (q.act_order) return internal::PortableBackend();
-  if (int8 && ctx.isa() == CpuIsa::kAvx512Bf16) return *internal::Avx512SimdFallback();
-  return internal::CpuBackendFor(ctx.isa());
+  return internal::CpuBackendFor(int8 ? ctx.int8_isa() : ctx.isa());
 }
 
 }  // namespace
