@@ -64,13 +64,27 @@ NOTES = [
 
 
 def cpu_model():
+    """The first processor of /proc/cpuinfo as `moeshard bench` names it: "<model name> (family F
+    model M)" on x86 (a VM's bare "AMD EPYC" does not say which generation), "Arm (implementer I
+    part P)" on Arm, else lscpu's model name or "unknown"."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the end of the first processor's block
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    name = fields.get("model name")
+    if name:
+        if "cpu family" in fields and "model" in fields:
+            return "%s (family %s model %s)" % (name, fields["cpu family"], fields["model"])
+        return name
+    if "CPU implementer" in fields and "CPU part" in fields:
+        return "Arm (implementer %s part %s)" % (fields["CPU implementer"], fields["CPU part"])
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
         for line in out.splitlines():

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "moeshard/base/cpu_info.h"
 #include "moeshard/base/units.h"
 #include "moeshard/kernels/kernel_bench.h"
 #include "moeshard/kernels/kernel_context.h"
@@ -46,15 +47,6 @@ std::string ReadFirstLine(const char* path) {
   std::string line;
   std::getline(in, line);
   return line;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
 }
 
 Result<WeightFormat> ParseFormat(const std::string& s) {
@@ -172,7 +164,7 @@ Status WriteKernelJson(const std::string& path, const KernelRun& run, const Kern
   const Roofline& roof = run.roof;
   const std::vector<KernelBenchResult>& results = run.results;
   nlohmann::json j;
-  j["machine"] = {{"cpu", CpuModel()},
+  j["machine"] = {{"cpu", CpuDescription()},
                   {"threads", ctx.num_threads()},
                   {"isa", CpuIsaName(ctx.isa())},
                   {"int8_activations", ctx.int8_activations()},
@@ -256,7 +248,7 @@ Status RunKernels(const KernelsFlags& f) {
   }
   fmt::print(
       "machine: {}, {} threads, kernel variant {}{} (peak instruction {}), load average {}\n",
-      CpuModel(), ctx.num_threads(), CpuIsaName(ctx.isa()), int8, peak, load_before);
+      CpuDescription(), ctx.num_threads(), CpuIsaName(ctx.isa()), int8, peak, load_before);
   // One read buffer for every roofline measurement of the run.
   MOESHARD_ASSIGN_OR_RETURN(const ReadBuffer read, ReadBuffer::Create(ctx, kGiB));
   MOESHARD_ASSIGN_OR_RETURN(const Roofline before, MeasureRoofline(ctx, read, 3));

@@ -14,6 +14,7 @@
 #include "cli/cli_common.h"
 #include "cli/command.h"
 #include "cli/run_api.h"
+#include "moeshard/base/cpu_info.h"
 #include "moeshard/base/numa.h"
 #include "moeshard/base/numeric.h"
 #include "moeshard/comm/launcher.h"
@@ -497,23 +498,6 @@ Result<double> BenchOne(const ModelConfig& model, const Topology& topology, cons
   return seconds;
 }
 
-std::string CpuName() {
-  std::FILE* in = std::fopen("/proc/cpuinfo", "r");
-  if (in == nullptr) return "unknown";
-  char line[512];
-  std::string name = "unknown";
-  while (std::fgets(line, sizeof(line), in) != nullptr) {
-    std::string l(line);
-    if (l.rfind("model name", 0) == 0) {
-      name = l.substr(l.find(':') + 2);
-      if (!name.empty() && name.back() == '\n') name.pop_back();
-      break;
-    }
-  }
-  std::fclose(in);
-  return name;
-}
-
 Status ReportBench(const BenchRunFlags& f, const std::string& comm, const BenchRow& base,
                    const std::vector<BenchRow>& rows) {
   const int hw = std::max(1u, std::thread::hardware_concurrency());
@@ -522,7 +506,7 @@ Status ReportBench(const BenchRunFlags& f, const std::string& comm, const BenchR
       "timed iterations, comm {}\nmachine: {}, {} cores; every configuration uses all cores "
       "(kernel threads per rank = max(1, cores / ranks)); more ranks than cores oversubscribe\n\n",
       f.layers < 0 ? std::string("all MoE") : std::to_string(f.layers), f.model, f.tokens, f.warmup,
-      f.iters, comm, CpuName(), hw);
+      f.iters, comm, CpuDescription(), hw);
   fmt::print(
       "| mode | ranks | topology | threads/rank | ms/iter | ratio t_N/t_1 | efficiency "
       "t_1/t_N | tokens/s |\n|---|--:|---|--:|--:|--:|--:|--:|\n");
@@ -538,7 +522,7 @@ Status ReportBench(const BenchRunFlags& f, const std::string& comm, const BenchR
       "{{\n  \"machine\": {{\"cpu\": \"{}\", \"cores\": {}}},\n  \"model\": \"{}\",\n  "
       "\"tokens\": {},\n  \"layers\": {},\n  \"comm\": \"{}\",\n  \"iters\": {},\n  "
       "\"baseline_seconds\": {},\n  \"results\": [\n",
-      CpuName(), hw, f.model, f.tokens, f.layers, comm, f.iters, base.seconds);
+      CpuDescription(), hw, f.model, f.tokens, f.layers, comm, f.iters, base.seconds);
   for (size_t i = 0; i < rows.size(); ++i) {
     const BenchRow& r = rows[i];
     j += fmt::format(

@@ -2,7 +2,8 @@
 """bench/ab_builds.py end to end: the same moeshard binary as build A and build B on one small
 case, one round. The table and the JSON must hold both builds' times and their ratio, the
 command lines of the two builds must name the same case (they differ only in the binary and the
-JSON path), and a bad binary path must be refused with its name. No bound on the ratio itself:
+JSON path), the CPU must be named as `moeshard bench kernels` names it, and a bad binary path
+must be refused with its name. No bound on the ratio itself:
 one binary against itself under the test suite's parallel load is a timing, not a fact.
 
     ab_builds_test.py MOESHARD WORKDIR
@@ -49,6 +50,16 @@ def main(moeshard, work):
     if case_args["a"] != case_args["b"] or "--shapes qwen3-30b-a3b --formats mxfp4 --tokens 1" \
             not in case_args["a"]:
         sys.exit("FAIL: builds A and B did not run the same case: %s" % r["commands"])
+    # The CPU as the table names it: the same words `moeshard bench kernels` records (both read
+    # /proc/cpuinfo; on x86 with the family and model, which a VM's bare brand does not say).
+    bench_json = os.path.join(work, "bench.json")
+    subprocess.run([moeshard, "bench", "kernels", "--shapes", "qwen3-30b-a3b", "--formats",
+                    "mxfp4", "--tokens", "1", "--min-time", "0.01", "--json", bench_json],
+                   capture_output=True, text=True, timeout=300, check=True)
+    with open(bench_json) as f:
+        bench_cpu = json.load(f)["machine"]["cpu"]
+    if data["cpu"] != bench_cpu or data["cpu"] not in p.stdout:
+        sys.exit("FAIL: the CPU is %r here, %r in moeshard's JSON" % (data["cpu"], bench_cpu))
     bad = subprocess.run([sys.executable, SCRIPT, "--a", os.path.join(work, "missing"), "--b",
                           moeshard], capture_output=True, text=True, timeout=60)
     if bad.returncode == 0 or "--a:" not in bad.stderr or "missing" not in bad.stderr:
