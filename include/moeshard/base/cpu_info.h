@@ -1,8 +1,9 @@
 // The CPU model as benchmark reports name it, from Linux's /proc/cpuinfo.
 //
 // Virtual machines often report a bare brand ("AMD EPYC"), which does not say which core
-// generation ran a benchmark; the family and model numbers do (AMD family 25 models 0x10-0x1f
-// and 0x60-0x7f are Zen 4, family 26 is Zen 5; Intel family 6 model 143 is Sapphire Rapids).
+// generation ran a benchmark; the family and model numbers do (AMD family 25 holds Zen 3 and
+// Zen 4: model 1 is Milan, Zen 3, model 17 Genoa, Zen 4; family 26 is Zen 5; Intel family 6
+// model 143 is Sapphire Rapids).
 // Arm kernels report no model name; the implementer and part codes name the core there
 // (implementer 0x41 part 0xd0c is Neoverse N1).
 //
