@@ -34,6 +34,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "moeshard/base/cpu_info.h"
 
 #ifndef GGML_BENCH_GGML_COMMIT
 #define GGML_BENCH_GGML_COMMIT "unknown"
@@ -152,18 +153,6 @@ Options ParseArgs(int argc, char** argv) {
   }
   if (o.min_repetitions < 1) Usage(argv[0], "'--min-reps': expected at least 1");
   return o;
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t c = line.find(':');
-      return c == std::string::npos ? line : line.substr(line.find_first_not_of(" \t", c + 1));
-    }
-  }
-  return "unknown";
 }
 
 int OnlineCpus() {
@@ -531,7 +520,7 @@ struct Machine {
 
 Machine DescribeMachine(int threads) {
   Machine m;
-  m.cpu = CpuModel();
+  m.cpu = moeshard::CpuDescription();
   m.threads = threads;
   m.load_before = LoadAverage();
   m.openmp = OpenMpLoaded();
