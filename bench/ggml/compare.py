@@ -281,6 +281,8 @@ def main(argv):
             "ggml_seconds": statistics.median(x["ggml_seconds"] for x in ok) if ok else None,
             "moeshard_seconds": statistics.median(x["moeshard_seconds"] for x in ok) if ok else None,
             "ratio_moeshard_over_ggml": statistics.median(x["ratio"] for x in ok) if ok else None,
+            "ratio_min": min(x["ratio"] for x in ok) if ok else None,
+            "ratio_max": max(x["ratio"] for x in ok) if ok else None,
             "ggml_repack": any(x["ggml_repack"] for x in ok) if ok else None,
             "rounds": rounds, "errors": per_case[case]["errors"],
             "commands": per_case[case]["commands"]})
@@ -310,18 +312,29 @@ def main(argv):
                    "barriers and the times are not trustworthy" % load_before.split()[0])
     out.append("")
     out.append("| shape | format (moeshard / ggml) | tokens | ggml ms (median) | moeshard ms (median) "
-               "| moeshard / ggml (median of per-round ratios) | ggml repack |")
-    out.append("|---|---|--:|--:|--:|--:|---|")
+               "| moeshard / ggml (median of per-round ratios) | (min - max) | ggml repack |")
+    out.append("|---|---|--:|--:|--:|--:|--:|---|")
+    # Rounds this far apart say the host stalled one of them (with two rounds the median is
+    # their mean): such a case is marked and should be run again.
+    spread_limit = 1.3
+    spread = 0
     for x in results:
         ratio = x["ratio_moeshard_over_ggml"]
         repack = "-" if x["ggml_repack"] is None else ("yes" if x["ggml_repack"] else "no")
-        out.append("| %s | %s / %s | %d | %s | %s | %s | %s |" % (
+        apart = ratio is not None and x["ratio_max"] > spread_limit * x["ratio_min"]
+        spread += apart
+        out.append("| %s | %s / %s | %d | %s | %s | %s | %s | %s |" % (
             x["shape"], x["moeshard_format"], x["ggml_format"], x["tokens"],
             fmt_ms(x["ggml_seconds"]), fmt_ms(x["moeshard_seconds"]),
             "%.3f (%d rounds)" % (ratio, len(x["rounds"])) if ratio is not None else "skipped",
-            repack))
+            "%.2f - %.2f%s" % (x["ratio_min"], x["ratio_max"], " *" if apart else "")
+            if ratio is not None else "-", repack))
     out.append("")
     out.append("moeshard / ggml below 1: moeshard is faster.")
+    if spread:
+        out.append("* %d case(s) whose rounds differ by more than %gx: a stall of the host in "
+                   "one of them is likely; run those cases again (--shapes/--formats/--tokens) "
+                   "or with more --rounds." % (spread, spread_limit))
     out.append("")
     out.append("Notes:")
     for n in NOTES:
